@@ -1,0 +1,5 @@
+"""`runstate demo` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

@@ -1,0 +1,5 @@
+"""`runstate dev` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

@@ -1,0 +1,5 @@
+"""`runstate events` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

@@ -1,0 +1,5 @@
+"""`runstate maintenance` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

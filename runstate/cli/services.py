@@ -1,0 +1,5 @@
+"""`runstate services` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

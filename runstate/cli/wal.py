@@ -1,0 +1,5 @@
+"""`runstate wal` commands."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

@@ -1,0 +1,109 @@
+"""One frozen Settings object, read from the environment once.
+
+Values come from the process environment first, then from `.runstate/env` (written by
+`runstate services up`), then from the embedded defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping
+
+EVENTSTORE_BACKENDS = ("postgres", "snowflake")
+
+
+def project_home() -> Path:
+    """The folder that holds `.runstate/`: RUNSTATE_HOME, else the source checkout, else cwd."""
+    if os.environ.get("RUNSTATE_HOME"):
+        return Path(os.environ["RUNSTATE_HOME"]).resolve()
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").exists():
+        return checkout
+    return Path.cwd()
+
+
+def state_dir() -> Path:
+    return project_home() / ".runstate"
+
+
+def env_file() -> Path:
+    return state_dir() / "env"
+
+
+def read_env_file(path: Path | None = None) -> dict[str, str]:
+    path = path or env_file()
+    if not path.exists():
+        return {}
+    values: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+def load_env_file_into_environ() -> None:
+    """Make `.runstate/env` visible to child processes (dagster dev) without overriding the caller."""
+    for key, value in read_env_file().items():
+        os.environ.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    pg_url: str
+    dagster_pg_url: str
+    schema: str
+    aws_endpoint_url: str | None
+    aws_region: str
+    wal_table: str
+    blob_bucket: str
+    blob_prefix: str
+    eventstore: str
+    snowflake: Mapping[str, str] = field(default_factory=dict)
+    spark_master: str = "local[2]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    iceberg_catalog: str = "jdbc"
+    warehouse_dir: Path = Path(".runstate/warehouse")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = {**read_env_file(), **(environ if environ is not None else os.environ)}
+        pg_url = env.get("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:5432/runstate")
+        backend = env.get("RUNSTATE_EVENTSTORE", "postgres")
+        if backend not in EVENTSTORE_BACKENDS:
+            raise ValueError(f"RUNSTATE_EVENTSTORE must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")
+        spark_conf = json.loads(env.get("RUNSTATE_SPARK_CONF") or "{}")
+        if not isinstance(spark_conf, dict):
+            raise ValueError("RUNSTATE_SPARK_CONF must be a JSON object of Spark settings")
+        return cls(
+            pg_url=pg_url,
+            dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
+            schema=env.get("RUNSTATE_SCHEMA", "runstate"),
+            aws_endpoint_url=env.get("RUNSTATE_AWS_ENDPOINT_URL") or None,
+            aws_region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+            wal_table=env.get("RUNSTATE_WAL_TABLE", "runstate_wal"),
+            blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
+            blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
+            eventstore=backend,
+            snowflake={k[len("SNOWFLAKE_"):].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")},
+            spark_master=env.get("RUNSTATE_SPARK_MASTER", "local[2]"),
+            spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+            iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
+            warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
+        )
+
+
+def dagster_url_for(pg_url: str) -> str:
+    """Dagster's storage needs the psycopg2 SQLAlchemy scheme and its own database."""
+    base, _, _ = pg_url.rpartition("/")
+    return base.replace("postgresql://", "postgresql+psycopg2://", 1) + "/dagster"
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    return Settings.from_env()

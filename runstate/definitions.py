@@ -1,0 +1,14 @@
+"""The code location: per-domain definitions merged into one. The only Dagster entry point."""
+
+import dagster as dg
+
+from runstate.defs import eventstore, maintenance, runs, wal
+from runstate.defs.shared import shared_definitions
+
+defs = dg.Definitions.merge(
+    shared_definitions(),
+    eventstore.defs,
+    wal.defs,
+    maintenance.defs,
+    runs.defs,
+)

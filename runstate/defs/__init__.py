@@ -1,0 +1,1 @@
+"""The Dagster shell: one folder per domain, merged in runstate/definitions.py."""

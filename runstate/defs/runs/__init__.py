@@ -1,0 +1,5 @@
+"""Dagster definitions for the runs domain."""
+
+import dagster as dg
+
+defs = dg.Definitions()

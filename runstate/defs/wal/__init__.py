@@ -1,0 +1,5 @@
+"""Dagster definitions for the wal domain."""
+
+import dagster as dg
+
+defs = dg.Definitions()

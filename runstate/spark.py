@@ -1,0 +1,123 @@
+"""The Spark session with the Iceberg runtime and the `lake` catalog (no Dagster here).
+
+The catalog is a JDBC catalog in Postgres when the Postgres JDBC driver is on disk, and a hadoop
+warehouse on the local filesystem otherwise. Extra settings from RUNSTATE_SPARK_CONF win, so the
+same code runs on a cluster by configuration alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CATALOG = "lake"
+ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+JDBC_JAR_CANDIDATES = ("/usr/share/java/postgresql.jar",)
+
+
+class SparkSetupError(RuntimeError):
+    pass
+
+
+def iceberg_runtime_jar() -> Path:
+    spec = importlib.util.find_spec("snowpark_connect_deps_iceberg")
+    if spec is None or not spec.submodule_search_locations:
+        raise SparkSetupError("the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2")
+    jar = Path(list(spec.submodule_search_locations)[0]) / "jars" / ICEBERG_JAR_NAME
+    if not jar.exists():
+        raise SparkSetupError(f"{jar} not found: pin snowpark-connect-deps-iceberg==1.0.2 (1.0.3's jar is broken)")
+    return jar
+
+
+def postgres_jdbc_jar() -> Path | None:
+    for candidate in (os.environ.get("RUNSTATE_JDBC_JAR"), *JDBC_JAR_CANDIDATES):
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    return None
+
+
+def jdbc_url(pg_url: str) -> tuple[str, str | None, str | None]:
+    """postgresql://user:pw@host:port/db -> (jdbc:postgresql://host:port/db, user, password)."""
+    parts = urlsplit(pg_url.replace("+psycopg2", ""))
+    port = parts.port or 5432
+    return f"jdbc:postgresql://{parts.hostname}:{port}{parts.path}", parts.username, parts.password
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str = "local[2]"
+    pg_url: str | None = None
+    catalog_kind: str = "jdbc"
+    warehouse_dir: Path = Path(".runstate/warehouse")
+    extra_conf: Mapping[str, str] = field(default_factory=dict)
+    app_name: str = "runstate"
+
+    def catalog_conf(self) -> dict[str, str]:
+        warehouse = self.warehouse_dir.resolve().as_uri()
+        prefix = f"spark.sql.catalog.{CATALOG}"
+        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.warehouse": warehouse}
+        if self.catalog_kind == "jdbc" and self.pg_url and postgres_jdbc_jar():
+            url, user, password = jdbc_url(self.pg_url)
+            conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
+            conf[f"{prefix}.uri"] = url
+            conf[f"{prefix}.jdbc.schema-version"] = "V1"
+            if user:
+                conf[f"{prefix}.jdbc.user"] = user
+            if password:
+                conf[f"{prefix}.jdbc.password"] = password
+        else:
+            conf[f"{prefix}.type"] = "hadoop"
+        return conf
+
+    def conf(self) -> dict[str, str]:
+        jars = [str(iceberg_runtime_jar())]
+        jdbc = postgres_jdbc_jar()
+        if jdbc:
+            jars.append(str(jdbc))
+        conf = {
+            "spark.jars": ",".join(jars),
+            "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.memory": "1g",
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.sql.session.timeZone": "UTC",
+            **self.catalog_conf(),
+        }
+        conf.update(self.extra_conf)
+        return conf
+
+    @property
+    def is_jdbc(self) -> bool:
+        return self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "").endswith("JdbcCatalog")
+
+
+def build_session(settings: SparkSettings) -> "SparkSession":
+    from pyspark.sql import SparkSession
+
+    settings.warehouse_dir.mkdir(parents=True, exist_ok=True)
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in settings.conf().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def settings_from_runstate() -> SparkSettings:
+    from runstate.config import settings
+
+    s = settings()
+    return SparkSettings(
+        master=s.spark_master,
+        pg_url=s.pg_url,
+        catalog_kind=s.iceberg_catalog,
+        warehouse_dir=s.warehouse_dir,
+        extra_conf=s.spark_conf,
+    )

@@ -1,0 +1,149 @@
+"""Shared fixtures: a real Postgres database, moto's server, fakesnow's server and one Spark session.
+
+Every test gets its own namespace (a Postgres schema, a Snowflake schema, uniquely named AWS
+resources) and it is dropped afterwards, so tests and parallel workers never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
+
+ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def _with_database(admin_url: str, database: str) -> str:
+    base, _, _ = admin_url.rpartition("/")
+    return f"{base}/{database}"
+
+
+def create_database(name: str) -> str:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return _with_database(ADMIN_URL, name)
+
+
+def drop_database(name: str) -> None:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    """One database per test worker; tests isolate themselves inside it with `pg_schema`."""
+    name = unique("rs_test")
+    dsn = create_database(name)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[str]:
+    """A database of the test's own, for tests that need an empty server-side namespace."""
+    name = unique("rs_fresh")
+    dsn = create_database(name)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def pg_schema(pg_database: str) -> Iterator[str]:
+    """A unique schema name in the worker's database, dropped after the test."""
+    schema = unique("t")
+    yield schema
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's real HTTP server on a free loopback port."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def dynamodb(moto_endpoint: str):
+    import boto3
+
+    return boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture
+def s3(moto_endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def fakesnow_server() -> Iterator[dict]:
+    """fakesnow's server; the dict is connection kwargs for snowflake.connector.connect."""
+    import fakesnow
+
+    with fakesnow.server() as conn_kwargs:
+        yield conn_kwargs
+
+
+@pytest.fixture
+def snowflake_schema(fakesnow_server: dict) -> Iterator[tuple[dict, str]]:
+    """Connection kwargs (database RUNSTATE_TEST) and a unique schema name of the test's own."""
+    import snowflake.connector
+
+    schema = unique("T").upper()
+    kwargs = {**fakesnow_server, "database": "RUNSTATE_TEST"}
+    conn = snowflake.connector.connect(**kwargs)
+    conn.cursor().execute("CREATE DATABASE IF NOT EXISTS RUNSTATE_TEST")
+    yield kwargs, schema
+    conn.cursor().execute(f"DROP SCHEMA IF EXISTS RUNSTATE_TEST.{schema} CASCADE")
+    conn.close()
+
+
+@pytest.fixture(scope="session")
+def spark_settings(pg_database: str, tmp_path_factory: pytest.TempPathFactory):
+    from runstate.spark import SparkSettings
+
+    warehouse: Path = tmp_path_factory.mktemp("warehouse")
+    return SparkSettings(pg_url=pg_database, warehouse_dir=warehouse, app_name="runstate-tests")
+
+
+@pytest.fixture(scope="session")
+def spark(spark_settings):
+    """One Spark session per test worker: startup costs seconds."""
+    from runstate.spark import build_session
+
+    session = build_session(spark_settings)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def iceberg_namespace(spark) -> Iterator[str]:
+    """A unique Iceberg namespace in the `lake` catalog, dropped with its tables after the test."""
+    namespace = unique("ns")
+    spark.sql(f"CREATE NAMESPACE lake.{namespace}")
+    yield namespace
+    for row in spark.sql(f"SHOW TABLES IN lake.{namespace}").collect():
+        spark.sql(f"DROP TABLE IF EXISTS lake.{namespace}.{row.tableName} PURGE")
+    spark.sql(f"DROP NAMESPACE IF EXISTS lake.{namespace}")
