@@ -1,0 +1,114 @@
+"""Drive one sensor or schedule tick in-process, as the daemon would, for the CLI and tests.
+
+A tick evaluates the sensor once with its stored cursor, skips run requests whose run_key already
+has a run (the daemon's rule), executes the rest in-process and stores the new cursor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import dagster as dg
+from dagster import DagsterInstance, RunsFilter
+
+CURSOR_KEY = "runstate.tick_cursor.{}"
+
+
+@dataclass
+class TickResult:
+    requested: int = 0
+    skipped_run_keys: list[str] = field(default_factory=list)
+    results: list[dg.ExecuteInProcessResult] = field(default_factory=list)
+    skip_reason: str | None = None
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for r in self.results if r.success)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.results if not r.success)
+
+
+def default_defs() -> dg.Definitions:
+    from runstate.definitions import defs
+
+    return defs
+
+
+def default_instance() -> DagsterInstance:
+    """The configured instance when DAGSTER_HOME is set, otherwise an ephemeral one."""
+    import os
+
+    return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+
+
+def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_key: str) -> bool:
+    runs = instance.get_runs(filters=RunsFilter(tags={"dagster/run_key": run_key, origin_tag: origin}), limit=1)
+    return bool(runs)
+
+
+def _execute(
+    defs: dg.Definitions,
+    instance: DagsterInstance,
+    requests: list[dg.RunRequest],
+    default_job: str | None,
+    origin_tag: str,
+    origin: str,
+    result: TickResult,
+) -> None:
+    for request in requests:
+        result.requested += 1
+        if request.run_key and _run_key_taken(instance, origin_tag, origin, request.run_key):
+            result.skipped_run_keys.append(request.run_key)
+            continue
+        job = defs.resolve_job_def(request.job_name or default_job)
+        tags = {**(request.tags or {}), origin_tag: origin}
+        if request.run_key:
+            tags["dagster/run_key"] = request.run_key
+        result.results.append(
+            job.execute_in_process(
+                run_config=request.run_config,
+                instance=instance,
+                tags=tags,
+                partition_key=request.partition_key,
+                raise_on_error=False,
+            )
+        )
+
+
+def tick_sensor(
+    sensor_name: str, *, defs: dg.Definitions | None = None, instance: DagsterInstance | None = None
+) -> TickResult:
+    defs = defs or default_defs()
+    instance = instance or default_instance()
+    sensor = defs.resolve_sensor_def(sensor_name)
+    key = CURSOR_KEY.format(sensor_name)
+    cursor = instance.run_storage.get_cursor_values({key}).get(key)
+    with dg.build_sensor_context(instance=instance, cursor=cursor, sensor_name=sensor_name, resources=defs.resources) as ctx:
+        data = sensor.evaluate_tick(ctx)
+    result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
+    default_job = sensor.job_name if sensor.has_jobs else None
+    _execute(defs, instance, list(data.run_requests or []), default_job, "dagster/sensor_name", sensor_name, result)
+    if data.cursor is not None:
+        instance.run_storage.set_cursor_values({key: data.cursor})
+    return result
+
+
+def tick_schedule(
+    schedule_name: str,
+    *,
+    defs: dg.Definitions | None = None,
+    instance: DagsterInstance | None = None,
+    at: datetime | None = None,
+) -> TickResult:
+    defs = defs or default_defs()
+    instance = instance or default_instance()
+    schedule = defs.resolve_schedule_def(schedule_name)
+    when = at or datetime.now(timezone.utc)
+    with dg.build_schedule_context(instance=instance, scheduled_execution_time=when, resources=defs.resources) as ctx:
+        data = schedule.evaluate_tick(ctx)
+    result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
+    _execute(defs, instance, list(data.run_requests or []), schedule.job_name, "dagster/schedule_name", schedule_name, result)
+    return result
