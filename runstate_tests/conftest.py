@@ -43,6 +43,13 @@ def drop_database(name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that touch Spark share one xdist worker, so the suite starts one JVM, not one per worker."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
+
+
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     """One database per test worker; tests isolate themselves inside it with `pg_schema`."""

@@ -1,0 +1,43 @@
+# The two set-up commands: `make demo` and `make test`. Both work from a fresh clone.
+# As root they apt-get install the Postgres JDBC driver (Iceberg's JDBC catalog) and Chromium (the UI test).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: setup system-deps services demo test dev bench down clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	touch $@
+
+system-deps:
+	@bash scripts/system-deps.sh
+
+services: setup system-deps
+	$(BIN)/runstate services up
+
+demo: services
+	$(BIN)/runstate demo
+
+test: services
+	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+dev: services
+	$(BIN)/runstate dev
+
+bench: services
+	$(BIN)/python bench/eventstore.py
+	$(BIN)/python bench/wal.py
+	$(BIN)/python bench/maintenance.py
+
+down:
+	-$(BIN)/runstate services down
+
+clean: down
+	rm -rf $(VENV) .runstate
