@@ -1,0 +1,60 @@
+"""Run state store: an append-only, idempotent event log of workflow runs (core, no dagster).
+
+    from runstate.eventstore import PostgresEventStore, NewEvent, EventType
+"""
+
+from runstate.eventstore.contract import (
+    CANONICAL_EVENT_TYPES,
+    DEFAULT_MAX_EVENT_BYTES,
+    TERMINAL_EVENT_TYPES,
+    AppendResult,
+    ConcurrencyConflict,
+    EventStore,
+    EventStoreError,
+    EventType,
+    InvalidEvent,
+    MigrationReport,
+    NewEvent,
+    Resume,
+    RunSnapshot,
+    SnapshotCorrupt,
+    StepState,
+    StoredEvent,
+    idempotency_key,
+    validate_batch,
+    validate_event,
+)
+from runstate.eventstore.migrate import migrate_events, verify_migration
+from runstate.eventstore.postgres import PostgresEventStore
+from runstate.eventstore.projection import fold
+from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
+from runstate.eventstore.snowflake import SnowflakeEventStore
+
+__all__ = [
+    "CANONICAL_EVENT_TYPES",
+    "DEFAULT_MAX_EVENT_BYTES",
+    "TERMINAL_EVENT_TYPES",
+    "AppendResult",
+    "ConcurrencyConflict",
+    "EventStore",
+    "EventStoreError",
+    "EventType",
+    "InvalidEvent",
+    "MigrationReport",
+    "NewEvent",
+    "PostgresEventStore",
+    "Resume",
+    "RunSnapshot",
+    "SnapshotCorrupt",
+    "SnapshotMetrics",
+    "SnapshotPolicy",
+    "SnowflakeEventStore",
+    "StepState",
+    "StoredEvent",
+    "fold",
+    "idempotency_key",
+    "migrate_events",
+    "validate_batch",
+    "validate_event",
+    "verify_migration",
+]

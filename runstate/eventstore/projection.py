@@ -1,0 +1,146 @@
+"""The pure fold: (RunSnapshot, events) -> RunSnapshot.
+
+No I/O. Events at or below the snapshot's `last_event_seq` are skipped, so folding the same
+events twice changes nothing and incremental projection equals a rebuild from scratch.
+Unknown event types only move `last_event_seq`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any, Callable, Iterable
+
+from runstate.eventstore.contract import EventType, RunSnapshot, StepState, StoredEvent
+
+_TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+
+
+def fold(snapshot: RunSnapshot, events: Iterable[StoredEvent]) -> RunSnapshot:
+    """Apply `events` (run_seq ascending) to `snapshot`; returns a new snapshot."""
+    state = _Mutable(snapshot)
+    for event in events:
+        if event.run_seq <= state.last_event_seq:
+            continue
+        handler = _HANDLERS.get(event.event_type)
+        if handler is not None:
+            handler(state, event)
+        state.last_event_seq = event.run_seq
+    return state.freeze(snapshot)
+
+
+class _Mutable:
+    """A scratch copy so a long fold does not rebuild frozen values per event."""
+
+    def __init__(self, snapshot: RunSnapshot):
+        self.status = snapshot.status
+        self.started_at = snapshot.started_at
+        self.completed_at = snapshot.completed_at
+        self.last_event_seq = snapshot.last_event_seq
+        self.steps: dict[str, StepState] = dict(snapshot.steps)
+        self.artifacts: list[Any] = list(snapshot.artifacts)
+
+    def freeze(self, original: RunSnapshot) -> RunSnapshot:
+        return replace(
+            original,
+            status=self.status,
+            started_at=self.started_at,
+            completed_at=self.completed_at,
+            last_event_seq=self.last_event_seq,
+            steps=self.steps,
+            artifacts=tuple(self.artifacts),
+        )
+
+    def set_run_status(self, status: str) -> None:
+        # A finished run stays finished: late step events must not reopen it.
+        if self.status not in _TERMINAL_STATUSES:
+            self.status = status
+
+    def step(self, step_id: str | None) -> StepState:
+        return self.steps.get(step_id or "", StepState(status="RUNNING", attempts=0))
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(timezone.utc)
+
+
+def _error_of(data: Any) -> Any:
+    if isinstance(data, dict) and "error" in data:
+        return data["error"]
+    return data
+
+
+def _run_started(s: _Mutable, e: StoredEvent) -> None:
+    s.set_run_status("RUNNING")
+    if s.started_at is None:
+        s.started_at = _utc(e.emitted_at)
+
+
+def _step_started(s: _Mutable, e: StoredEvent) -> None:
+    previous = s.step(e.step_id)
+    s.steps[e.step_id or ""] = StepState(
+        status="RUNNING", attempts=previous.attempts + 1, started_at=_utc(e.emitted_at), completed_at=None, error=None
+    )
+    if s.status == "PENDING":
+        s.set_run_status("RUNNING")
+
+
+def _step_completed(s: _Mutable, e: StoredEvent) -> None:
+    previous = s.step(e.step_id)
+    s.steps[e.step_id or ""] = replace(
+        previous, status="SUCCESS", attempts=max(previous.attempts, 1), completed_at=_utc(e.emitted_at), error=None
+    )
+
+
+def _step_failed(s: _Mutable, e: StoredEvent) -> None:
+    previous = s.step(e.step_id)
+    s.steps[e.step_id or ""] = replace(
+        previous, status="FAILED", attempts=max(previous.attempts, 1), completed_at=_utc(e.emitted_at),
+        error=_error_of(e.data),
+    )
+
+
+def _step_retrying(s: _Mutable, e: StoredEvent) -> None:
+    previous = s.step(e.step_id)
+    error = _error_of(e.data) if e.data is not None else previous.error
+    s.steps[e.step_id or ""] = replace(previous, status="RETRYING", attempts=max(previous.attempts, 1), error=error)
+
+
+def _signal_waiting(s: _Mutable, e: StoredEvent) -> None:
+    s.set_run_status("WAITING")
+
+
+def _signal_received(s: _Mutable, e: StoredEvent) -> None:
+    if s.status == "WAITING":
+        s.status = "RUNNING"
+
+
+def _artifact_emitted(s: _Mutable, e: StoredEvent) -> None:
+    s.artifacts.append({"runSeq": e.run_seq, "stepId": e.step_id, "data": e.data})
+
+
+def _finisher(status: str) -> Callable[[_Mutable, StoredEvent], None]:
+    def finish(s: _Mutable, e: StoredEvent) -> None:
+        if s.status in _TERMINAL_STATUSES:
+            return
+        s.status = status
+        s.completed_at = _utc(e.emitted_at)
+        if s.started_at is None:
+            s.started_at = _utc(e.emitted_at)
+
+    return finish
+
+
+_HANDLERS: dict[str, Callable[[_Mutable, StoredEvent], None]] = {
+    EventType.RUN_STARTED: _run_started,
+    EventType.STEP_STARTED: _step_started,
+    EventType.STEP_COMPLETED: _step_completed,
+    EventType.STEP_FAILED: _step_failed,
+    EventType.STEP_RETRYING: _step_retrying,
+    EventType.SIGNAL_WAITING: _signal_waiting,
+    EventType.SIGNAL_RECEIVED: _signal_received,
+    EventType.ARTIFACT_EMITTED: _artifact_emitted,
+    EventType.RUN_COMPLETED: _finisher("COMPLETED"),
+    EventType.RUN_FAILED: _finisher("FAILED"),
+    EventType.RUN_CANCELLED: _finisher("CANCELLED"),
+}
