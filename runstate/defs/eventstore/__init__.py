@@ -1,5 +1,25 @@
-"""Dagster definitions for the eventstore domain."""
+"""Dagster definitions for the eventstore domain: the event store resource, append/archive jobs,
+the run_snapshots asset (daily partitions by run start day), its sensor and the archival schedule."""
 
 import dagster as dg
 
-defs = dg.Definitions()
+from runstate.defs.eventstore.assets import run_events, run_snapshots
+from runstate.defs.eventstore.jobs import append_events, archive_events
+from runstate.defs.eventstore.resources import event_store_resource
+from runstate.defs.eventstore.schedules import archive_events_schedule
+from runstate.defs.eventstore.sensors import run_snapshots_sensor
+
+run_snapshots_job = dg.define_asset_job(
+    "run_snapshots_job",
+    selection=[run_snapshots],
+    partitions_def=run_snapshots.partitions_def,
+    tags={"runstate/domain": "eventstore"},
+)
+
+defs = dg.Definitions(
+    assets=[run_events, run_snapshots],
+    jobs=[append_events, archive_events, run_snapshots_job],
+    schedules=[archive_events_schedule],
+    sensors=[run_snapshots_sensor],
+    resources={"event_store": event_store_resource()},
+)

@@ -1,0 +1,123 @@
+"""The event store resource: configuration plus a factory for the core's Postgres or Snowflake store.
+
+The backend comes from configuration (`RUNSTATE_EVENTSTORE`, default postgres). Snowflake is reached
+through dagster-snowflake's `SnowflakeResource` (a nested resource), so the same connection settings,
+secrets (`dg.EnvVar`) and fakesnow's `additional_snowflake_connection_args` apply as everywhere else.
+Nothing connects until `get_store()` is first called.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import ExitStack
+from typing import Any, Optional
+
+import dagster as dg
+from dagster_snowflake import SnowflakeResource
+from pydantic import Field, PrivateAttr, field_validator
+
+from runstate.config import EVENTSTORE_BACKENDS, Settings, settings
+
+# Settings keys that SnowflakeResource takes as fields; the rest (host, port, protocol, ...) are connector args.
+_SNOWFLAKE_FIELDS = ("account", "user", "database", "role", "warehouse")
+_SNOWFLAKE_CONNECTOR_ARGS = ("host", "port", "protocol")
+
+
+class EventStoreResource(dg.ConfigurableResource):
+    """The run state store (`runstate.eventstore`), opened lazily on the configured backend."""
+
+    backend: str = Field(default="postgres", description="`postgres` or `snowflake`.")
+    pg_url: str = Field(
+        default="postgresql://postgres@127.0.0.1:5432/runstate", description="Postgres DSN (postgres backend)."
+    )
+    pg_schema: str = Field(default="runstate", description="Postgres schema holding the event tables.")
+    snowflake: Optional[SnowflakeResource] = Field(
+        default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
+    )
+    snowflake_schema: str = Field(default="RUNSTATE", description="Snowflake schema holding the event tables.")
+    snapshot_interval: int = Field(default=100, description="Write a state snapshot every N events of a run.")
+
+    _stores: dict = PrivateAttr(default_factory=dict)
+    _exit_stack: Optional[ExitStack] = PrivateAttr(default=None)
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        if value not in EVENTSTORE_BACKENDS:
+            raise ValueError(f"event store backend must be one of {EVENTSTORE_BACKENDS}, got {value!r}")
+        return value
+
+    def get_store(self, backend: str | None = None) -> Any:
+        """The store of `backend` (default: the configured one), built on first use and then reused."""
+        backend = backend or self.backend
+        if backend not in self._stores:
+            self._stores[backend] = self._open(backend)
+        return self._stores[backend]
+
+    def _open(self, backend: str) -> Any:
+        if backend == "postgres":
+            from runstate.eventstore import PostgresEventStore
+
+            return PostgresEventStore(self.pg_url, schema=self.pg_schema, snapshot_interval=self.snapshot_interval)
+        if backend == "snowflake":
+            from runstate.eventstore import SnowflakeEventStore
+
+            if self.snowflake is None:
+                raise ValueError(
+                    "event store backend 'snowflake' needs the `snowflake` resource (set SNOWFLAKE_ACCOUNT, ...)"
+                )
+            return SnowflakeEventStore(
+                self._snowflake_connection,
+                schema=self.snowflake_schema,
+                snapshot_interval=self.snapshot_interval,
+            )
+        raise ValueError(f"event store backend must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")
+
+    def _snowflake_connection(self) -> Any:
+        """A new connector connection through SnowflakeResource; closed when the resource is torn down."""
+        if self._exit_stack is None:
+            self._exit_stack = ExitStack()
+        return self._exit_stack.enter_context(self.snowflake.get_connection())
+
+    def close(self) -> None:
+        for store in self._stores.values():
+            close = getattr(store, "close", None)
+            if close is not None:
+                close()
+        self._stores.clear()
+        if self._exit_stack is not None:
+            self._exit_stack.close()
+            self._exit_stack = None
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+
+def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeResource | None:
+    """SnowflakeResource from SNOWFLAKE_* settings; None when no account is configured."""
+    s = s or settings()
+    values = dict(s.snowflake)
+    if not values.get("account"):
+        return None
+    fields: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_FIELDS if values.get(key)}
+    # The secret stays an EnvVar when it is in the environment, so it never lands in the run config.
+    fields["password"] = dg.EnvVar("SNOWFLAKE_PASSWORD") if os.environ.get("SNOWFLAKE_PASSWORD") else values.get(
+        "password"
+    )
+    connector_args: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_CONNECTOR_ARGS if values.get(key)}
+    if "port" in connector_args:
+        connector_args["port"] = int(connector_args["port"])
+    return SnowflakeResource(additional_snowflake_connection_args=connector_args or None, **fields)
+
+
+def event_store_resource(s: Settings | None = None) -> EventStoreResource:
+    """The resource as configured by `runstate.config.settings()`."""
+    s = s or settings()
+    snowflake = snowflake_resource_from_settings(s)
+    return EventStoreResource(
+        backend=s.eventstore,
+        pg_url=s.pg_url,
+        pg_schema=s.schema,
+        snowflake=snowflake,
+        snowflake_schema=(s.snowflake.get("schema") or "RUNSTATE").upper(),
+    )

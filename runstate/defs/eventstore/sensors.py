@@ -1,0 +1,68 @@
+"""`run_snapshots_sensor`: request the run_snapshots partitions (start days) of runs with new events.
+
+A pure decision: it reads which runs are stale (events above their stored projection), maps each to
+the UTC day it started, and yields one RunRequest per day. The run_key hashes the day's stale runs
+and their last seqs, so a request that is still queued is not launched twice, and new events make a
+new key.
+"""
+
+import hashlib
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+import dagster as dg
+
+from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots
+from runstate.defs.eventstore.resources import EventStoreResource
+
+STALE_RUNS_PER_TICK = 1000
+
+
+def stale_runs_with_start(store: Any, limit: int) -> list[tuple[str, datetime | None, int]]:
+    """(run_id, started_at, last_seq) of stale runs, from the core when it offers it in one query."""
+    if hasattr(store, "stale_runs_with_start"):
+        return list(store.stale_runs_with_start(limit=limit))
+    found = []
+    for run_id in store.stale_runs(limit=limit):
+        first = store.fetch(run_id, after_seq=0, limit=1)
+        found.append((run_id, first[0].emitted_at if first else None, 0))
+    return found
+
+
+def stale_days(stale: list[tuple[str, datetime | None, int]]) -> dict[str, list[tuple[str, int]]]:
+    """Partition key (UTC day) -> the stale runs that started that day."""
+    by_day: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for run_id, started_at, last_seq in stale:
+        if started_at is None:
+            continue
+        by_day[started_at.astimezone(timezone.utc).strftime("%Y-%m-%d")].append((run_id, last_seq))
+    return by_day
+
+
+def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
+    digest = hashlib.sha256("\n".join(f"{run_id}|{seq}" for run_id, seq in sorted(runs)).encode()).hexdigest()
+    return f"run_snapshots:{day}:{digest[:16]}"
+
+
+@dg.sensor(
+    asset_selection=[run_snapshots],
+    minimum_interval_seconds=60,
+    description="Projects the runs with new events: requests the start-day partitions of stale runs.",
+)
+def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> Iterator:
+    store = event_store.get_store()
+    by_day = stale_days(stale_runs_with_start(store, STALE_RUNS_PER_TICK))
+    known_days = set(RUN_START_DAYS.get_partition_keys(dynamic_partitions_store=None))
+    if not by_day:
+        yield dg.SkipReason("no run has events newer than its projection")
+        return
+    for day in sorted(by_day):
+        if day not in known_days:
+            context.log.warning(f"{len(by_day[day])} stale run(s) started on {day}, outside the partitions; skipped")
+            continue
+        yield dg.RunRequest(
+            run_key=day_run_key(day, by_day[day]),
+            partition_key=day,
+            tags={"runstate/table": "run_snapshots"},
+        )
