@@ -1,5 +1,292 @@
-"""`runstate events` commands."""
+"""`runstate events append|show|project|resume|archive|migrate`: the run state store from the shell.
+
+The store comes from the same Dagster resource the jobs use (backend from RUNSTATE_EVENTSTORE).
+Bad input ends with a one-line error naming the thing and a non-zero exit code, never a traceback.
+"""
 
 from __future__ import annotations
 
-COMMANDS: list = []
+import functools
+import json
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import click
+
+EVENT_FIELDS = (
+    "event_type",
+    "step_id",
+    "data",
+    "emitted_at",
+    "logical_attempt_id",
+    "engine_attempt_id",
+    "plan_version",
+    "idempotency_key",
+    "event_id",
+    "caused_by_signal_id",
+    "parent_event_id",
+    "adapter_version",
+    "engine_run_ref",
+)
+
+
+def friendly_errors(command: Callable) -> Callable:
+    """Turn the core's input and store errors into click errors: message, exit code 1, no traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from runstate.eventstore import EventStoreError, InvalidEvent
+
+        try:
+            return command(*args, **kwargs)
+        except InvalidEvent as exc:
+            raise click.ClickException(f"invalid event, nothing written: {exc}") from None
+        except (EventStoreError, ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except Exception as exc:  # driver errors (psycopg, snowflake): say what failed, not a traceback
+            if type(exc).__module__.split(".")[0] in ("psycopg", "snowflake"):
+                raise click.ClickException(f"{type(exc).__name__}: {exc}".strip()) from None
+            raise
+
+    return wrapper
+
+
+@contextmanager
+def open_store(backend: str | None = None) -> Iterator[Any]:
+    """The configured store, opened through the event_store resource and closed afterwards."""
+    from runstate.config import settings
+    from runstate.defs.eventstore.resources import event_store_resource
+
+    resource = event_store_resource(settings())
+    try:
+        yield resource.get_store(backend)
+    finally:
+        resource.close()
+
+
+def parse_time(value: str | None, run_id: str, index: int | None = None) -> datetime:
+    from runstate.eventstore import InvalidEvent
+
+    if value is None:
+        return datetime.now(timezone.utc)
+    try:
+        return datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise InvalidEvent("emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index) from None
+
+
+def event_from_mapping(doc: Any, default_run_id: str | None, where: str) -> Any:
+    """A NewEvent from one JSON object (a JSONL line); unknown keys are an error, not silently dropped."""
+    from runstate.eventstore import NewEvent
+
+    if not isinstance(doc, dict):
+        raise click.ClickException(f"{where}: expected a JSON object, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(EVENT_FIELDS) - {"run_id"})
+    if unknown:
+        raise click.ClickException(f"{where}: unknown field(s) {', '.join(unknown)}")
+    run_id = doc.get("run_id", default_run_id)
+    if not run_id:
+        raise click.ClickException(f"{where}: no run_id (give --run-id or a run_id field)")
+    if "event_type" not in doc:
+        raise click.ClickException(f"{where}: missing field 'event_type'")
+    fields = {key: doc[key] for key in EVENT_FIELDS if key in doc}
+    fields["emitted_at"] = parse_time(doc.get("emitted_at"), run_id)
+    return NewEvent(run_id=run_id, **fields)
+
+
+def read_jsonl(path: Path, default_run_id: str | None) -> list[Any]:
+    events = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{path}:{number}: not JSON ({exc.msg})") from None
+        events.append(event_from_mapping(doc, default_run_id, f"{path}:{number}"))
+    return events
+
+
+def parse_data(value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"--data is not JSON ({exc.msg} at column {exc.colno})") from None
+
+
+@click.group()
+def events() -> None:
+    """The run state store: append, inspect, project, resume, archive and migrate run events."""
+
+
+@events.command()
+@click.option("--run-id", help="The run the event(s) belong to (a JSONL line may name its own).")
+@click.option("--type", "event_type", help="Event type, e.g. RunStarted, StepCompleted.")
+@click.option("--step", "step_id", help="Step id.")
+@click.option("--data", help="Event payload as JSON.")
+@click.option("--emitted-at", help="ISO 8601 timestamp with a UTC offset (default: now).")
+@click.option("--attempt", "logical_attempt_id", help="Logical attempt id.")
+@click.option(
+    "--file",
+    "jsonl",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="JSONL file of events (one JSON object per line); each run's events are appended as one batch.",
+)
+@friendly_errors
+def append(
+    run_id: str | None,
+    event_type: str | None,
+    step_id: str | None,
+    data: str | None,
+    emitted_at: str | None,
+    logical_attempt_id: str | None,
+    jsonl: Path | None,
+) -> None:
+    """Append one event (--run-id --type ...) and/or a JSONL file of events."""
+    from runstate.eventstore import NewEvent
+
+    batch: list[Any] = []
+    if event_type is not None:
+        if not run_id:
+            raise click.UsageError("--type needs --run-id")
+        batch.append(
+            NewEvent(
+                run_id=run_id,
+                event_type=event_type,
+                emitted_at=parse_time(emitted_at, run_id),
+                data=parse_data(data),
+                step_id=step_id,
+                logical_attempt_id=logical_attempt_id,
+            )
+        )
+    elif data is not None or step_id is not None:
+        raise click.UsageError("--step/--data describe an event: give --type too")
+    if jsonl is not None:
+        batch.extend(read_jsonl(jsonl, run_id))
+    if not batch:
+        raise click.UsageError("nothing to append: give --run-id and --type, or --file")
+    by_run: dict[str, list[Any]] = {}
+    for event in batch:
+        by_run.setdefault(event.run_id, []).append(event)
+    with open_store() as store:
+        for rid, run_events in by_run.items():
+            results = store.append_batch(rid, run_events)
+            for event, result in zip(run_events, results):
+                state = "duplicate" if result.idempotent else "appended"
+                click.echo(f"{rid}  seq {result.run_seq:>6}  {event.event_type:<16} {state}")
+
+
+@events.command()
+@click.argument("run_id")
+@click.option("--after", "after_seq", default=0, show_default=True, help="Show events after this run_seq.")
+@click.option("--limit", default=100, show_default=True, help="At most this many events.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event instead of a table.")
+@friendly_errors
+def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
+    """Print a run's events as a table."""
+    with open_store() as store:
+        stored = store.fetch(run_id, after_seq=after_seq, limit=limit)
+    if not stored:
+        click.echo(f"run {run_id!r}: no events after seq {after_seq}")
+        return
+    if as_json:
+        for event in stored:
+            click.echo(json.dumps(event_to_json(event), sort_keys=True))
+        return
+    rows = [
+        (str(e.run_seq), e.event_type, e.step_id or "", e.emitted_at.isoformat(timespec="seconds"), short_json(e.data))
+        for e in stored
+    ]
+    click.echo(format_table(("SEQ", "TYPE", "STEP", "EMITTED_AT", "DATA"), rows))
+
+
+def event_to_json(event: Any) -> dict[str, Any]:
+    doc = {name: getattr(event, name) for name in event.__dataclass_fields__}
+    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in doc.items()}
+
+
+def short_json(value: Any, width: int = 60) -> str:
+    if value is None:
+        return ""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
+    return "\n".join(lines)
+
+
+@events.command()
+@click.argument("run_id")
+@click.option("--rebuild", is_flag=True, help="Fold from scratch instead of from the stored watermark.")
+@friendly_errors
+def project(run_id: str, rebuild: bool) -> None:
+    """Project a run's snapshot (incrementally) and print it as JSON."""
+    with open_store() as store:
+        snapshot = store.rebuild(run_id) if rebuild else store.project(run_id)
+    click.echo(json.dumps({**snapshot.to_dict(), "version": snapshot.version}, indent=2, sort_keys=True))
+
+
+@events.command()
+@click.argument("run_id")
+@friendly_errors
+def resume(run_id: str) -> None:
+    """Show where a run resumes from: the latest valid snapshot and the events after it."""
+    with open_store() as store:
+        point = store.resume(run_id)
+    click.echo(f"run {run_id!r}: snapshot at seq {point.snapshot_seq} ({point.kind}), {len(point.events)} event(s) to replay")
+    if point.fallbacks:
+        click.echo(f"warning: {point.fallbacks} corrupt snapshot(s) skipped", err=True)
+    if point.events:
+        click.echo(f"replay seqs {point.events[0].run_seq}..{point.events[-1].run_seq}")
+    if point.kind in ("projection", "none"):
+        summary = point.run_snapshot(run_id)
+        click.echo(f"status {summary.status}, {len(summary.steps)} step(s), last seq {summary.last_event_seq}")
+
+
+@events.command()
+@click.option("--older-than-days", type=click.IntRange(min=0), required=True, help="Archive runs completed before.")
+@friendly_errors
+def archive(older_than_days: int) -> None:
+    """Move the events of completed runs older than N days to the archive table."""
+    with open_store() as store:
+        moved = store.archive(older_than_days)
+    click.echo(f"archived {moved} event(s) of runs completed more than {older_than_days} day(s) ago")
+
+
+@events.command()
+@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--no-progress", is_flag=True, help="No progress bar (for logs).")
+@friendly_errors
+def migrate(batch_size: int, no_progress: bool) -> None:
+    """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and checksums."""
+    from tqdm import tqdm
+
+    from runstate.config import settings
+    from runstate.defs.eventstore.resources import event_store_resource
+    from runstate.eventstore import migrate_events
+
+    resource = event_store_resource(settings())
+    try:
+        source, target = resource.get_store("postgres"), resource.get_store("snowflake")
+        with tqdm(unit="event", desc="migrate", disable=no_progress) as bar:
+            report = migrate_events(source, target, batch_size=batch_size, progress=bar.update)
+    finally:
+        resource.close()
+    click.echo(
+        f"runs {report.runs}, events read {report.events_read}, written {report.events_written}, "
+        f"already there {report.events_skipped}, verified {'yes' if report.verified else 'NO'}"
+    )
+    if not report.verified:
+        for mismatch in report.mismatches[:20]:
+            click.echo(f"  mismatch: {mismatch}", err=True)
+        raise click.ClickException(f"migration not verified: {len(report.mismatches)} mismatch(es)")
+
+
+COMMANDS = [events]

@@ -36,6 +36,7 @@ class EventStoreResource(dg.ConfigurableResource):
     )
     snowflake_schema: str = Field(default="RUNSTATE", description="Snowflake schema holding the event tables.")
     snapshot_interval: int = Field(default=100, description="Write a state snapshot every N events of a run.")
+    ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
 
     _stores: dict = PrivateAttr(default_factory=dict)
     _exit_stack: Optional[ExitStack] = PrivateAttr(default=None)
@@ -51,7 +52,10 @@ class EventStoreResource(dg.ConfigurableResource):
         """The store of `backend` (default: the configured one), built on first use and then reused."""
         backend = backend or self.backend
         if backend not in self._stores:
-            self._stores[backend] = self._open(backend)
+            store = self._open(backend)
+            if self.ensure_schema:
+                store.ensure_schema()
+            self._stores[backend] = store
         return self._stores[backend]
 
     def _open(self, backend: str) -> Any:
