@@ -1,0 +1,89 @@
+"""fakesnow's Snowflake-compatible HTTP server on a free loopback port, detached from the CLI.
+
+fakesnow keeps its databases in memory, so a restarted server starts empty: `up` creates the
+database and applies the Snowflake migrations every time it starts one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Mapping
+
+from runstate import migrations
+from runstate.services.http import http_answers
+from runstate.services.state import (
+    EMBEDDED, EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, find_binary, free_port, is_running, logs_dir,
+    port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
+)
+
+# Not "RUNSTATE": fakesnow (duckdb) finds RUNSTATE.RUNSTATE ambiguous once the schema shares the name.
+DATABASE = "RUNSTATE_DEV"
+FAKE_CREDENTIALS = {"SNOWFLAKE_ACCOUNT": "fakesnow", "SNOWFLAKE_USER": "fake", "SNOWFLAKE_PASSWORD": "snow"}
+
+
+def healthy(url: str) -> bool:
+    return http_answers(url)
+
+
+def fakesnow_argv(port: int) -> list[str]:
+    try:
+        binary = str(find_binary("fakesnow", hint=""))
+        return [binary, "-s", "--host", LOOPBACK, "-p", str(port)]
+    except ServiceError:
+        return [sys.executable, "-m", "fakesnow", "-s", "--host", LOOPBACK, "-p", str(port)]
+
+
+def ensure_fakesnow(caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None) -> ServiceRecord:
+    if caller_env.get("SNOWFLAKE_HOST"):
+        host = caller_env["SNOWFLAKE_HOST"]
+        remote_port = int(caller_env.get("SNOWFLAKE_PORT") or 443)
+        protocol = caller_env.get("SNOWFLAKE_PROTOCOL", "https")
+        if not port_answers(remote_port, host=host, timeout=3):
+            raise ServiceError(f"fakesnow: SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
+                               "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow.")
+        return ServiceRecord("fakesnow", EXTERNAL, f"{protocol}://{host}:{remote_port}")
+    if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
+        return previous
+    if port:
+        require_free_port("fakesnow", port, "--fakesnow-port")
+    elif previous and previous.port and port_is_free(previous.port):
+        port = previous.port
+    else:
+        port = free_port()
+    _require_fakesnow_installed()
+    log = logs_dir() / "fakesnow.log"
+    process = spawn_detached(fakesnow_argv(port), log_path=log)
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until(lambda: healthy(url), timeout=60, process=process, what="fakesnow", log=log)
+    return ServiceRecord("fakesnow", EMBEDDED, url, port=port, pid=process.pid,
+                         pid_start=process_start_time(process.pid), log=str(log))
+
+
+def _require_fakesnow_installed() -> None:
+    try:
+        import fakesnow  # noqa: F401
+    except ImportError:
+        raise ServiceError("fakesnow: not installed in this Python; run "
+                           "`pip install -c requirements.lock -e '.[dev]'` (it brings fakesnow[server]).") from None
+
+
+def connection_kwargs(port: int, database: str = DATABASE) -> dict:
+    return dict(
+        host=LOOPBACK, port=port, protocol="http", account=FAKE_CREDENTIALS["SNOWFLAKE_ACCOUNT"],
+        user=FAKE_CREDENTIALS["SNOWFLAKE_USER"], password=FAKE_CREDENTIALS["SNOWFLAKE_PASSWORD"],
+        database=database, network_timeout=10,
+        session_parameters={"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False},
+    )
+
+
+def prepare_database(port: int, schema: str, database: str = DATABASE) -> list[migrations.Migration]:
+    """CREATE DATABASE IF NOT EXISTS, then the Snowflake migrations into `schema`."""
+    import snowflake.connector
+
+    conn = snowflake.connector.connect(**connection_kwargs(port, database))
+    try:
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {migrations.check_schema_name(database)}")
+        conn.cursor().execute(f"USE DATABASE {database}")
+        return migrations.upgrade_snowflake(conn, schema)
+    finally:
+        conn.close()

@@ -1,0 +1,78 @@
+"""moto's HTTP server for DynamoDB and S3, on a free loopback port, detached from the CLI."""
+
+from __future__ import annotations
+
+import sys
+from typing import Mapping
+
+from runstate.services.http import http_answers
+from runstate.services.state import (
+    EMBEDDED, EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, find_binary, free_port, is_running, logs_dir,
+    port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
+)
+
+TEST_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def healthy(url: str) -> bool:
+    return http_answers(f"{url.rstrip('/')}/moto-api/")
+
+
+def moto_argv(port: int) -> list[str]:
+    try:
+        binary = str(find_binary("moto_server", hint=""))
+        return [binary, "-H", LOOPBACK, "-p", str(port)]
+    except ServiceError:
+        return [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+
+
+def ensure_moto(caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None) -> ServiceRecord:
+    if caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
+        url = caller_env["RUNSTATE_AWS_ENDPOINT_URL"]
+        if not http_answers(url):
+            raise ServiceError(f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
+                               "or unset it to let `runstate services up` start moto.")
+        return ServiceRecord("moto", EXTERNAL, url)
+    if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
+        return previous
+    if port:
+        require_free_port("moto", port, "--moto-port")
+    elif previous and previous.port and port_is_free(previous.port):
+        port = previous.port
+    else:
+        port = free_port()
+    _require_moto_installed()
+    log = logs_dir() / "moto.log"
+    process = spawn_detached(moto_argv(port), log_path=log)
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until(lambda: healthy(url), timeout=60, process=process, what="moto_server", log=log)
+    return ServiceRecord("moto", EMBEDDED, url, port=port, pid=process.pid,
+                         pid_start=process_start_time(process.pid), log=str(log))
+
+
+def _require_moto_installed() -> None:
+    try:
+        import moto.server  # noqa: F401
+    except ImportError:
+        raise ServiceError("moto: the moto server is not installed in this Python; "
+                           "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server]).") from None
+
+
+def create_wal_resources(url: str, table: str, bucket: str) -> str:
+    """The WAL table and blob bucket, through the WAL package when it exists (it is another domain's)."""
+    try:
+        from runstate.wal import tables
+    except ImportError:
+        return "skipped the WAL table and blob bucket: runstate.wal.tables is not there yet"
+    import boto3
+
+    client_args = dict(endpoint_url=url, region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
+                       aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                       aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    tables.ensure_wal_table(boto3.client("dynamodb", **client_args), table)
+    tables.ensure_blob_bucket(boto3.client("s3", **client_args), bucket)
+    return f"WAL table {table!r} and blob bucket {bucket!r} are ready"
