@@ -1,9 +1,620 @@
-"""PostgresEventStore (stub; being implemented)."""
+"""PostgresEventStore: the run state store on PostgreSQL (seed 001).
+
+- run_seq comes from the run's row in `run_streams`, locked by an upsert in the append
+  transaction: writers to one run serialise on that row only, writers to other runs never wait.
+- `append_batch` is one transaction: lock the stream row, look up existing keys, insert every new
+  row in ONE statement (`unnest` of arrays) that also advances the stream, and, when the event
+  count crosses a multiple of `snapshot_interval` (or the batch has SignalWaiting), write a state
+  snapshot and prune old ones.
+- Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first
+  ensure_schema (see sql/postgres/001_eventstore.sql).
+"""
+
 from __future__ import annotations
 
-from typing import Any
+import json
+import logging
+import queue
+import random
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+
+import psycopg
+from psycopg import errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from runstate.eventstore.contract import (
+    DEFAULT_MAX_EVENT_BYTES,
+    TERMINAL_EVENT_TYPES,
+    AppendResult,
+    ConcurrencyConflict,
+    EventStoreError,
+    EventType,
+    InvalidEvent,
+    NewEvent,
+    Resume,
+    RunSnapshot,
+    StoredEvent,
+    ValidEvent,
+    validate_batch,
+)
+from runstate.eventstore.rows import as_stored as _as_stored, validate_imported as _validate_imported
+from runstate.eventstore.projection import fold
+from runstate.eventstore.snapshots import (
+    KIND_PROJECTION,
+    KIND_STATE,
+    ChosenSnapshot,
+    SnapshotMetrics,
+    SnapshotPolicy,
+    StoredSnapshot,
+    canonical_json,
+    choose_valid,
+    encode_snapshot,
+)
+from runstate.migrations import check_schema_name, upgrade_postgres
+
+log = logging.getLogger("runstate.eventstore.postgres")
+T = TypeVar("T")
+
+_RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
+_MAX_ATTEMPTS = 20
+_PAGE = 10_000
+
+EVENT_COLUMNS = (
+    "run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,"
+    " event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at, persisted_at,"
+    " adapter_version, engine_run_ref"
+)
+
+# One statement inserts every new row of a batch and advances the run's stream row.
+_INSERT_BATCH = """
+WITH rows AS (
+  SELECT * FROM unnest(
+    %(seq)s::bigint[], %(event_id)s::uuid[], %(step_id)s::text[], %(engine_attempt_id)s::text[],
+    %(logical_attempt_id)s::text[], %(plan_version)s::text[], %(event_type)s::text[], %(data)s::text[],
+    %(key)s::text[], %(caused_by)s::uuid[], %(parent)s::uuid[], %(emitted_at)s::timestamptz[],
+    %(adapter_version)s::text[], %(ref)s::text[]
+  ) AS u(seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type, data,
+         key, caused_by, parent, emitted_at, adapter_version, ref)
+), inserted AS (
+  INSERT INTO run_events (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
+                          plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
+                          parent_event_id, emitted_at, adapter_version, engine_run_ref)
+  SELECT %(run_id)s, seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+         event_type, data::jsonb, key, caused_by, parent, emitted_at, adapter_version, ref::jsonb
+  FROM rows
+  RETURNING 1
+)
+UPDATE run_streams
+   SET last_seq = GREATEST(last_seq, %(last_seq)s),
+       event_count = event_count + (SELECT count(*) FROM inserted),
+       first_event_at = COALESCE(first_event_at, %(first_event_at)s),
+       started_at = COALESCE(started_at, %(started_at)s),
+       completed_at = COALESCE(completed_at, %(completed_at)s),
+       updated_at = now()
+ WHERE run_id = %(run_id)s
+RETURNING event_count
+"""
+
+
+@dataclass(frozen=True)
+class _Stream:
+    last_seq: int
+    event_count: int
+    archived: bool
 
 
 class PostgresEventStore:
-    def __init__(self, dsn: str, *, schema: str = "runstate", snapshot_interval: int = 100, **kwargs: Any):
-        raise NotImplementedError
+    """The event store on Postgres; thread-safe (a small internal connection pool)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "runstate",
+        snapshot_interval: int = 100,
+        keep_snapshots: int = 3,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        partitions: int = 0,
+        pool_size: int = 8,
+        large_snapshot_bytes: int = 100 * 1024,
+    ):
+        self.schema = check_schema_name(schema)
+        if int(partitions) < 0 or int(partitions) > 1024:
+            raise ValueError(f"partitions must be between 0 and 1024, got {partitions!r}")
+        if int(max_event_bytes) < 1:
+            raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes!r}")
+        self.partitions = int(partitions)
+        self.max_event_bytes = int(max_event_bytes)
+        self.policy = SnapshotPolicy(
+            interval=int(snapshot_interval), keep=int(keep_snapshots),
+            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+        )
+        self.snapshot_interval = self.policy.interval
+        self.metrics = SnapshotMetrics()
+        self._dsn = dsn
+        self._conninfo = _with_search_path(dsn, self.schema)
+        self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
+        self._closed = False
+
+    # -- connections --------------------------------------------------------------------------
+
+    @contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection]:
+        if self._closed:
+            raise EventStoreError("the event store is closed")
+        self._slots.acquire()
+        conn = None
+        try:
+            try:
+                conn = self._pool.get_nowait()
+            except queue.Empty:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+            if conn.closed:
+                conn = psycopg.connect(self._conninfo, autocommit=True)
+            yield conn
+        except psycopg.OperationalError:
+            if conn is not None:
+                conn.close()
+            conn = None
+            raise
+        finally:
+            if conn is not None and not conn.closed and conn.info.transaction_status == 0:
+                self._pool.put(conn)
+            elif conn is not None:
+                conn.close()
+            self._slots.release()
+
+    def _run(self, what: str, work: Callable[[psycopg.Connection], T], *, transactional: bool = True) -> T:
+        """Run `work` in a transaction, retrying serialisation/deadlock/unique races with backoff."""
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                with self._connection() as conn:
+                    if not transactional:
+                        return work(conn)
+                    with conn.transaction():
+                        return work(conn)
+            except _RETRYABLE as exc:
+                if attempt == _MAX_ATTEMPTS:
+                    raise ConcurrencyConflict(f"{what}: gave up after {attempt} attempts ({exc})") from exc
+                time.sleep(min(0.2, 0.002 * 2 ** attempt) * random.random())
+            except psycopg.OperationalError as exc:
+                if attempt >= 3:
+                    raise EventStoreError(f"{what}: database unavailable ({exc})") from exc
+                time.sleep(0.05 * attempt)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._closed = True
+        while True:
+            try:
+                self._pool.get_nowait().close()
+            except queue.Empty:
+                return
+
+    def __enter__(self) -> "PostgresEventStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- schema -------------------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Apply the versioned migrations into `schema`; idempotent and safe to race."""
+        options = f"-c runstate.event_partitions={self.partitions}"
+        upgrade_postgres(_add_options(self._dsn, options), self.schema)
+        if self.partitions:
+            with self._connection() as conn:
+                row = conn.execute(
+                    "SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s)",
+                    (f"{self.schema}.run_events",),
+                ).fetchone()
+            if row[0] != self.partitions:
+                raise ValueError(
+                    f"schema {self.schema!r}: run_events already exists with {row[0]} hash partitions, "
+                    f"not {self.partitions}; partitioning is chosen when the table is first created"
+                )
+
+    # -- append -------------------------------------------------------------------------------
+
+    def append(self, event: NewEvent) -> AppendResult:
+        if not isinstance(event, NewEvent):
+            raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
+        return self.append_batch(event.run_id, [event])[0]
+
+    def append_batch(self, run_id: str, events: Sequence[NewEvent], state: Any = None) -> list[AppendResult]:
+        """Append atomically; duplicates (stored or within the batch) return the existing run_seq."""
+        valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
+        if state is not None:
+            canonical_json(run_id, state)  # bad state is bad input: reject before any write
+        if not valid:
+            return []
+        return self._run(f"append to run {run_id!r}", lambda conn: self._append_tx(conn, run_id, valid, state))
+
+    def _lock_stream(self, conn: psycopg.Connection, run_id: str) -> _Stream:
+        # The upsert takes the row lock that serialises this run's writers (and only them).
+        row = conn.execute(
+            "INSERT INTO run_streams (run_id) VALUES (%s)"
+            " ON CONFLICT (run_id) DO UPDATE SET updated_at = run_streams.updated_at"
+            " RETURNING last_seq, event_count, archived_at IS NOT NULL",
+            (run_id,),
+        ).fetchone()
+        return _Stream(row[0], row[1], row[2])
+
+    def _existing_keys(self, conn: psycopg.Connection, run_id: str, keys: list[str], stream: _Stream) -> dict[str, int]:
+        if stream.event_count == 0 and not stream.archived:
+            return {}
+        query = "SELECT idempotency_key, run_seq FROM run_events WHERE run_id = %s AND idempotency_key = ANY(%s)"
+        if stream.archived:
+            query += (" UNION ALL SELECT idempotency_key, run_seq FROM run_events_archive"
+                      " WHERE run_id = %s AND idempotency_key = ANY(%s)")
+            return dict(conn.execute(query, (run_id, keys, run_id, keys)).fetchall())
+        return dict(conn.execute(query, (run_id, keys)).fetchall())
+
+    def _append_tx(self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any) -> list[AppendResult]:
+        stream = self._lock_stream(conn, run_id)
+        known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
+        results: list[AppendResult] = []
+        new: list[tuple[int, ValidEvent]] = []
+        next_seq = stream.last_seq
+        for event in valid:
+            if event.idempotency_key in known:
+                results.append(AppendResult(known[event.idempotency_key], idempotent=True, persisted=False))
+                continue
+            next_seq += 1
+            known[event.idempotency_key] = next_seq
+            new.append((next_seq, event))
+            results.append(AppendResult(next_seq, idempotent=False, persisted=True))
+        if not new:
+            return results
+        conn.execute(_INSERT_BATCH, _batch_params(run_id, new, next_seq))
+        reason = self.policy.reason(stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new))
+        if reason:
+            self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new)
+        return results
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def _write_snapshot(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        seq: int,
+        state: Any,
+        reason: str,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]] = (),
+    ) -> None:
+        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N."""
+        kind = KIND_STATE
+        if state is None:
+            kind = KIND_PROJECTION
+            state = self._projection_in_tx(conn, run_id, stored_upto, pending).to_dict()
+        encoded = encode_snapshot(run_id, seq, state, self.policy)
+        inserted = conn.execute(
+            "INSERT INTO run_state_snapshots"
+            " (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, seq) DO NOTHING",
+            (run_id, seq, kind, encoded.encoding, encoded.payload, encoded.checksum,
+             encoded.raw_bytes, encoded.stored_bytes, reason),
+        ).rowcount
+        conn.execute(
+            "DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq NOT IN ("
+            " SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s ORDER BY seq DESC LIMIT %(keep)s)",
+            {"run_id": run_id, "keep": self.policy.keep},
+        )
+        if inserted:
+            self.metrics.record_written(encoded)
+
+    def _projection_in_tx(
+        self, conn: psycopg.Connection, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
+    ) -> RunSnapshot:
+        """The run's projection through the stored events up to `stored_upto` plus `pending` ones."""
+        base = self._latest_projection_base(conn, run_id, stored_upto)
+        stored = self._fetch_all(conn, run_id, base.last_event_seq, upto=stored_upto)
+        now = datetime.now(timezone.utc)
+        return fold(fold(base, stored), (_as_stored(run_id, seq, ev, now) for seq, ev in pending))
+
+    def _latest_projection_base(self, conn: psycopg.Connection, run_id: str, upto: int) -> RunSnapshot:
+        rows = conn.execute(
+            "SELECT run_id, seq, kind, encoding, payload, checksum FROM run_state_snapshots"
+            " WHERE run_id = %s AND kind = 'projection' AND seq <= %s ORDER BY seq DESC",
+            (run_id, upto),
+        ).fetchall()
+        chosen = choose_valid(run_id, [StoredSnapshot(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows], self.metrics)
+        best = RunSnapshot.from_dict(chosen.state) if chosen.kind == KIND_PROJECTION else RunSnapshot.empty(run_id)
+        row = conn.execute(
+            "SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s", (run_id, upto)
+        ).fetchone()
+        if row is not None:
+            projected = RunSnapshot.from_dict(row[0])
+            if projected.last_event_seq > best.last_event_seq:
+                best = projected
+        return best
+
+    def checkpoint(self, run_id: str, state: Any = None) -> int:
+        """Manual snapshot at the run's latest run_seq; returns that seq (0: the run has no events)."""
+        if state is not None:
+            canonical_json(run_id, state)
+
+        def work(conn: psycopg.Connection) -> int:
+            row = conn.execute("SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
+            if row is None or row[0] == 0:
+                return 0
+            self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
+            return row[0]
+
+        return self._run(f"checkpoint run {run_id!r}", work)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with run_seq > after_seq, ascending, at most `limit` (the watermark pattern)."""
+        if int(limit) < 1:
+            raise ValueError(f"limit must be >= 1, got {limit!r}")
+        with self._connection() as conn:
+            return self._fetch(conn, run_id, int(after_seq), int(limit))
+
+    def _fetch(self, conn: psycopg.Connection, run_id: str, after_seq: int, limit: int, upto: int | None = None) -> list[StoredEvent]:
+        if upto is None:
+            rows = conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = %s AND run_seq > %s ORDER BY run_seq LIMIT %s",
+                (run_id, after_seq, limit),
+            ).fetchall()
+        else:
+            rows = conn.execute(
+                f"SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = %s AND run_seq > %s AND run_seq <= %s"
+                " ORDER BY run_seq LIMIT %s",
+                (run_id, after_seq, upto, limit),
+            ).fetchall()
+        return [_row_to_event(row) for row in rows]
+
+    def _fetch_all(self, conn: psycopg.Connection, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
+        events: list[StoredEvent] = []
+        while True:
+            page = self._fetch(conn, run_id, after_seq, _PAGE, upto)
+            events.extend(page)
+            if len(page) < _PAGE:
+                return events
+            after_seq = page[-1].run_seq
+
+    def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM run_streams WHERE run_id > %s ORDER BY run_id LIMIT %s", (after, limit)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def stale_runs(self, limit: int = 1000) -> list[str]:
+        """Runs with events newer than their stored projection."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT s.run_id FROM run_streams s LEFT JOIN run_snapshots p ON p.run_id = s.run_id"
+                " WHERE s.last_seq > COALESCE(p.last_event_seq, 0)"
+                "   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)"
+                " ORDER BY s.run_id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM run_streams WHERE COALESCE(started_at, first_event_at) >= %s"
+                " AND COALESCE(started_at, first_event_at) < %s ORDER BY run_id",
+                (start, end),
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    # -- projection ---------------------------------------------------------------------------
+
+    def project(self, run_id: str) -> RunSnapshot:
+        """Fold only the events above the stored watermark; optimistic on `version`."""
+        for _ in range(_MAX_ATTEMPTS):
+            with self._connection() as conn:
+                stored = self._stored_projection(conn, run_id)
+                base = stored or RunSnapshot.empty(run_id)
+                events = self._fetch_all(conn, run_id, base.last_event_seq)
+                if not events:
+                    return base
+                updated = fold(base, events)
+                if self._save_projection(conn, run_id, updated, stored):
+                    return updated.with_version(base.version + 1)
+        raise ConcurrencyConflict(f"project run {run_id!r}: the stored snapshot kept changing")
+
+    def rebuild(self, run_id: str) -> RunSnapshot:
+        """Replay every event from scratch and store the result (the version moves only on change)."""
+        for _ in range(_MAX_ATTEMPTS):
+            with self._connection() as conn:
+                stored = self._stored_projection(conn, run_id)
+                fresh = fold(RunSnapshot.empty(run_id), self._fetch_all(conn, run_id, 0))
+                if fresh.last_event_seq == 0 and stored is None:
+                    return fresh
+                if stored is not None and stored.same_state(fresh):
+                    return stored
+                if self._save_projection(conn, run_id, fresh, stored):
+                    return fresh.with_version((stored.version if stored else 0) + 1)
+        raise ConcurrencyConflict(f"rebuild run {run_id!r}: the stored snapshot kept changing")
+
+    def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
+        row = conn.execute("SELECT snapshot_data, version FROM run_snapshots WHERE run_id = %s", (run_id,)).fetchone()
+        return RunSnapshot.from_dict(row[0], version=row[1]) if row else None
+
+    def _save_projection(self, conn: psycopg.Connection, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None) -> bool:
+        """Compare-and-set on version; False when another projector won (the caller re-reads)."""
+        params = {
+            "run_id": run_id, "status": snap.status, "seq": snap.last_event_seq,
+            "data": json.dumps(snap.to_dict()), "started": snap.started_at, "completed": snap.completed_at,
+        }
+        if stored is None:
+            return conn.execute(
+                "INSERT INTO run_snapshots (run_id, status, last_event_seq, snapshot_data, started_at, completed_at, version)"
+                " VALUES (%(run_id)s, %(status)s, %(seq)s, %(data)s::jsonb, %(started)s, %(completed)s, 1)"
+                " ON CONFLICT (run_id) DO NOTHING",
+                params,
+            ).rowcount == 1
+        return conn.execute(
+            "UPDATE run_snapshots SET status = %(status)s, last_event_seq = %(seq)s, snapshot_data = %(data)s::jsonb,"
+            " started_at = %(started)s, completed_at = %(completed)s, projected_at = now(), version = version + 1"
+            " WHERE run_id = %(run_id)s AND version = %(version)s",
+            {**params, "version": stored.version},
+        ).rowcount == 1
+
+    def resume(self, run_id: str) -> Resume:
+        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
+        started = time.perf_counter()
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT run_id, seq, kind, encoding, payload, checksum FROM run_state_snapshots"
+                " WHERE run_id = %s ORDER BY seq DESC",
+                (run_id,),
+            ).fetchall()
+            chosen: ChosenSnapshot = choose_valid(
+                run_id, [StoredSnapshot(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows], self.metrics
+            )
+            events = self._fetch_all(conn, run_id, chosen.seq)
+        self.metrics.record_resume(chosen.seq, len(events), time.perf_counter() - started)
+        return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
+
+    # -- archival and import ------------------------------------------------------------------
+
+    def archive(self, older_than_days: int, now: datetime | None = None, *, batch_runs: int = 500) -> int:
+        """Move the events of runs finished more than N days ago to run_events_archive.
+
+        Each chunk of runs moves in one transaction (DELETE ... RETURNING feeding the INSERT), so an
+        event is in exactly one of the two tables; a second call finds nothing left to move.
+        """
+        if not isinstance(older_than_days, int) or older_than_days < 0:
+            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
+        now = now or datetime.now(timezone.utc)
+        if now.tzinfo is None:
+            raise ValueError("now must be timezone-aware")
+        cutoff = now - timedelta(days=older_than_days)
+
+        def chunk(conn: psycopg.Connection) -> tuple[int, int]:
+            runs = [r[0] for r in conn.execute(
+                "SELECT run_id FROM run_streams WHERE completed_at < %s"
+                " AND (archived_at IS NULL OR updated_at > archived_at)"
+                " ORDER BY run_id LIMIT %s FOR UPDATE",
+                (cutoff, batch_runs),
+            ).fetchall()]
+            if not runs:
+                return 0, 0
+            moved = conn.execute(
+                f"WITH moved AS (DELETE FROM run_events WHERE run_id = ANY(%s) RETURNING {EVENT_COLUMNS}),"
+                f" kept AS (INSERT INTO run_events_archive ({EVENT_COLUMNS}) SELECT {EVENT_COLUMNS} FROM moved"
+                " ON CONFLICT DO NOTHING RETURNING 1)"
+                " SELECT count(*) FROM moved",
+                (runs,),
+            ).fetchone()[0]
+            conn.execute("DELETE FROM run_state_snapshots WHERE run_id = ANY(%s)", (runs,))
+            conn.execute(
+                "UPDATE run_streams SET archived_at = now() WHERE run_id = ANY(%s)",
+                (runs,),
+            )
+            return len(runs), moved
+
+        total = 0
+        while True:
+            runs, moved = self._run("archive", chunk)
+            total += moved
+            if runs < batch_runs:
+                return total
+
+    def import_events(self, events: Iterable[StoredEvent]) -> int:
+        """Insert stored events keeping their run_seq (migration); already-present keys are skipped."""
+        by_run: dict[str, list[StoredEvent]] = {}
+        for event in events:
+            by_run.setdefault(event.run_id, []).append(event)
+        written = 0
+        for run_id, run_events in by_run.items():
+            valid = _validate_imported(run_id, run_events, self.max_event_bytes)
+            written += self._run(f"import into run {run_id!r}", lambda conn: self._import_tx(conn, run_id, valid))
+        return written
+
+    def _import_tx(self, conn: psycopg.Connection, run_id: str, valid: list[tuple[int, ValidEvent]]) -> int:
+        stream = self._lock_stream(conn, run_id)
+        keys = self._existing_keys(conn, run_id, [v.idempotency_key for _, v in valid], stream)
+        taken = {r[0] for r in conn.execute(
+            "SELECT run_seq FROM run_events WHERE run_id = %s AND run_seq = ANY(%s)", (run_id, [s for s, _ in valid])
+        ).fetchall()}
+        fresh = []
+        for seq, event in valid:
+            if event.idempotency_key in keys:
+                if keys[event.idempotency_key] != seq:
+                    raise EventStoreError(
+                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
+                        f"{keys[event.idempotency_key]}, the import has it at {seq}"
+                    )
+                continue
+            if seq in taken:
+                raise EventStoreError(f"run {run_id!r}: run_seq {seq} is already taken by a different event")
+            fresh.append((seq, event))
+        if fresh:
+            top = max(stream.last_seq, max(seq for seq, _ in fresh))
+            conn.execute(_INSERT_BATCH, _batch_params(run_id, fresh, top))
+        return len(fresh)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _with_search_path(dsn: str, schema: str) -> str:
+    return _add_options(dsn, f"-c search_path={schema},public")
+
+
+def _add_options(dsn: str, options: str) -> str:
+    existing = conninfo_to_dict(dsn).get("options")
+    return make_conninfo(dsn, options=f"{existing} {options}" if existing else options)
+
+
+def _first(events: Iterable[ValidEvent], types: frozenset[str] | None) -> datetime | None:
+    for event in events:
+        if types is None or event.event_type in types:
+            return event.emitted_at
+    return None
+
+
+def _batch_params(run_id: str, new: Sequence[tuple[int, ValidEvent]], last_seq: int) -> dict[str, Any]:
+    events = [e for _, e in new]
+    return {
+        "run_id": run_id,
+        "seq": [s for s, _ in new],
+        "event_id": [e.event_id for e in events],
+        "step_id": [e.step_id for e in events],
+        "engine_attempt_id": [e.engine_attempt_id for e in events],
+        "logical_attempt_id": [e.logical_attempt_id for e in events],
+        "plan_version": [e.plan_version for e in events],
+        "event_type": [e.event_type for e in events],
+        "data": [e.data_json for e in events],
+        "key": [e.idempotency_key for e in events],
+        "caused_by": [e.caused_by_signal_id for e in events],
+        "parent": [e.parent_event_id for e in events],
+        "emitted_at": [e.emitted_at for e in events],
+        "adapter_version": [e.adapter_version for e in events],
+        "ref": [e.engine_run_ref_json for e in events],
+        "last_seq": last_seq,
+        "first_event_at": events[0].emitted_at,
+        "started_at": _first(events, frozenset({EventType.RUN_STARTED})),
+        "completed_at": _first(events, TERMINAL_EVENT_TYPES),
+    }
+
+
+def _row_to_event(row: Sequence[Any]) -> StoredEvent:
+    (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,
+     data, key, caused_by, parent, emitted_at, persisted_at, adapter_version, ref) = row
+    return StoredEvent(
+        run_id=run_id, run_seq=run_seq, event_type=event_type, emitted_at=emitted_at, persisted_at=persisted_at,
+        idempotency_key=key, event_id=str(event_id), data=data, step_id=step_id,
+        engine_attempt_id=engine_attempt_id, logical_attempt_id=logical_attempt_id, plan_version=plan_version,
+        caused_by_signal_id=str(caused_by) if caused_by else None, parent_event_id=str(parent) if parent else None,
+        adapter_version=adapter_version, engine_run_ref=ref,
+    )
+
+
