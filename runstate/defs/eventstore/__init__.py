@@ -3,18 +3,11 @@ the run_snapshots asset (daily partitions by run start day), its sensor and the 
 
 import dagster as dg
 
-from runstate.defs.eventstore.assets import run_events, run_snapshots
+from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
 from runstate.defs.eventstore.jobs import append_events, archive_events
 from runstate.defs.eventstore.resources import event_store_resource
 from runstate.defs.eventstore.schedules import archive_events_schedule
 from runstate.defs.eventstore.sensors import run_snapshots_sensor
-
-run_snapshots_job = dg.define_asset_job(
-    "run_snapshots_job",
-    selection=[run_snapshots],
-    partitions_def=run_snapshots.partitions_def,
-    tags={"runstate/domain": "eventstore"},
-)
 
 defs = dg.Definitions(
     assets=[run_events, run_snapshots],

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import dagster as dg
 
-from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots
+from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots_job
 from runstate.defs.eventstore.resources import EventStoreResource
 
 STALE_RUNS_PER_TICK = 1000
@@ -46,7 +46,7 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
 
 
 @dg.sensor(
-    asset_selection=[run_snapshots],
+    job=run_snapshots_job,
     minimum_interval_seconds=60,
     description="Projects the runs with new events: requests the start-day partitions of stale runs.",
 )
