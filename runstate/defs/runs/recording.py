@@ -1,0 +1,105 @@
+"""Translate a Dagster run's event log into canonical run-state events.
+
+Idempotency keys come from the Dagster run id, the step key and the step attempt, so reading the same
+event log twice (a re-delivered sensor tick, a cursor reset) appends nothing new.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timezone
+from typing import Iterable, Sequence
+
+from dagster import DagsterEventType, DagsterInstance
+from dagster._core.events.log import EventLogEntry
+
+from runstate.eventstore import EventType, NewEvent
+
+ADAPTER_VERSION = "runstate-dagster/1"
+
+RUN_EVENT_TYPES = {
+    DagsterEventType.RUN_START: EventType.RUN_STARTED,
+    DagsterEventType.RUN_SUCCESS: EventType.RUN_COMPLETED,
+    DagsterEventType.RUN_FAILURE: EventType.RUN_FAILED,
+    DagsterEventType.RUN_CANCELED: EventType.RUN_CANCELLED,
+}
+STEP_EVENT_TYPES = {
+    DagsterEventType.STEP_START: EventType.STEP_STARTED,
+    DagsterEventType.STEP_RESTARTED: EventType.STEP_STARTED,
+    DagsterEventType.STEP_SUCCESS: EventType.STEP_COMPLETED,
+    DagsterEventType.STEP_FAILURE: EventType.STEP_FAILED,
+    DagsterEventType.STEP_UP_FOR_RETRY: EventType.STEP_RETRYING,
+}
+RECORDED_TYPES = set(RUN_EVENT_TYPES) | set(STEP_EVENT_TYPES)
+RUN_STATUS_TYPES = set(RUN_EVENT_TYPES)
+
+
+def _error_text(entry: EventLogEntry) -> str | None:
+    data = entry.dagster_event.event_specific_data if entry.dagster_event else None
+    error = getattr(data, "error", None)
+    if error is not None:
+        return error.message.strip()[:2000]
+    return None
+
+
+def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry]) -> list[NewEvent]:
+    """The canonical events of one run, in event-log order, with 1-based step attempt numbers."""
+    attempts: dict[str, int] = defaultdict(int)
+    events: list[NewEvent] = []
+    for entry in entries:
+        event_type = entry.dagster_event_type
+        emitted_at = datetime.fromtimestamp(entry.timestamp, tz=timezone.utc)
+        ref = {"dagster_run_id": run_id, "job_name": job_name}
+        if event_type in RUN_EVENT_TYPES:
+            data = {"job_name": job_name}
+            if event_type == DagsterEventType.RUN_FAILURE:
+                data["error"] = (entry.message or "")[:2000]
+            events.append(
+                NewEvent(run_id, RUN_EVENT_TYPES[event_type], emitted_at, data=data,
+                         adapter_version=ADAPTER_VERSION, engine_run_ref=ref)
+            )
+        elif event_type in STEP_EVENT_TYPES and entry.step_key:
+            if STEP_EVENT_TYPES[event_type] == EventType.STEP_STARTED:
+                attempts[entry.step_key] += 1
+            attempt = max(attempts[entry.step_key], 1)
+            data = {"attempt": attempt}
+            error = _error_text(entry)
+            if error:
+                data["error"] = error
+            events.append(
+                NewEvent(run_id, STEP_EVENT_TYPES[event_type], emitted_at, data=data, step_id=entry.step_key,
+                         logical_attempt_id=str(attempt), engine_attempt_id=str(attempt),
+                         adapter_version=ADAPTER_VERSION, engine_run_ref=ref)
+            )
+    return events
+
+
+def run_ids_with_status_changes(instance: DagsterInstance, after_storage_id: int, limit: int) -> tuple[list[str], int]:
+    """Runs whose status changed after the cursor, oldest first, and the new cursor."""
+    import dagster as dg
+
+    changes: list[tuple[int, str]] = []
+    for event_type in RUN_STATUS_TYPES:
+        records = instance.get_event_records(
+            dg.EventRecordsFilter(event_type=event_type, after_cursor=after_storage_id), limit=limit, ascending=True
+        )
+        changes.extend((record.storage_id, record.event_log_entry.run_id) for record in records)
+    changes.sort()
+    changes = changes[:limit]
+    cursor = changes[-1][0] if changes else after_storage_id
+    return list(dict.fromkeys(run_id for _, run_id in changes)), cursor
+
+
+def record_runs(instance: DagsterInstance, store, run_ids: Iterable[str]) -> dict[str, int]:
+    """Append each run's canonical events; returns run_id -> events newly persisted."""
+    persisted: dict[str, int] = {}
+    for run_id in run_ids:
+        run = instance.get_run_by_id(run_id)
+        if run is None:
+            continue
+        entries = instance.all_logs(run_id, of_type=RECORDED_TYPES)
+        events = canonical_events(run_id, run.job_name, entries)
+        if events:
+            results = store.append_batch(run_id, events)
+            persisted[run_id] = sum(1 for r in results if r.persisted)
+    return persisted

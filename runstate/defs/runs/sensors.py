@@ -1,0 +1,27 @@
+"""`run_recorder`: every Dagster run of this deployment is recorded in the run state store."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.runs.recording import record_runs, run_ids_with_status_changes
+
+BATCH = 200
+
+
+@dg.sensor(
+    minimum_interval_seconds=15,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Tails the Dagster event log for run status changes and appends each run's canonical "
+    "events (RunStarted, StepStarted, StepCompleted/StepFailed with attempts, RunCompleted/RunFailed/"
+    "RunCancelled) to the run state store. The cursor is the last event-log storage id read.",
+)
+def run_recorder(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> dg.SkipReason:
+    after = int(context.cursor or 0)
+    run_ids, cursor = run_ids_with_status_changes(context.instance, after, BATCH)
+    if not run_ids:
+        return dg.SkipReason(f"no run status changes after storage id {after}")
+    persisted = record_runs(context.instance, event_store.get_store(), run_ids)
+    context.update_cursor(str(cursor))
+    return dg.SkipReason(f"recorded {len(run_ids)} run(s), {sum(persisted.values())} new event(s)")
