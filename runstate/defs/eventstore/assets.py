@@ -74,6 +74,7 @@ def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) ->
 
 
 @dg.asset(
+    partitions_def=RUN_START_DAYS,
     deps=[run_events],
     group_name="eventstore",
     backfill_policy=dg.BackfillPolicy.single_run(),
