@@ -1,0 +1,122 @@
+"""The table inventory of the `lake` catalog, read through Spark (no Dagster here).
+
+Lists every table with its properties and reads the per-table maintenance settings:
+`runstate.maintenance.enabled` (opt-in; None when unset or unrecognised) and
+`runstate.maintenance.cadence-hours` (how often the orchestrator may submit work for it).
+Names that would not pass the identifier validator are reported, never interpolated.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+from runstate.maintenance.identifiers import InvalidIdentifier, TableRef, validate_identifier
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+CATALOG = "lake"
+ENABLED_PROPERTY = "runstate.maintenance.enabled"
+CADENCE_PROPERTY = "runstate.maintenance.cadence-hours"
+_TRUE = {"true", "1", "yes", "on", "enabled"}
+_FALSE = {"false", "0", "no", "off", "disabled"}
+
+
+def parse_enabled(value: str | None) -> bool | None:
+    """The opt-in flag: True/False for the usual spellings, None when unset or unrecognised."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    return None
+
+
+def parse_cadence_hours(value: str | None) -> int | None:
+    """A positive whole number of hours, else None (a bad value must not stop the inventory)."""
+    if value is None:
+        return None
+    try:
+        hours = int(value.strip())
+    except ValueError:
+        return None
+    return hours if hours > 0 else None
+
+
+@dataclass(frozen=True)
+class CatalogTable:
+    """One table of the catalog with its properties and maintenance settings."""
+
+    database: str
+    table: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> TableRef:
+        return TableRef(self.database, self.table)
+
+    @property
+    def key(self) -> str:
+        return f"{self.database}.{self.table}"
+
+    @property
+    def maintenance_enabled(self) -> bool | None:
+        return parse_enabled(self.properties.get(ENABLED_PROPERTY))
+
+    @property
+    def cadence_hours(self) -> int | None:
+        return parse_cadence_hours(self.properties.get(CADENCE_PROPERTY))
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON kept in table_cache_entries.payload."""
+        return {
+            "database": self.database,
+            "table": self.table,
+            "properties": dict(self.properties),
+            "maintenance_cadence_hours": self.cadence_hours,
+        }
+
+
+@dataclass
+class CatalogListing:
+    tables: list[CatalogTable]
+    skipped: list[str] = field(default_factory=list)  # names refused by the validator
+
+
+def table_properties(spark: "SparkSession", ref: TableRef, catalog: str = CATALOG) -> dict[str, str]:
+    rows = spark.sql(f"SHOW TBLPROPERTIES {ref.in_catalog(catalog)}").collect()
+    return {row["key"]: row["value"] for row in rows}
+
+
+def list_namespaces(spark: "SparkSession", catalog: str = CATALOG) -> list[str]:
+    validate_identifier(catalog, "catalog name")
+    return [row[0] for row in spark.sql(f"SHOW NAMESPACES IN {catalog}").collect()]
+
+
+def list_tables(spark: "SparkSession", catalog: str = CATALOG) -> CatalogListing:
+    """Every table in every top-level namespace, with its properties."""
+    listing = CatalogListing(tables=[])
+    for namespace in list_namespaces(spark, catalog):
+        try:
+            validate_identifier(namespace, "namespace")
+        except InvalidIdentifier:
+            listing.skipped.append(namespace)
+            continue
+        for row in spark.sql(f"SHOW TABLES IN {catalog}.`{namespace}`").collect():
+            name = row["tableName"]
+            try:
+                ref = TableRef(namespace, name)
+            except InvalidIdentifier:
+                listing.skipped.append(f"{namespace}.{name}")
+                continue
+            listing.tables.append(CatalogTable(ref.database, ref.table, table_properties(spark, ref, catalog)))
+    if listing.skipped:
+        log.warning("catalog %s: %d table name(s) are not plain identifiers and were left out: %s",
+                    catalog, len(listing.skipped), ", ".join(listing.skipped))
+    return listing
