@@ -1,0 +1,98 @@
+"""Supervise `dagster dev` (webserver + daemon) for `runstate dev`: no Dagster import, just a child process.
+
+The child gets default SIGINT/SIGTERM dispositions (a parent started with `&` would hand it SIGINT
+ignored, and Dagster maps SIGTERM onto SIGINT's handler) and a session of its own, so a terminal's
+Ctrl-C reaches it once, through us. We forward SIGINT/SIGTERM, wait for a clean shutdown, and only
+kill the process group when it overstays the grace period or a second signal arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from runstate.config import project_home
+from runstate.services.state import LOOPBACK, ServiceError, _default_signals, find_binary, require_free_port
+
+SHUTDOWN_GRACE_SECONDS = 60.0
+
+
+def repo_root() -> Path:
+    """The checkout holding dagster.yaml and workspace.yaml (the installed package sits inside it)."""
+    checkout = Path(__file__).resolve().parents[2]
+    return checkout if (checkout / "dagster.yaml").exists() else project_home()
+
+
+def dagster_home(environ: Mapping[str, str]) -> Path:
+    return Path(environ["DAGSTER_HOME"]) if environ.get("DAGSTER_HOME") else repo_root()
+
+
+def dagster_dev_argv(port: int, root: Path) -> list[str]:
+    try:
+        dagster = [str(find_binary("dagster", hint=""))]
+    except ServiceError:
+        dagster = [sys.executable, "-m", "dagster"]
+    workspace = root / "workspace.yaml"
+    target = ["-w", str(workspace)] if workspace.exists() else ["-m", "runstate.definitions"]
+    return [*dagster, "dev", "-h", LOOPBACK, "-p", str(port), *target]
+
+
+def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
+    """Run `dagster dev` until it exits or we are told to stop; returns the exit code to use."""
+    require_free_port("dagster dev", port, "--port")
+    env = dict(environ)
+    env.setdefault("DAGSTER_HOME", str(dagster_home(environ)))
+    env.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
+    root = repo_root()
+    child = subprocess.Popen(dagster_dev_argv(port, root), cwd=root, env=env, start_new_session=True,
+                             preexec_fn=_default_signals)
+    return _supervise(child)
+
+
+def _supervise(child: subprocess.Popen) -> int:
+    signals_seen: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        signals_seen.append(signum)
+        if len(signals_seen) == 1:
+            _signal_child(child, signum)
+        else:  # a second Ctrl-C means "now"
+            _kill_group(child)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        deadline: float | None = None
+        while True:
+            try:
+                code = child.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if signals_seen and deadline is None:
+                deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+            if deadline is not None and time.monotonic() > deadline:
+                _kill_group(child)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    # Asked to stop and it stopped: that is a clean exit whatever code the child chose for it.
+    return 0 if signals_seen else code
+
+
+def _signal_child(child: subprocess.Popen, signum: int) -> None:
+    try:
+        child.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
