@@ -1,0 +1,247 @@
+"""Flush: turn a dataset's pending WAL rows into one delta blob, publish it, and mark the rows Applied.
+
+Order of the steps, and why each crash point is safe (re-running gives the same final state):
+1. Read the manifest (version V) and re-read WAL rows V+1..last with a consistent Query; rows <= V are
+   already applied and skipped. Verify every row's checksum; a mismatch or a missing seq raises
+   WalIntegrityError naming the dataset and seq, before anything is written.
+2. Encode the rows as a deterministic Parquet delta and PutObject it to a deterministic key
+   (`delta/{V+1}-{last}`) with ChecksumAlgorithm SHA256. A crash here leaves at most an unreferenced
+   object that the re-run overwrites with the very same bytes.
+3. Append the delta to the manifest with a conditional put (IfMatch). This is the commit point: the
+   reader sees rows V+1..last from now on. If the manifest moved (another flush, a compaction), start
+   again from step 1 with the new version.
+4. Mark the rows Applied#YYYY-MM with conditional UpdateItems (StatusIdx = Pending), in parallel threads
+   (DynamoDB has no batch UpdateItem). This comes after the commit point, deliberately unlike the seed's
+   order, so "Applied" always means "visible to readers". A crash here leaves rows <= V still Pending: the
+   sweep finds them and the next flush, finding them below V, only marks them.
+5. Advance LastAppliedSeq, monotonic and conditional (never moves back).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from botocore.exceptions import ClientError
+
+from runstate.wal import tables as t
+from runstate.wal.blobs import BlobRef, Manifest, delta_key, encode_delta, put_blob, read_manifest, write_manifest
+from runstate.wal.changes import Change, decode_changes, sha256_hex, validate_dataset_id
+from runstate.wal.errors import WalContentionError, WalIntegrityError
+
+MAX_MANIFEST_ATTEMPTS = 20
+
+
+@dataclass(frozen=True)
+class FlushResult:
+    """What one flush did. `rows` WAL rows (`changes` changes) went into the delta `blob_key` covering
+    first_seq..last_seq; `applied` rows were marked Applied by this call, `skipped` of the batch's seqs were
+    already applied. A flush that found nothing new has rows == 0 and blob_key None."""
+
+    dataset_id: str
+    rows: int
+    applied: int
+    skipped: int
+    first_seq: int
+    last_seq: int
+    blob_key: str | None
+    blob_bytes: int
+    changes: int = 0
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class WalRow:
+    """A WAL row as read back from DynamoDB, checksum verified."""
+
+    dataset_id: str
+    seq: int
+    status: str
+    created_at: int
+    checksum: str
+    changes: list[Change]
+
+
+def flush_batch(
+    dynamodb: Any,
+    s3: Any,
+    *,
+    table: str,
+    bucket: str,
+    prefix: str,
+    dataset_id: str,
+    seqs: Iterable[int],
+    now: datetime | None = None,
+    max_workers: int | None = None,
+) -> FlushResult:
+    """Apply every pending row of `dataset_id` up to max(seqs) (see the module doc for the steps)."""
+    validate_dataset_id(dataset_id)
+    batch = sorted(set(_validated_seqs(dataset_id, seqs)))
+    now = now or datetime.now(timezone.utc)
+    last_applied_before = _last_applied_seq(dynamodb, table, dataset_id)
+    target = batch[-1]
+    written: BlobRef | None = None
+    for _ in range(MAX_MANIFEST_ATTEMPTS):
+        manifest = read_manifest(s3, bucket, prefix, dataset_id)
+        version_before = manifest.version
+        if target <= manifest.version:
+            break
+        rows = read_rows(dynamodb, table, dataset_id, manifest.version + 1, target)
+        ref = _put_delta(s3, bucket, prefix, dataset_id, rows)
+        manifest = manifest.with_delta(ref)
+        if write_manifest(s3, bucket, prefix, manifest, manifest.etag):
+            written = ref
+            break
+    else:
+        raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving; gave up after {MAX_MANIFEST_ATTEMPTS} tries")
+    upto = min(target, manifest.version)
+    to_mark = sorted(set(batch) | set(range(last_applied_before + 1, upto + 1)))
+    to_mark = [seq for seq in to_mark if seq <= manifest.version]
+    marked = mark_applied(dynamodb, table, dataset_id, to_mark, manifest, now, max_workers=max_workers)
+    advance_last_applied(dynamodb, table, dataset_id, upto)
+    return FlushResult(
+        dataset_id=dataset_id,
+        rows=(written.last_seq - written.first_seq + 1) if written else 0,
+        applied=marked,
+        skipped=sum(1 for seq in batch if seq <= version_before),
+        first_seq=written.first_seq if written else batch[0],
+        last_seq=written.last_seq if written else batch[-1],
+        blob_key=written.key if written else None,
+        blob_bytes=written.bytes if written else 0,
+        changes=written.rows if written else 0,
+        version=manifest.version,
+    )
+
+
+def _validated_seqs(dataset_id: str, seqs: Iterable[int]) -> list[int]:
+    values = list(seqs)
+    if not values:
+        raise ValueError(f"dataset {dataset_id!r}: a flush needs at least one seq")
+    for seq in values:
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            raise ValueError(f"dataset {dataset_id!r}: seq {seq!r} is not a positive integer")
+    return values
+
+
+def _put_delta(s3: Any, bucket: str, prefix: str, dataset_id: str, rows: list[WalRow]) -> BlobRef:
+    data, changes = encode_delta((row.seq, row.changes) for row in rows)
+    key = delta_key(prefix, dataset_id, rows[0].seq, rows[-1].seq)
+    put_blob(s3, bucket, key, data)
+    return BlobRef(key, sha256_hex(data), len(data), rows[0].seq, rows[-1].seq, changes)
+
+
+def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[WalRow]:
+    """WAL rows first..last (consistent read), checksums verified, every seq present."""
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
+        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
+        "ExpressionAttributeValues": {
+            ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
+        },
+        "ConsistentRead": True,
+    }
+    rows: list[WalRow] = []
+    while True:
+        page = dynamodb.query(**request)
+        rows.extend(_verified_row(dataset_id, item) for item in page.get("Items", []))
+        if "LastEvaluatedKey" not in page:
+            break
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    present = {row.seq for row in rows}
+    for seq in range(first_seq, last_seq + 1):
+        if seq not in present:
+            raise WalIntegrityError(
+                f"dataset {dataset_id!r}: WAL row seq {seq} is missing (needed to apply {first_seq}..{last_seq})"
+            )
+    return rows
+
+
+def _verified_row(dataset_id: str, item: dict[str, Any]) -> WalRow:
+    seq = int(item[t.SEQ_NO]["N"])
+    payload = item.get(t.PAYLOAD, {}).get("S")
+    expected = item.get(t.CHECKSUM, {}).get("S")
+    if payload is None or expected is None:
+        raise WalIntegrityError(f"dataset {dataset_id!r}: WAL row seq {seq} has no payload or checksum")
+    actual = sha256_hex(payload.encode("utf-8"))
+    if actual != expected:
+        raise WalIntegrityError(
+            f"dataset {dataset_id!r}: WAL row seq {seq} checksum mismatch (expected {expected[:12]}.., got {actual[:12]}..)"
+        )
+    return WalRow(dataset_id, seq, item[t.STATUS_IDX]["S"], int(item[t.CREATED_AT]["N"]), expected,
+                  decode_changes(payload))
+
+
+def mark_applied(
+    dynamodb: Any,
+    table: str,
+    dataset_id: str,
+    seqs: list[int],
+    manifest: Manifest,
+    now: datetime,
+    *,
+    max_workers: int | None = None,
+) -> int:
+    """Mark the rows Applied#YYYY-MM (only if still Pending), in parallel; returns how many changed."""
+    if not seqs:
+        return 0
+    status = t.applied_status(now.year, now.month)
+    applied_at = str(int(now.timestamp()))
+    # One connection per thread: more threads than the client's pool would only queue on it.
+    workers = max_workers or max(1, min(len(seqs), dynamodb.meta.config.max_pool_connections or 10))
+
+    def mark(seq: int) -> bool:
+        ref = manifest.blob_for_seq(seq)
+        try:
+            dynamodb.update_item(
+                TableName=table,
+                Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seq)}},
+                UpdateExpression="SET #status = :applied, #blob = :blob, #at = :at",
+                ConditionExpression="#status = :pending",
+                ExpressionAttributeNames={"#status": t.STATUS_IDX, "#blob": t.BLOB_KEY, "#at": t.APPLIED_AT},
+                ExpressionAttributeValues={
+                    ":applied": {"S": status}, ":pending": {"S": t.PENDING},
+                    ":blob": {"S": ref.key if ref else ""}, ":at": {"N": applied_at},
+                },
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return False  # already Applied (a re-run) or trimmed: nothing to do
+            raise
+        return True
+
+    if workers == 1:
+        return sum(mark(seq) for seq in seqs)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wal-mark") as pool:
+        return sum(pool.map(mark, seqs))
+
+
+def advance_last_applied(dynamodb: Any, table: str, dataset_id: str, seq: int) -> bool:
+    """LastAppliedSeq := seq unless it is already >= seq (monotonic). True when it moved."""
+    if seq < 1:
+        return False
+    try:
+        dynamodb.update_item(
+            TableName=table,
+            Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
+            UpdateExpression="SET #applied = :seq, #kind = :kind",
+            ConditionExpression="attribute_not_exists(#applied) OR #applied < :seq",
+            ExpressionAttributeNames={"#applied": t.LAST_APPLIED_SEQ, "#kind": t.KIND},
+            ExpressionAttributeValues={":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}},
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def _last_applied_seq(dynamodb: Any, table: str, dataset_id: str) -> int:
+    item = dynamodb.get_item(
+        TableName=table,
+        Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
+        ConsistentRead=True,
+    ).get("Item")
+    return int(item[t.LAST_APPLIED_SEQ]["N"]) if item and t.LAST_APPLIED_SEQ in item else 0
