@@ -1,0 +1,477 @@
+"""MaintenanceStore's queue on a real Postgres: submit, fenced claims, leases, attempts, cancel, delete.
+
+A lease "expires" by moving its deadline into the past in the database (the same effect as waiting
+out the lease, without a sleep); one test lets a short lease run out for real.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Iterator
+
+import psycopg
+import pytest
+
+from runstate.maintenance import (
+    CachedTable,
+    Claim,
+    InvalidIdentifier,
+    InvalidStatus,
+    JobNotFound,
+    MaintenanceStore,
+    TableNotCached,
+    UnknownAction,
+)
+
+UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
+
+
+@pytest.fixture
+def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
+    with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
+        maintenance.ensure_schema()
+        maintenance.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
+        yield maintenance
+
+
+def _sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
+    with psycopg.connect(store.dsn, autocommit=True, options=f"-c search_path={store.schema}") as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def _expire_lease(store: MaintenanceStore, job_id: str) -> None:
+    _sql(store, "UPDATE job_queue SET visible_at = now() - interval '1 second' WHERE job_id = %s", job_id)
+
+
+def _job_and_queue_rows(store: MaintenanceStore, job_id: str) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    return (
+        _sql(store, "SELECT * FROM jobs WHERE job_id = %s", job_id),
+        _sql(store, "SELECT * FROM job_queue WHERE job_id = %s", job_id),
+        _sql(store, "SELECT * FROM job_actions WHERE job_id = %s ORDER BY id", job_id),
+    )
+
+
+# ------------------------------------------------------------------------------------------ submit
+
+BAD_SUBMITS = [
+    ("db", "t'; DROP TABLE jobs; --", ["rewrite_data_files"]),
+    ("db", 't"', ["rewrite_data_files"]),
+    ("db;", "t", ["rewrite_data_files"]),
+    ("db", "t x", ["rewrite_data_files"]),
+    ("db", " t", ["rewrite_data_files"]),
+    ("d.b", "t", ["rewrite_data_files"]),
+    ("db", "t.u", ["rewrite_data_files"]),
+    ("db", "t\x00", ["rewrite_data_files"]),
+    ("db", "t\n", ["rewrite_data_files"]),
+    ("", "t", ["rewrite_data_files"]),
+    ("db", "", ["rewrite_data_files"]),
+    ("db", "t" * 129, ["rewrite_data_files"]),
+    ("db", "t0", ["vacuum"]),
+    ("db", "t0", []),
+    ("db", "t0", ["rewrite_data_files; DROP TABLE jobs"]),
+]
+
+
+@pytest.mark.parametrize("database, table, actions", BAD_SUBMITS)
+def test_bad_submit_is_rejected_before_any_sql(database: str, table: str, actions: list[str]) -> None:
+    # The DSN cannot connect: reaching SQL would raise OperationalError instead of the validation error.
+    store = MaintenanceStore(UNREACHABLE_DSN)
+    with pytest.raises((InvalidIdentifier, UnknownAction)):
+        store.submit(database, table, actions)
+
+
+def test_unreachable_dsn_does_fail_once_input_is_valid() -> None:
+    with pytest.raises(psycopg.OperationalError):
+        MaintenanceStore(UNREACHABLE_DSN).submit("db", "t0", ["rewrite_data_files"])
+
+
+@pytest.mark.parametrize("kwargs", [{"dry_run": "yes"}, {"options": {"when": object()}}, {"options": ["a"]}])
+def test_bad_dry_run_or_options_are_rejected_before_any_sql(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        MaintenanceStore(UNREACHABLE_DSN).submit("db", "t0", ["rewrite_data_files"], **kwargs)
+
+
+def test_rejected_submits_write_nothing(store: MaintenanceStore) -> None:
+    for database, table, actions in BAD_SUBMITS:
+        with pytest.raises(ValueError):
+            store.submit(database, table, actions)
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
+    assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
+
+
+def test_submit_requires_the_table_in_the_cache(store: MaintenanceStore) -> None:
+    with pytest.raises(TableNotCached, match="'db.unknown'"):
+        store.submit("db", "unknown", ["rewrite_data_files"])
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
+
+
+def test_submit_writes_job_and_queue_row(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["expire_snapshots", "rewrite_data_files"], dry_run=True, options={"k": 1})
+    job = store.get_job(job_id)
+    assert job is not None
+    assert (job.status, job.actions, job.dry_run, job.options) == (
+        "pending",
+        ("rewrite_data_files", "expire_snapshots"),
+        True,
+        {"k": 1},
+    )
+    assert _sql(store, "SELECT claimed_at, attempt_count, visible_at <= now() FROM job_queue") == [(None, 0, True)]
+
+
+def test_second_submit_for_an_active_table_returns_the_existing_job(store: MaintenanceStore) -> None:
+    first = store.submit("db", "t0", ["rewrite_data_files"])
+    assert store.submit("db", "t0", ["expire_snapshots"]) == first
+    claim = store.claim("w1", 60)
+    assert claim is not None and claim.job_id == first
+    assert store.submit("db", "t0", ["expire_snapshots"]) == first  # running counts as active too
+    assert store.complete(claim, "completed")
+    assert store.submit("db", "t0", ["expire_snapshots"]) != first
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(2,)]
+
+
+def test_concurrent_submits_for_one_table_make_one_job(store: MaintenanceStore) -> None:
+    barrier = threading.Barrier(8)
+    ids: list[str] = []
+
+    def submit() -> None:
+        barrier.wait()
+        ids.append(store.submit("db", "t1", ["rewrite_data_files"]))
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 8 and len(set(ids)) == 1
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(1,)]
+    assert _sql(store, "SELECT count(*) FROM job_queue") == [(1,)]
+
+
+# ------------------------------------------------------------------------------------------- claim
+
+
+def test_claim_sets_the_fence_on_both_rows_and_the_lease(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"], options={"strategy": "sort"})
+    claim = store.claim("worker-a", 90)
+    assert claim is not None
+    assert (claim.job_id, claim.database, claim.table, claim.actions, claim.attempt_count) == (
+        job_id, "db", "t0", ("rewrite_data_files",), 1,
+    )
+    assert claim.options == {"strategy": "sort"}
+    [(job_status, job_fence)] = _sql(store, "SELECT status, attempt_id FROM jobs")
+    [(queue_fence, claimed_by, count, lease)] = _sql(
+        store, "SELECT attempt_id, claimed_by, attempt_count, extract(epoch FROM visible_at - claimed_at) FROM job_queue"
+    )
+    assert (job_status, job_fence, queue_fence, claimed_by, count) == (
+        "running", claim.attempt_id, claim.attempt_id, "worker-a", 1,
+    )
+    assert float(lease) == 90.0
+
+
+def test_claim_returns_none_when_nothing_is_visible(store: MaintenanceStore) -> None:
+    assert store.claim("w", 30) is None
+    store.submit("db", "t0", ["rewrite_data_files"])
+    assert store.claim("w", 30) is not None
+    assert store.claim("w", 30) is None  # leased, not visible
+
+
+@pytest.mark.parametrize("worker, lease", [("", 30), ("w", 0), ("w", -1), ("w", float("nan"))])
+def test_claim_rejects_bad_arguments(store: MaintenanceStore, worker: str, lease: float) -> None:
+    with pytest.raises(ValueError):
+        store.claim(worker, lease)
+
+
+def test_concurrent_claims_from_threads_never_share_a_job(store: MaintenanceStore) -> None:
+    store.replace_table_cache([CachedTable("db", f"c{i}") for i in range(120)])
+    submitted = {store.submit("db", f"c{i}", ["rewrite_manifests"]) for i in range(120)}
+    claimed: dict[str, list[str]] = {f"w{i}": [] for i in range(6)}
+    barrier = threading.Barrier(6)
+
+    def work(worker: str) -> None:
+        barrier.wait()
+        while (claim := store.claim(worker, 60)) is not None:
+            claimed[worker].append(claim.job_id)
+            assert store.complete(claim, "completed")
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in claimed]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every_claim = [job for jobs in claimed.values() for job in jobs]
+    assert len(every_claim) == len(set(every_claim)) == 120
+    assert set(every_claim) == submitted
+    assert _sql(store, "SELECT status, count(*) FROM jobs GROUP BY status") == [("completed", 120)]
+
+
+def _claim_all_in_process(dsn: str, schema: str, worker: str, start: multiprocessing.synchronize.Event) -> list[str]:
+    start.wait()
+    done = []
+    with MaintenanceStore(dsn, schema=schema) as store:
+        while (claim := store.claim(worker, 60)) is not None:
+            done.append(claim.job_id)
+            store.complete(claim, "completed")
+    return done
+
+
+def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceStore) -> None:
+    store.replace_table_cache([CachedTable("db", f"p{i}") for i in range(100)])
+    for i in range(100):
+        store.submit("db", f"p{i}", ["rewrite_manifests"])
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager:
+        start = manager.Event()
+        with context.Pool(4) as pool:
+            pending = [
+                pool.apply_async(_claim_all_in_process, (store.dsn, store.schema, f"proc{i}", start)) for i in range(4)
+            ]
+            start.set()
+            results = [result.get(timeout=120) for result in pending]
+    every_claim = [job for jobs in results for job in jobs]
+    assert len(every_claim) == len(set(every_claim)) == 100
+
+
+# ------------------------------------------------------------------------------------------ fencing
+
+
+def test_fenced_out_worker_changes_nothing_and_the_new_claimant_completes(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
+    old = store.claim("old-worker", 30)
+    assert old is not None and store.record_action(old, "rewrite_data_files", True, "rewrote 10 files")
+    _expire_lease(store, job_id)
+    new = store.claim("new-worker", 30)
+    assert new is not None and new.job_id == job_id and new.attempt_count == 2
+    before = _job_and_queue_rows(store, job_id)
+
+    assert store.heartbeat(old) is False
+    assert store.record_action(old, "expire_snapshots", True, "expired 3") is False
+    assert store.complete(old, "completed") is False
+    assert store.complete(old, "failed", "late failure") is False
+    assert _job_and_queue_rows(store, job_id) == before
+
+    assert store.heartbeat(new) is True
+    assert store.record_action(new, "rewrite_data_files", True, "rewrote 0 files")
+    assert store.complete(new, "completed")
+    job = store.get_job(job_id)
+    assert job is not None and (job.status, job.attempt_id, job.error) == ("completed", new.attempt_id, None)
+    assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
+
+
+def test_worker_whose_lease_expired_cannot_complete_even_unclaimed(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    _expire_lease(store, job_id)
+    assert store.heartbeat(claim) is False
+    assert store.complete(claim, "completed") is False
+    assert store.get_job(job_id).status == "running"  # type: ignore[union-attr]
+    again = store.claim("w2", 30)
+    assert again is not None and again.job_id == job_id
+
+
+def test_a_short_lease_really_runs_out(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 0.05)
+    assert claim is not None
+    _sql(store, "SELECT pg_sleep(0.1)")  # wait out the 50 ms lease on the database's clock
+    again = store.claim("w2", 30)
+    assert again is not None and again.job_id == job_id
+    assert store.complete(claim, "completed") is False
+    assert store.complete(again, "completed") is True
+
+
+def test_heartbeat_extends_the_lease(store: MaintenanceStore) -> None:
+    store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 5)
+    assert claim is not None
+    assert store.heartbeat(claim, 600)
+    [(remaining,)] = _sql(store, "SELECT extract(epoch FROM visible_at - now()) FROM job_queue")
+    assert float(remaining) > 500
+
+
+def test_killed_worker_job_is_reclaimed_and_completed(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    script = (
+        "import sys, time\n"
+        "from runstate.maintenance import MaintenanceStore\n"
+        "store = MaintenanceStore(sys.argv[1], schema=sys.argv[2])\n"
+        "claim = store.claim('doomed', 30)\n"
+        "store.record_action(claim, 'rewrite_data_files', False, '', 'interrupted', 0.1)\n"
+        "print(claim.attempt_id, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    worker = subprocess.Popen([sys.executable, "-c", script, store.dsn, store.schema], stdout=subprocess.PIPE, text=True)
+    doomed_attempt = worker.stdout.readline().strip()  # type: ignore[union-attr]
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    assert store.claim("survivor", 30) is None  # its lease is still live
+    _expire_lease(store, job_id)
+    claim = store.claim("survivor", 30)
+    assert claim is not None and claim.job_id == job_id and claim.attempt_id != doomed_attempt
+    assert claim.attempt_count == 2
+    assert store.complete(claim, "completed")
+    assert [a.error for a in store.job_actions(job_id)] == ["interrupted"]
+
+
+def test_job_fails_with_a_clear_error_after_max_attempts(pg_database: str, pg_schema: str) -> None:
+    with MaintenanceStore(pg_database, schema=pg_schema, max_attempts=2) as store:
+        store.ensure_schema()
+        store.replace_table_cache([CachedTable("db", "t0")])
+        job_id = store.submit("db", "t0", ["rewrite_data_files"])
+        for attempt in (1, 2):
+            claim = store.claim(f"w{attempt}", 30)
+            assert claim is not None and claim.attempt_count == attempt
+            _expire_lease(store, job_id)
+        assert store.claim("w3", 30) is None
+        job = store.get_job(job_id)
+        assert job is not None and job.status == "failed" and job.completed_at is not None
+        assert "gave up after 2 attempts" in job.error and "w2" in job.error and "db.t0" in job.error
+        assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
+
+
+def test_sweep_requeues_expired_leases_and_fails_exhausted_ones(pg_database: str, pg_schema: str) -> None:
+    with MaintenanceStore(pg_database, schema=pg_schema, max_attempts=2) as store:
+        store.ensure_schema()
+        store.replace_table_cache([CachedTable("db", "a"), CachedTable("db", "b"), CachedTable("db", "c")])
+        retry = store.submit("db", "a", ["rewrite_data_files"])
+        exhausted = store.submit("db", "b", ["rewrite_data_files"])
+        live = store.submit("db", "c", ["rewrite_data_files"])
+        assert {store.claim("w", 30).job_id for _ in range(3)} == {retry, exhausted, live}  # type: ignore[union-attr]
+        _expire_lease(store, retry)  # attempt 1 of 2 ran out: back to pending
+        # attempt 2 of 2 ran out: nothing left
+        _sql(store, "UPDATE job_queue SET attempt_count = 2, visible_at = now() - interval '1 s' WHERE job_id = %s", exhausted)
+
+        assert store.sweep_stale_claims() == 2
+        assert _sql(store, "SELECT status, attempt_id FROM jobs WHERE job_id = %s", retry) == [("pending", None)]
+        assert _sql(store, "SELECT claimed_at, claimed_by, attempt_id FROM job_queue WHERE job_id = %s", retry) == [
+            (None, None, None)
+        ]
+        assert store.get_job(exhausted).status == "failed"  # type: ignore[union-attr]
+        assert store.get_job(live).status == "running"  # type: ignore[union-attr]
+        assert store.sweep_stale_claims() == 0
+
+
+# --------------------------------------------------------------------------------------- completion
+
+
+def test_complete_is_retry_safe_and_validates_status(store: MaintenanceStore) -> None:
+    store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    with pytest.raises(InvalidStatus):
+        store.complete(claim, "done")
+    assert store.complete(claim, "failed", "spark said no")
+    assert store.complete(claim, "failed", "spark said no")  # a retried ack after a lost reply
+    assert store.complete(claim, "completed") is False  # not a different outcome
+    job = store.get_job(claim.job_id)
+    assert job is not None and (job.status, job.error) == ("failed", "spark said no")
+
+
+def test_record_action_is_fenced_and_written_once_per_attempt(store: MaintenanceStore) -> None:
+    store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    assert store.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
+    assert store.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
+    with pytest.raises(UnknownAction):
+        store.record_action(claim, "vacuum", True)
+    [record] = store.job_actions(claim.job_id)
+    assert (record.action, record.success, record.message, record.elapsed_seconds) == (
+        "rewrite_data_files", True, "rewritten 40 -> 1", 1.5,
+    )
+
+
+def test_forged_claim_is_fenced_out(store: MaintenanceStore) -> None:
+    store.submit("db", "t0", ["rewrite_data_files"])
+    real = store.claim("w", 30)
+    assert real is not None
+    forged = Claim(**{**real.__dict__, "attempt_id": "not-the-fence"})
+    assert store.heartbeat(forged) is False
+    assert store.record_action(forged, "rewrite_data_files", True) is False
+    assert store.complete(forged, "completed") is False
+    assert store.get_job(real.job_id).status == "running"  # type: ignore[union-attr]
+
+
+# -------------------------------------------------------------------------------------------- cancel
+
+
+def test_cancel_pending_job(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    assert store.cancel(job_id) == "cancelled"
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "cancelled" and job.completed_at is not None
+    assert store.claim("w", 30) is None
+    assert store.cancel(job_id) == "cancelled"
+
+
+def test_cancel_running_job_is_seen_by_the_worker_which_completes_as_cancelled(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    assert store.record_action(claim, "rewrite_data_files", True, "done")
+    assert store.is_cancel_requested(claim) is False
+
+    assert store.cancel(job_id) == "cancel_requested"
+    job = store.get_job(job_id)
+    assert job is not None and job.cancel_requested and job.completed_at is None
+    assert store.is_cancel_requested(claim) is True
+    assert store.heartbeat(claim) is True  # still its job until it acknowledges
+    assert store.complete(claim, "cancelled")
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "cancelled" and job.completed_at is not None
+    assert not job.cancel_requested
+    assert [a.action for a in store.job_actions(job_id)] == ["rewrite_data_files"]
+
+
+def test_cancelled_job_whose_worker_died_is_finished_by_the_sweep(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    assert store.cancel(job_id) == "cancel_requested"
+    _expire_lease(store, job_id)
+    assert store.claim("w2", 30) is None  # a cancelled job is never handed out again
+    assert store.sweep_stale_claims() == 0  # the claim above already finished it
+    job = store.get_job(job_id)
+    assert job is not None and job.status == "cancelled" and job.completed_at is not None
+    assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
+
+
+def test_cancel_of_unknown_or_finished_jobs(store: MaintenanceStore) -> None:
+    with pytest.raises(JobNotFound):
+        store.cancel("no-such-job")
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None and store.complete(claim, "completed")
+    assert store.cancel(job_id) == "completed"
+    assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
+
+
+def test_soft_delete_cancels_and_hides_the_job(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    assert store.soft_delete(job_id) is True
+    assert store.soft_delete(job_id) is False
+    job = store.get_job(job_id)
+    assert job is not None and job.deleted_at is not None and job.status == "cancelled"
+    assert store.list_jobs() == []
+    assert store.active_job("db.t0") is None
+    assert store.submit("db", "t0", ["rewrite_data_files"]) != job_id
+
+
+def test_list_jobs_filters(store: MaintenanceStore) -> None:
+    a = store.submit("db", "t0", ["rewrite_data_files"])
+    b = store.submit("db", "t1", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None and store.complete(claim, "completed")
+    assert [j.job_id for j in store.list_jobs(table_key="db.t1")] == [b]
+    assert [j.job_id for j in store.list_jobs(status="completed")] == [claim.job_id]
+    assert {j.job_id for j in store.list_jobs()} == {a, b}
+    with pytest.raises(InvalidStatus):
+        store.list_jobs(status="weird")
+    with pytest.raises(InvalidIdentifier):
+        store.list_jobs(table_key="db.t1; --")
