@@ -86,7 +86,10 @@ def tick_sensor(
     sensor = defs.resolve_sensor_def(sensor_name)
     key = CURSOR_KEY.format(sensor_name)
     cursor = instance.run_storage.get_cursor_values({key}).get(key)
-    with dg.build_sensor_context(instance=instance, cursor=cursor, sensor_name=sensor_name, resources=defs.resources) as ctx:
+    # definitions= lets a sensor yield partitioned run requests (dagster resolves the job from them).
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, sensor_name=sensor_name, resources=defs.resources, definitions=defs
+    ) as ctx:
         data = sensor.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
     default_job = sensor.job_name if sensor.has_jobs else None

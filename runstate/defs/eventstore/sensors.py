@@ -23,10 +23,13 @@ def stale_runs_with_start(store: Any, limit: int) -> list[tuple[str, datetime | 
     """(run_id, started_at, last_seq) of stale runs, from the core when it offers it in one query."""
     if hasattr(store, "stale_runs_with_start"):
         return list(store.stale_runs_with_start(limit=limit))
+    # Until the core answers in one query (request R4): first event for the start, resume() for the last seq.
     found = []
     for run_id in store.stale_runs(limit=limit):
         first = store.fetch(run_id, after_seq=0, limit=1)
-        found.append((run_id, first[0].emitted_at if first else None, 0))
+        point = store.resume(run_id)
+        last_seq = point.events[-1].run_seq if point.events else point.snapshot_seq
+        found.append((run_id, first[0].emitted_at if first else None, last_seq))
     return found
 
 

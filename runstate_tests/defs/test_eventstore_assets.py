@@ -1,0 +1,182 @@
+"""The run_snapshots asset, its day partitions, backfills and its sensor, through real Postgres."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import dagster as dg
+import psycopg
+import pytest
+from psycopg import sql
+
+from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
+from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.eventstore.sensors import run_snapshots_sensor
+from runstate.defs.ticking import tick_sensor
+from runstate.eventstore import NewEvent
+
+TODAY = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+YESTERDAY = TODAY - timedelta(days=1)
+TODAY_KEY = TODAY.strftime("%Y-%m-%d")
+YESTERDAY_KEY = YESTERDAY.strftime("%Y-%m-%d")
+
+
+@pytest.fixture
+def resource(pg_database: str, pg_schema: str) -> EventStoreResource:
+    return EventStoreResource(backend="postgres", pg_url=pg_database, pg_schema=pg_schema)
+
+
+@pytest.fixture
+def store(resource: EventStoreResource):
+    yield resource.get_store()
+    resource.close()
+
+
+@pytest.fixture
+def runs(store) -> dict[str, datetime]:
+    """Runs a and b started today, c yesterday; each has a step in progress."""
+    started = {"a": TODAY + timedelta(minutes=1), "b": TODAY + timedelta(minutes=2), "c": YESTERDAY + timedelta(hours=3)}
+    for run_id, at in started.items():
+        store.append_batch(
+            run_id,
+            [
+                NewEvent(run_id, "RunStarted", at),
+                NewEvent(run_id, "StepStarted", at + timedelta(seconds=1), step_id="load"),
+            ],
+        )
+    return started
+
+
+def materialize_day(resource, day: str, **kwargs) -> dg.ExecuteInProcessResult:
+    return dg.materialize([run_events, run_snapshots], partition_key=day, resources={"event_store": resource}, **kwargs)
+
+
+def metadata(result: dg.ExecuteInProcessResult) -> dict:
+    """The run_snapshots materialization's metadata (a range run repeats the window's totals per day)."""
+    materialization, *_ = [
+        e.event_specific_data.materialization
+        for e in result.get_asset_materialization_events()
+        if e.event_specific_data.materialization.asset_key == dg.AssetKey("run_snapshots")
+    ]
+    return {key: value.value for key, value in materialization.metadata.items()}
+
+
+def test_materializing_a_day_projects_the_runs_started_that_day(resource, store, runs):
+    result = materialize_day(resource, TODAY_KEY)
+
+    assert result.success
+    meta = metadata(result)
+    assert meta["mode"] == "incremental"
+    assert meta["runs_projected"] == 2
+    assert meta["runs_changed"] == 2
+    assert set(store.stale_runs()) == {"c"}
+    assert store.project("a").steps["load"].status == "RUNNING"
+
+
+def test_a_second_materialization_without_new_events_moves_nothing(resource, store, runs):
+    materialize_day(resource, TODAY_KEY)
+    versions = {run_id: store.project(run_id).version for run_id in ("a", "b")}
+
+    meta = metadata(materialize_day(resource, TODAY_KEY))
+
+    assert meta["runs_changed"] == 0
+    assert {run_id: store.project(run_id).version for run_id in ("a", "b")} == versions
+
+
+def test_new_events_are_applied_incrementally(resource, store, runs):
+    materialize_day(resource, TODAY_KEY)
+    store.append(NewEvent("a", "StepCompleted", runs["a"] + timedelta(minutes=1), step_id="load"))
+
+    meta = metadata(materialize_day(resource, TODAY_KEY))
+
+    assert meta["runs_changed"] == 1
+    assert store.project("a").steps["load"].status == "SUCCESS"
+
+
+def test_a_backfill_run_rebuilds_the_day_from_scratch(resource, store, runs, pg_database, pg_schema):
+    materialize_day(resource, TODAY_KEY)
+    incremental = store.project("a")
+    tamper_projection(pg_database, pg_schema, "a")
+
+    result = materialize_day(resource, TODAY_KEY, tags={"dagster/backfill": "bf-test"})
+
+    assert metadata(result)["mode"] == "rebuild"
+    assert store.project("a").same_state(incremental)
+
+
+def test_rebuild_config_forces_a_rebuild_outside_a_backfill(resource, store, runs, pg_database, pg_schema):
+    materialize_day(resource, TODAY_KEY)
+    incremental = store.project("b")
+    tamper_projection(pg_database, pg_schema, "b")
+
+    result = materialize_day(resource, TODAY_KEY, run_config={"ops": {"run_snapshots": {"config": {"rebuild": True}}}})
+
+    assert metadata(result)["mode"] == "rebuild"
+    assert store.project("b").same_state(incremental)
+
+
+def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, store, runs):
+    defs = dg.Definitions(assets=[run_events, run_snapshots], jobs=[run_snapshots_job], resources={"event_store": resource})
+    job = defs.resolve_job_def("run_snapshots_job")
+
+    result = job.execute_in_process(
+        tags={
+            "dagster/asset_partition_range_start": YESTERDAY_KEY,
+            "dagster/asset_partition_range_end": TODAY_KEY,
+            "dagster/backfill": "bf-range",
+        }
+    )
+
+    assert result.success
+    assert len(result.get_asset_materialization_events()) == 2
+    meta = metadata(result)
+    assert meta["mode"] == "rebuild" and meta["runs_projected"] == 3
+    assert store.stale_runs() == []
+
+
+def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store, runs):
+    defs = dg.Definitions(
+        assets=[run_events, run_snapshots],
+        jobs=[run_snapshots_job],
+        sensors=[run_snapshots_sensor],
+        resources={"event_store": resource},
+    )
+    instance = dg.DagsterInstance.ephemeral()
+
+    first = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    idle = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    store.append(NewEvent("c", "StepFailed", runs["c"] + timedelta(minutes=9), step_id="load", data={"error": "boom"}))
+    after_new_event = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+
+    assert sorted(r.dagster_run.tags["dagster/partition"] for r in first.results) == [YESTERDAY_KEY, TODAY_KEY]
+    assert first.failed == 0
+    assert idle.requested == 0 and idle.skip_reason
+    assert [r.dagster_run.tags["dagster/partition"] for r in after_new_event.results] == [YESTERDAY_KEY]
+    assert store.project("c").steps["load"].status == "FAILED"
+    assert store.stale_runs() == []
+
+
+def test_sensor_run_keys_are_stable_until_new_events_arrive(resource, store, runs):
+    def run_keys() -> list[str]:
+        with dg.build_sensor_context(resources={"event_store": resource}) as context:
+            return sorted(r.run_key for r in run_snapshots_sensor(context))
+
+    before = run_keys()
+    again = run_keys()
+    store.append(NewEvent("a", "StepCompleted", runs["a"] + timedelta(minutes=1), step_id="load"))
+    after = run_keys()
+
+    assert before == again and len(before) == 2
+    assert after != before
+
+
+def tamper_projection(dsn: str, schema: str, run_id: str) -> None:
+    """Simulate a projection that drifted (a projector bug): the stored status is wrong."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "UPDATE {}.run_snapshots SET status = 'CANCELLED',"
+                " snapshot_data = jsonb_set(snapshot_data, '{{status}}', '\"CANCELLED\"') WHERE run_id = %s"
+            ).format(sql.Identifier(schema)),
+            (run_id,),
+        )
