@@ -7,7 +7,8 @@ only a later compaction, once `grace_seconds` (default 1 h) have passed since th
 therefore finds every blob it needs for at least the grace period; a read slower than that fails with
 BlobIntegrityError naming the missing blob (never a silent stale state).
 
-WAL rows are trimmed only when Applied, older than `retention_days`, AND covered by the snapshot, so
+WAL rows are trimmed only when Applied, older than `retention_days`, AND covered by the snapshot (and
+never the dataset's highest row, which is the producer's seq counter), so
 `rebuild_snapshot_from_wal` can always rebuild from the snapshot plus the remaining rows. Client-token
 rows are kept, so a retry of an old append still returns its original seq.
 """
@@ -36,6 +37,7 @@ from runstate.wal.blobs import (
 from runstate.wal.changes import Key, fold, sha256_hex, validate_dataset_id
 from runstate.wal.errors import WalContentionError, WalIntegrityError
 from runstate.wal.flush import read_rows
+from runstate.wal.producer import max_seq
 from runstate.wal.reader import DatasetReader
 
 DEFAULT_GRACE_SECONDS = 3600.0
@@ -89,7 +91,9 @@ def compact_dataset(
     trimmed = 0
     if manifest.snapshot is not None:
         cutoff = now - timedelta(days=retention_days)
-        trimmed = trim_applied_rows(dynamodb, table, dataset_id, manifest.snapshot.last_seq, cutoff)
+        # Never the highest row: it is the producer's seq counter.
+        up_to = min(manifest.snapshot.last_seq, max_seq(dynamodb, table, dataset_id) - 1)
+        trimmed = trim_applied_rows(dynamodb, table, dataset_id, up_to, cutoff)
     snapshot = manifest.snapshot
     return CompactionResult(
         dataset_id=dataset_id,

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from runstate.wal import tables as t
+from runstate.wal.producer import max_seq
 from runstate.wal.source import last_applied_seqs
 
 
@@ -26,7 +27,6 @@ def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[D
     for dataset_id, created_at in _pending_rows(dynamodb, table):
         pending.setdefault(dataset_id, []).append(created_at)
     applied = last_applied_seqs(dynamodb, table)
-    last_seqs = _last_seqs(dynamodb, table)
     result = []
     for dataset_id in sorted(set(applied) | set(pending)):
         created = pending.get(dataset_id, [])
@@ -36,7 +36,7 @@ def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[D
                 pending_count=len(created),
                 oldest_pending_age_s=max(0.0, now_s - min(created)) if created else None,
                 last_applied_seq=applied.get(dataset_id, 0),
-                last_seq=last_seqs.get(dataset_id, 0),
+                last_seq=max_seq(dynamodb, table, dataset_id),
             )
         )
     return result
@@ -74,22 +74,4 @@ def _pending_rows(dynamodb: Any, table: str) -> list[tuple[str, int]]:
         rows.extend((item[t.DATASET_ID]["S"], int(item[t.CREATED_AT]["N"])) for item in page.get("Items", []))
         if "LastEvaluatedKey" not in page:
             return rows
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-
-def _last_seqs(dynamodb: Any, table: str) -> dict[str, int]:
-    request: dict[str, Any] = {
-        "TableName": table,
-        "IndexName": t.KIND_INDEX,
-        "KeyConditionExpression": "#kind = :kind",
-        "ExpressionAttributeNames": {"#kind": t.KIND},
-        "ExpressionAttributeValues": {":kind": {"S": t.META_KIND}},
-    }
-    result: dict[str, int] = {}
-    while True:
-        page = dynamodb.query(**request)
-        for item in page.get("Items", []):
-            result[item[t.DATASET_ID]["S"]] = int(item.get(t.LAST_SEQ, {"N": "0"})["N"])
-        if "LastEvaluatedKey" not in page:
-            return result
         request["ExclusiveStartKey"] = page["LastEvaluatedKey"]

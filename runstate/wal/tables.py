@@ -1,9 +1,10 @@
 """The WAL table and the blob bucket: names of keys, attributes and indexes, and idempotent creation.
 
 One DynamoDB table holds three kinds of item, all keyed (DatasetId S, SeqNo N):
-- WAL rows: (dataset, seq >= 1) with StatusIdx, Type, Checksum, CreatedAt, Payload, and BlobKey once applied;
-- the dataset meta row: (dataset, 0) with LastSeq (last assigned seq), LastAppliedSeq and Kind="DatasetMeta";
-- client-token rows: ("#token#<dataset>#<token>", 0) with AssignedSeq and the payload Checksum.
+- WAL rows: (dataset, seq >= 1) with StatusIdx, Type, Checksum, CreatedAt, Payload, ClientToken (if any),
+  and BlobKey + AppliedAt once applied;
+- the dataset meta row: (dataset, 0) with LastAppliedSeq and Kind="DatasetMeta";
+- client-token rows: ("#token#<dataset>#<token>", 0) with Checksum, Floor and, once written, AssignedSeq.
 Dataset ids never start with '#', so token rows cannot collide with datasets.
 """
 
@@ -23,9 +24,9 @@ CHECKSUM = "Checksum"
 PAYLOAD = "Payload"
 APPLIED_AT = "AppliedAt"
 KIND = "Kind"
-LAST_SEQ = "LastSeq"
 LAST_APPLIED_SEQ = "LastAppliedSeq"
 ASSIGNED_SEQ = "AssignedSeq"
+CLIENT_TOKEN = "ClientToken"
 
 PENDING = "Pending"
 APPLIED_PREFIX = "Applied#"
