@@ -267,12 +267,12 @@ def _first_line(exc: BaseException) -> str:
 class JobStore(Protocol):
     """The part of MaintenanceStore a job run needs (the core packages stay decoupled)."""
 
-    def heartbeat(self, claim: Any, lease_seconds: int | None = None) -> bool: ...
+    def heartbeat(self, claim: Any, lease_seconds: float | None = None) -> bool: ...
     def record_action(self, claim: Any, action: str, success: bool, message: str = "", error: str | None = None,
                       elapsed_seconds: float = 0.0) -> bool: ...
     def complete(self, claim: Any, status: str, error: str | None = None) -> bool: ...
     def is_cancel_requested(self, claim: Any) -> bool: ...
-    def acquire_table_lock(self, table_key: str, holder: str, ttl_seconds: int) -> bool: ...
+    def acquire_table_lock(self, table_key: str, holder: str, ttl_seconds: float) -> bool: ...
     def release_table_lock(self, table_key: str, holder: str) -> bool: ...
 
 
@@ -293,7 +293,7 @@ class LeaseKeeper:
     """A thread that heartbeats the claim and refreshes the table lock until stopped or fenced out."""
 
     def __init__(self, store: JobStore, claim: Any, table_key: str, holder: str, *, interval_seconds: float,
-                 lease_seconds: int, lock_ttl_seconds: int) -> None:
+                 lease_seconds: float, lock_ttl_seconds: float) -> None:
         self.store, self.claim, self.table_key, self.holder = store, claim, table_key, holder
         self.interval, self.lease_seconds, self.lock_ttl = interval_seconds, lease_seconds, lock_ttl_seconds
         self.fenced_out = threading.Event()
@@ -328,8 +328,8 @@ def run_job(
     *,
     settings: ActionSettings | None = None,
     catalog: str = CATALOG,
-    lock_ttl_seconds: int = 600,
-    heartbeat_seconds: float = 30.0,
+    lock_ttl_seconds: float = 600,
+    heartbeat_seconds: float | None = None,
     after_action: Callable[[ActionResult], None] | None = None,
 ) -> JobOutcome:
     """Run a claimed job: hold the table lock, heartbeat, run its actions in order, complete under the fence.
@@ -352,7 +352,9 @@ def run_job(
         raise TableLocked(f"table {ref.key} is locked by another maintenance job; job {claim.job_id} not run")
     runner = ActionRunner(spark, ref, action_settings, catalog=catalog)
     outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
-    lease_seconds = getattr(claim, "lease_seconds", None) or int(max(heartbeat_seconds * 3, 60))
+    lease_seconds = float(claim.lease_seconds)
+    # Three beats per lease: one lost beat never costs the claim.
+    heartbeat_seconds = heartbeat_seconds or max(lease_seconds / 3, 0.05)
     try:
         with LeaseKeeper(store, claim, ref.key, holder, interval_seconds=heartbeat_seconds,
                          lease_seconds=lease_seconds, lock_ttl_seconds=lock_ttl_seconds) as keeper:
@@ -372,7 +374,8 @@ def run_job(
 def _run_actions(runner: ActionRunner, store: JobStore, claim: Any, keeper: LeaseKeeper, outcome: JobOutcome,
                  after_action: Callable[[ActionResult], None] | None) -> str:
     for action in claim.actions:
-        if keeper.fenced_out.is_set():
+        # A beat right before each action: a worker whose lease ran out never starts another procedure.
+        if keeper.fenced_out.is_set() or not store.heartbeat(claim, keeper.lease_seconds):
             return "fenced_out"
         if store.is_cancel_requested(claim):
             return "cancelled"
@@ -383,6 +386,5 @@ def _run_actions(runner: ActionRunner, store: JobStore, claim: Any, keeper: Leas
             return "fenced_out"
         if after_action is not None:
             after_action(result)
-    if store.is_cancel_requested(claim):
-        return "cancelled"
+    # A cancel that arrives after the last action is too late to stop anything: the job did complete.
     return "completed"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from runstate.maintenance.identifiers import InvalidIdentifier, TableRef, validate_identifier
+from runstate.maintenance.store import CachedTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,6 +73,10 @@ class CatalogTable:
     @property
     def cadence_hours(self) -> int | None:
         return parse_cadence_hours(self.properties.get(CADENCE_PROPERTY))
+
+    def cached(self) -> CachedTable:
+        """The table_cache_entries row for this table."""
+        return CachedTable(self.database, self.table, self.maintenance_enabled, self.payload())
 
     def payload(self) -> dict[str, Any]:
         """The JSON kept in table_cache_entries.payload."""

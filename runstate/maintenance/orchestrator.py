@@ -1,0 +1,178 @@
+"""The orchestrator: decide per cached table whether to submit maintenance, and audit the run.
+
+Per table, in this order (the cheap checks first, so Spark only looks at candidates):
+1. skip when the table is not opted in (`runstate.maintenance.enabled` is not true);
+2. skip when it already has an active (pending or running) job;
+3. skip when its last job was submitted within its cadence;
+4. analyze health (and keep the snapshot); a healthy table is counted healthy;
+5. an unhealthy table gets a job with the recommended actions, or only advice in dry-run mode.
+Every run writes one orchestrator_runs row with all its counters, also when it fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from runstate.maintenance.health import TableHealth, TableNotFound
+from runstate.maintenance.identifiers import InvalidIdentifier, TableRef
+from runstate.maintenance.store import MaintenanceStore, OrchestratorRun
+
+log = logging.getLogger(__name__)
+
+SKIPPED_NOT_OPTED_IN = "skipped_not_opted_in"
+SKIPPED_ACTIVE_JOB = "skipped_active_job"
+SKIPPED_CADENCE = "skipped_cadence"
+SKIPPED_MISSING = "skipped_missing"
+HEALTHY = "healthy"
+SUBMITTED = "submitted"
+ADVISED = "advised"
+ERROR = "error"
+SKIPS = (SKIPPED_NOT_OPTED_IN, SKIPPED_ACTIVE_JOB, SKIPPED_CADENCE, SKIPPED_MISSING)
+
+
+@dataclass(frozen=True)
+class OrchestratorSettings:
+    dry_run: bool = False
+    default_cadence_hours: int = 24
+    record_health: bool = True
+
+
+@dataclass
+class TableDecision:
+    table_key: str
+    decision: str
+    reason: str = ""
+    job_id: str | None = None
+    recommended_actions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class OrchestratorReport:
+    started_at: datetime
+    completed_at: datetime | None = None
+    status: str = "running"
+    dry_run: bool = False
+    decisions: list[TableDecision] = field(default_factory=list)
+    jobs_completed: int = 0
+    jobs_failed: int = 0
+    error: str | None = None
+    run_id: int | None = None
+
+    def count(self, *decisions: str) -> int:
+        return sum(1 for d in self.decisions if d.decision in decisions)
+
+    @property
+    def tables_assessed(self) -> int:
+        return len(self.decisions)
+
+    @property
+    def tables_skipped(self) -> int:
+        return self.count(*SKIPS)
+
+    @property
+    def tables_healthy(self) -> int:
+        return self.count(HEALTHY)
+
+    @property
+    def jobs_submitted(self) -> int:
+        return self.count(SUBMITTED)
+
+    def as_run(self) -> OrchestratorRun:
+        return OrchestratorRun(
+            started_at=self.started_at, completed_at=self.completed_at or self.started_at, status=self.status,
+            tables_assessed=self.tables_assessed, tables_skipped=self.tables_skipped,
+            tables_healthy=self.tables_healthy, jobs_submitted=self.jobs_submitted,
+            jobs_completed=self.jobs_completed, jobs_failed=self.jobs_failed, dry_run=self.dry_run, error=self.error,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "dry_run": self.dry_run, "tables_assessed": self.tables_assessed,
+            "tables_skipped": self.tables_skipped, "tables_healthy": self.tables_healthy,
+            "jobs_submitted": self.jobs_submitted, "jobs_completed": self.jobs_completed,
+            "jobs_failed": self.jobs_failed, "advised": self.count(ADVISED), "errors": self.count(ERROR),
+        }
+
+
+def _cadence_hours(entry: Any, default: int) -> int:
+    payload = getattr(entry, "payload", None) or {}
+    value = payload.get("maintenance_cadence_hours")
+    return value if isinstance(value, int) and value > 0 else default
+
+
+class Orchestrator:
+    def __init__(self, store: MaintenanceStore, analyze: Callable[[TableRef], TableHealth],
+                 settings: OrchestratorSettings | None = None, *,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.store = store
+        self.analyze = analyze
+        self.settings = settings or OrchestratorSettings()
+        self.now = now
+
+    def run(self) -> OrchestratorReport:
+        report = OrchestratorReport(started_at=self.now(), dry_run=self.settings.dry_run)
+        try:
+            for entry in self.store.cached_tables():
+                report.decisions.append(self.decide(entry))
+            self._count_finished_jobs(report)
+            report.status = "completed_with_errors" if report.count(ERROR) else "completed"
+            errors = [f"{d.table_key}: {d.reason}" for d in report.decisions if d.decision == ERROR]
+            report.error = "; ".join(errors) or None
+        except Exception as exc:
+            report.status, report.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            report.completed_at = self.now()
+            report.run_id = self.store.record_orchestrator_run(report.as_run())
+        return report
+
+    def decide(self, entry: Any) -> TableDecision:
+        key = f"{entry.database}.{entry.table}"
+        if entry.maintenance_enabled is not True:
+            return TableDecision(key, SKIPPED_NOT_OPTED_IN, "runstate.maintenance.enabled is not true")
+        try:
+            ref = TableRef(entry.database, entry.table)
+        except InvalidIdentifier as exc:
+            return TableDecision(key, ERROR, str(exc))
+        active = self.store.active_job(ref.key)
+        if active is not None:
+            return TableDecision(key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id)
+        cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
+        last = self.store.list_jobs(table_key=ref.key, limit=1)
+        if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
+            return TableDecision(key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id)
+        try:
+            health = self.analyze(ref)
+        except TableNotFound as exc:
+            return TableDecision(key, SKIPPED_MISSING, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
+            log.exception("orchestrator: health of %s failed", key)
+            return TableDecision(key, ERROR, f"{type(exc).__name__}: {exc}")
+        if self.settings.record_health:
+            self.store.insert_health_snapshot(health.as_row())
+        if not health.needs_maintenance:
+            return TableDecision(key, HEALTHY, health.health_status)
+        actions = list(health.recommended_actions)
+        if self.settings.dry_run:
+            return TableDecision(key, ADVISED, "dry run: advisory only", None, actions)
+        job_id = self.store.submit(ref.database, ref.table, actions)
+        return TableDecision(key, SUBMITTED, health.health_status, job_id, actions)
+
+    def _count_finished_jobs(self, report: OrchestratorReport) -> None:
+        """Jobs this run submitted that already reached a terminal state (when run inline, say)."""
+        for decision in report.decisions:
+            if decision.decision != SUBMITTED or not decision.job_id:
+                continue
+            job = self.store.get_job(decision.job_id)
+            if job is not None and job.status == "completed":
+                report.jobs_completed += 1
+            elif job is not None and job.status == "failed":
+                report.jobs_failed += 1
+
+
+def run_orchestrator(store: MaintenanceStore, analyze: Callable[[TableRef], TableHealth],
+                     settings: OrchestratorSettings | None = None) -> OrchestratorReport:
+    return Orchestrator(store, analyze, settings).run()

@@ -1,0 +1,152 @@
+"""run_job on real Spark + Iceberg with the real MaintenanceStore: locks, cancel, fences, dry runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from runstate.maintenance.actions import TableLocked, run_job
+from runstate.maintenance.catalog import list_tables
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.store import CachedTable, MaintenanceStore
+
+pytestmark = pytest.mark.spark
+
+
+def make_table(spark, namespace: str, name: str = "events", *, files: int = 12, rows: int = 1200) -> TableRef:
+    ref = TableRef(namespace, name)
+    spark.sql(
+        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
+        "('format-version'='2', 'write.delete.mode'='merge-on-read', 'runstate.maintenance.enabled'='true')"
+    )
+    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
+    spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
+    return ref
+
+
+def data_files(spark, ref: TableRef) -> int:
+    return spark.table(f"lake.{ref.quoted}.data_files").count()
+
+
+@pytest.fixture
+def store(pg_database, pg_schema):
+    with MaintenanceStore(pg_database, schema=pg_schema) as s:
+        s.ensure_schema()
+        yield s
+
+
+def cache(store: MaintenanceStore, ref: TableRef) -> None:
+    store.replace_table_cache([CachedTable(ref.database, ref.table, True, {})])
+
+
+ALL = ["rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests"]
+
+
+def test_a_job_runs_its_actions_in_order_and_completes_under_its_fence(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace)
+    cache(store, ref)
+    job_id = store.submit(ref.database, ref.table, list(reversed(ALL)))
+    claim = store.claim("worker-1", lease_seconds=120)
+
+    outcome = run_job(spark, store, claim)
+
+    assert outcome.status == "completed", outcome.error
+    assert [a.action for a in store.job_actions(job_id)] == ALL
+    assert all(a.success and "=" in a.message for a in store.job_actions(job_id))
+    assert store.get_job(job_id).status == "completed"
+    assert store.table_lock(ref.key) is None
+    assert data_files(spark, ref) == 1
+
+
+def test_a_live_lock_blocks_a_second_job_on_the_table(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(store, ref)
+    assert store.acquire_table_lock(ref.key, "job-already-running", ttl_seconds=600)
+    job_id = store.submit(ref.database, ref.table, ["rewrite_data_files"])
+    claim = store.claim("worker-1", lease_seconds=120)
+
+    with pytest.raises(TableLocked, match=ref.key):
+        run_job(spark, store, claim)
+
+    assert store.job_actions(job_id) == []
+    assert store.get_job(job_id).status == "running"  # its lease runs out, then it is claimed again
+    assert store.table_lock(ref.key)["holder"] == "job-already-running"
+    assert data_files(spark, ref) == 6
+
+
+def test_cancel_between_actions_stops_the_job(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(store, ref)
+    job_id = store.submit(ref.database, ref.table, ALL)
+    claim = store.claim("worker-1", lease_seconds=120)
+    requested = []
+
+    def cancel_after_first(result):
+        requested.append(store.cancel(job_id))
+
+    outcome = run_job(spark, store, claim, after_action=cancel_after_first)
+
+    assert requested[0] == "cancel_requested"
+    assert outcome.status == "cancelled"
+    assert [a.action for a in store.job_actions(job_id)] == ["rewrite_data_files"]
+    job = store.get_job(job_id)
+    assert job.status == "cancelled" and job.completed_at is not None
+    assert spark.table(f"lake.{ref.quoted}.delete_files").count() == 6  # the second action never ran
+
+
+def test_a_fenced_out_worker_stops_and_changes_nothing(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(store, ref)
+    job_id = store.submit(ref.database, ref.table, ALL)
+    stale = store.claim("worker-1", lease_seconds=0.001)  # the lease is gone at once
+    fresh = store.claim("worker-2", lease_seconds=120)
+    assert fresh.job_id == job_id
+
+    outcome = run_job(spark, store, stale)
+
+    assert outcome.status == "fenced_out"
+    assert store.job_actions(job_id) == []
+    assert data_files(spark, ref) == 6  # no procedure ran under the dead lease
+    assert store.get_job(job_id).attempt_id == fresh.attempt_id
+    assert run_job(spark, store, fresh).status == "completed"
+
+
+def test_a_dry_run_job_records_plans_and_writes_nothing_to_the_table(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(store, ref)
+    snapshots_before = spark.table(f"lake.{ref.quoted}.snapshots").collect()
+    job_id = store.submit(ref.database, ref.table, ALL, dry_run=True)
+
+    outcome = run_job(spark, store, store.claim("worker-1", lease_seconds=120))
+
+    assert outcome.status == "completed"
+    messages = [a.message for a in store.job_actions(job_id)]
+    assert messages[0].startswith("dry run: would_rewrite_data_files_count=6")
+    assert spark.table(f"lake.{ref.quoted}.snapshots").collect() == snapshots_before
+
+
+def test_bad_job_options_fail_the_job_with_a_clear_error(spark, iceberg_namespace, store):
+    ref = make_table(spark, iceberg_namespace, files=2, rows=20)
+    cache(store, ref)
+    job_id = store.submit(ref.database, ref.table, ["rewrite_data_files"], options={"sort_order": "id; DROP"})
+
+    outcome = run_job(spark, store, store.claim("worker-1", lease_seconds=120))
+
+    assert outcome.status == "failed"
+    assert "sort_order" in store.get_job(job_id).error
+    assert store.job_actions(job_id) == []
+
+
+def test_catalog_listing_reads_the_opt_in_and_cadence_properties(spark, iceberg_namespace):
+    ref = make_table(spark, iceberg_namespace, files=1, rows=10)
+    spark.sql(f"ALTER TABLE lake.{ref.quoted} SET TBLPROPERTIES ('runstate.maintenance.cadence-hours'='6')")
+    spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.plain (id BIGINT) USING iceberg")
+    spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.odd (id BIGINT) USING iceberg "
+              "TBLPROPERTIES ('runstate.maintenance.enabled'='sometimes')")
+
+    tables = {t.table: t for t in list_tables(spark).tables if t.database == iceberg_namespace}
+
+    assert tables["events"].maintenance_enabled is True
+    assert tables["events"].cadence_hours == 6
+    assert tables["plain"].maintenance_enabled is None
+    assert tables["odd"].maintenance_enabled is None
+    assert tables["events"].cached().payload["maintenance_cadence_hours"] == 6
