@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from runstate.config import Settings, env_file, read_env_file
+from runstate.config import Settings, env_file
 from runstate.services import fakesnow, moto, postgres
 from runstate.services.state import (
     EMBEDDED, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records,
@@ -46,10 +46,29 @@ class StatusRow:
     detail: str = ""
 
 
-def caller_environment() -> dict[str, str]:
-    """The environment minus what came from `.runstate/env`: only the caller's own choices pin a service."""
-    ours = read_env_file()
-    return {key: value for key, value in os.environ.items() if ours.get(key) != value}
+def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> dict[str, str]:
+    """The environment, minus variables that merely point at services we started ourselves.
+
+    Such values reach the environment when `.runstate/env` is loaded (`runstate dev`, a sourced
+    file); they must not turn our own moto into an "external" one that `down` would leave running.
+    """
+    previous = load_records() if previous is None else previous
+    ours: dict[str, str] = {}
+    if _ours(previous, "postgres"):
+        ours["RUNSTATE_PG_URL"] = previous["postgres"].url
+        ours["DAGSTER_PG_URL"] = postgres.default_dagster_url({}, previous["postgres"].url)
+    if _ours(previous, "moto"):
+        ours["RUNSTATE_AWS_ENDPOINT_URL"] = previous["moto"].url
+    if _ours(previous, "fakesnow"):
+        ours["SNOWFLAKE_PORT"] = str(previous["fakesnow"].port)
+    env = {key: value for key, value in os.environ.items() if ours.get(key) != value}
+    if "SNOWFLAKE_PORT" not in env:
+        env.pop("SNOWFLAKE_HOST", None)  # host 127.0.0.1 + our port: that is our fakesnow
+    return env
+
+
+def _ours(records: Mapping[str, ServiceRecord], name: str) -> bool:
+    return name in records and records[name].kind == EMBEDDED
 
 
 def up(
@@ -57,9 +76,9 @@ def up(
     embedded_pg: bool = False, log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
     """Reuse or start every service, prepare databases and migrations, write `.runstate/env`."""
-    env = caller_environment()
     with services_lock():
         previous = load_records()
+        env = caller_environment(previous)
         _check_requested_ports(previous, {"postgres": pg_port, "moto": moto_port, "fakesnow": fakesnow_port})
         records: dict[str, ServiceRecord] = {}
         try:

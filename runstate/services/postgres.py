@@ -25,7 +25,7 @@ from psycopg import errors, sql
 from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, LOOPBACK, MACHINE, ServiceError, ServiceRecord, free_port, find_binary, is_running,
+    EMBEDDED, EXTERNAL, LOOPBACK, MACHINE, ServiceError, ServiceRecord, free_port, is_running,
     logs_dir, port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
 )
 
@@ -127,7 +127,7 @@ def server_binaries() -> Path:
     """The folder holding initdb and postgres: RUNSTATE_PG_BIN, PATH, or the newest /usr/lib/postgresql/*/bin."""
     if os.environ.get("RUNSTATE_PG_BIN"):
         folder = Path(os.environ["RUNSTATE_PG_BIN"])
-        find_binary("initdb", extra_dirs=[folder], hint=INSTALL_HINT)
+        _binary(folder, "initdb")
         return folder
     on_path = shutil.which("initdb")
     if on_path:

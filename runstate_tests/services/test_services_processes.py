@@ -1,0 +1,57 @@
+"""Process bookkeeping: default signal dispositions, the caller's environment, pid identity."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from runstate import services
+from runstate.services.state import ServiceRecord, is_running, process_start_time, spawn_detached, stop_process
+
+
+def _ignored_signals(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError("no SigIgn line")
+
+
+def test_detached_children_get_default_sigint_and_sigterm_even_from_a_parent_that_ignores_them(tmp_path):
+    # The state a shell's `cmd &` leaves a process in: SIGINT ignored.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        mask = _ignored_signals(child.pid)
+        assert not mask & (1 << (signal.SIGINT - 1))
+        assert not mask & (1 << (signal.SIGTERM - 1))
+    finally:
+        stopped = stop_process(child.pid, process_start_time(child.pid), sig=signal.SIGTERM)
+    assert stopped and process_start_time(child.pid) is None
+
+
+def test_a_recorded_pid_reused_by_another_process_is_not_ours(tmp_path):
+    child = spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log")
+    try:
+        stranger = ServiceRecord("moto", "embedded", "http://127.0.0.1:1", pid=child.pid,
+                                 pid_start=process_start_time(child.pid) + 1)
+        assert not is_running(stranger)
+        assert stop_process(stranger.pid, stranger.pid_start) is False
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_variables_pointing_at_our_own_services_are_not_the_callers_choice(monkeypatch):
+    ours = {"moto": ServiceRecord("moto", "embedded", "http://127.0.0.1:5999", port=5999, pid=1)}
+    monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", "http://127.0.0.1:5999")  # loaded from .runstate/env
+    monkeypatch.setenv("RUNSTATE_PG_URL", "postgresql://postgres@db.internal:5432/runstate")  # the caller's own
+
+    caller = services.caller_environment(ours)
+
+    assert "RUNSTATE_AWS_ENDPOINT_URL" not in caller
+    assert caller["RUNSTATE_PG_URL"] == "postgresql://postgres@db.internal:5432/runstate"
