@@ -391,6 +391,11 @@ class PostgresEventStore:
             ).fetchall()
         return [r[0] for r in rows]
 
+    def max_seq(self, run_id: str) -> int:
+        """The highest run_seq stored for the run (0 when none): the migration's resume point."""
+        with self._connection() as conn:
+            return conn.execute("SELECT COALESCE(MAX(run_seq), 0) FROM run_events WHERE run_id = %s", (run_id,)).fetchone()[0]
+
     def stale_runs(self, limit: int = 1000) -> list[str]:
         """Runs with events newer than their stored projection."""
         with self._connection() as conn:

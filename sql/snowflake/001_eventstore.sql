@@ -1,0 +1,86 @@
+-- Run state store on Snowflake (seed 000), applied inside the target schema (USE SCHEMA).
+-- Snowflake does not enforce PRIMARY KEY / UNIQUE: SnowflakeEventStore enforces
+-- (RUN_ID, RUN_SEQ) and (RUN_ID, IDEMPOTENCY_KEY) itself (per-run stream row + MERGE).
+-- Deviation from the seed: EMITTED_AT / PERSISTED_AT are TIMESTAMP_TZ, not TIMESTAMP_NTZ, so the
+-- timezone-aware emitted_at round-trips unchanged (the Postgres store keeps TIMESTAMPTZ too).
+
+-- Per-run stream row: LAST_SEQ is the append authority's counter. Its PRIMARY KEY is informational
+-- on Snowflake (where MERGE/UPDATE on the table serialise writers); fakesnow's DuckDB enforces it,
+-- which stands in for that lock when two writers create the same run at once.
+CREATE TABLE IF NOT EXISTS RUN_STREAMS (
+  RUN_ID          STRING        NOT NULL,
+  LAST_SEQ        NUMBER(38,0)  NOT NULL,
+  EVENT_COUNT     NUMBER(38,0)  NOT NULL,
+  FIRST_EVENT_AT  TIMESTAMP_TZ,
+  STARTED_AT      TIMESTAMP_TZ,
+  COMPLETED_AT    TIMESTAMP_TZ,
+  ARCHIVED_AT     TIMESTAMP_TZ,
+  CREATED_AT      TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP(),
+  UPDATED_AT      TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP(),
+  PRIMARY KEY (RUN_ID)
+);
+
+CREATE TABLE IF NOT EXISTS RUN_EVENTS (
+  RUN_ID              STRING        NOT NULL,
+  RUN_SEQ             NUMBER(38,0)  NOT NULL,
+  EVENT_ID            STRING        NOT NULL,
+  STEP_ID             STRING,
+  ENGINE_ATTEMPT_ID   STRING,
+  LOGICAL_ATTEMPT_ID  STRING,
+  PLAN_VERSION        STRING,
+  EVENT_TYPE          STRING        NOT NULL,
+  EVENT_DATA          VARIANT,
+  IDEMPOTENCY_KEY     STRING        NOT NULL,
+  CAUSED_BY_SIGNAL_ID STRING,
+  PARENT_EVENT_ID     STRING,
+  EMITTED_AT          TIMESTAMP_TZ  NOT NULL,
+  PERSISTED_AT        TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP(),
+  ADAPTER_VERSION     STRING,
+  ENGINE_RUN_REF      VARIANT
+) CLUSTER BY (RUN_ID, PERSISTED_AT);
+
+CREATE TABLE IF NOT EXISTS RUN_SNAPSHOTS (
+  RUN_ID          STRING        NOT NULL,
+  STATUS          STRING        NOT NULL,
+  LAST_EVENT_SEQ  NUMBER(38,0)  NOT NULL,
+  SNAPSHOT_DATA   VARIANT       NOT NULL,
+  STARTED_AT      TIMESTAMP_TZ,
+  COMPLETED_AT    TIMESTAMP_TZ,
+  PROJECTED_AT    TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP(),
+  VERSION         NUMBER(38,0)  DEFAULT 0,
+  PRIMARY KEY (RUN_ID)
+) CLUSTER BY (RUN_ID);
+
+-- Periodic state snapshots (seed 003); PAYLOAD is base64 of the (maybe zlib) canonical JSON.
+CREATE TABLE IF NOT EXISTS RUN_STATE_SNAPSHOTS (
+  RUN_ID        STRING        NOT NULL,
+  SEQ           NUMBER(38,0)  NOT NULL,
+  KIND          STRING        NOT NULL,
+  ENCODING      STRING        NOT NULL,
+  PAYLOAD       STRING        NOT NULL,
+  CHECKSUM      STRING        NOT NULL,
+  RAW_BYTES     NUMBER(38,0)  NOT NULL,
+  STORED_BYTES  NUMBER(38,0)  NOT NULL,
+  REASON        STRING        NOT NULL,
+  CREATED_AT    TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP()
+) CLUSTER BY (RUN_ID);
+
+CREATE TABLE IF NOT EXISTS RUN_EVENTS_ARCHIVE (
+  RUN_ID              STRING        NOT NULL,
+  RUN_SEQ             NUMBER(38,0)  NOT NULL,
+  EVENT_ID            STRING        NOT NULL,
+  STEP_ID             STRING,
+  ENGINE_ATTEMPT_ID   STRING,
+  LOGICAL_ATTEMPT_ID  STRING,
+  PLAN_VERSION        STRING,
+  EVENT_TYPE          STRING        NOT NULL,
+  EVENT_DATA          VARIANT,
+  IDEMPOTENCY_KEY     STRING        NOT NULL,
+  CAUSED_BY_SIGNAL_ID STRING,
+  PARENT_EVENT_ID     STRING,
+  EMITTED_AT          TIMESTAMP_TZ  NOT NULL,
+  PERSISTED_AT        TIMESTAMP_TZ,
+  ADAPTER_VERSION     STRING,
+  ENGINE_RUN_REF      VARIANT,
+  ARCHIVED_AT         TIMESTAMP_TZ  DEFAULT CURRENT_TIMESTAMP()
+) CLUSTER BY (RUN_ID);
