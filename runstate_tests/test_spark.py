@@ -1,0 +1,67 @@
+"""The Spark session: Iceberg runtime, the `lake` catalog as a JDBC catalog in Postgres, pass-through conf."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from runstate.config import Settings
+from runstate.spark import CATALOG, SparkSettings
+
+
+@pytest.mark.spark
+def test_an_iceberg_table_in_the_lake_catalog_is_written_and_read_back(spark, spark_settings, iceberg_namespace,
+                                                                        pg_database):
+    table = f"{CATALOG}.{iceberg_namespace}.orders"
+    spark.sql(f"CREATE TABLE {table} (id BIGINT, item STRING) USING iceberg")
+
+    spark.createDataFrame([(1, "apple"), (2, "pear"), (3, "fig")], "id BIGINT, item STRING").writeTo(table).append()
+    rows = spark.table(table).orderBy("id").collect()
+
+    assert [(row.id, row.item) for row in rows] == [(1, "apple"), (2, "pear"), (3, "fig")]
+    assert spark.sql(f"SELECT count(*) AS n FROM {table}.snapshots").collect()[0].n == 1
+    # The catalog lives in Postgres: Iceberg's JDBC catalog keeps its pointer rows there.
+    assert spark_settings.is_jdbc
+    with psycopg.connect(pg_database) as conn:
+        pointer = conn.execute(
+            "SELECT metadata_location FROM iceberg_tables"
+            " WHERE catalog_name = %s AND table_namespace = %s AND table_name = 'orders'",
+            (CATALOG, iceberg_namespace)).fetchone()
+    assert pointer is not None and pointer[0].endswith(".metadata.json")
+
+
+@pytest.mark.spark
+def test_the_session_binds_to_loopback_with_a_1g_driver(spark):
+    conf = spark.sparkContext.getConf()
+
+    assert conf.get("spark.driver.host") == "127.0.0.1"
+    assert conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    assert conf.get("spark.driver.memory") == "1g"
+    assert conf.get("spark.ui.enabled") == "false"
+    assert "iceberg-spark-runtime-3.5_2.12-1.10.2.jar" in conf.get("spark.jars")
+
+
+def test_runstate_spark_conf_passes_through_and_wins(tmp_path):
+    settings = Settings.from_env({"RUNSTATE_SPARK_MASTER": "spark://cluster:7077",
+                                  "RUNSTATE_SPARK_CONF": '{"spark.driver.memory": "4g", "spark.executor.cores": 2}'})
+    spark_settings = SparkSettings(master=settings.spark_master, extra_conf=settings.spark_conf, warehouse_dir=tmp_path)
+
+    conf = spark_settings.conf()
+
+    assert spark_settings.master == "spark://cluster:7077"
+    assert conf["spark.driver.memory"] == "4g"
+    assert conf["spark.executor.cores"] == "2"
+
+
+def test_a_spark_conf_that_is_not_a_json_object_is_refused():
+    with pytest.raises(ValueError, match="RUNSTATE_SPARK_CONF must be a JSON object"):
+        Settings.from_env({"RUNSTATE_SPARK_CONF": '["spark.driver.memory", "4g"]'})
+
+
+def test_the_hadoop_catalog_is_the_fallback(tmp_path):
+    conf = SparkSettings(catalog_kind="hadoop", pg_url="postgresql://postgres@127.0.0.1:5432/x",
+                         warehouse_dir=tmp_path).catalog_conf()
+
+    assert conf[f"spark.sql.catalog.{CATALOG}.type"] == "hadoop"
+    assert conf[f"spark.sql.catalog.{CATALOG}.warehouse"] == tmp_path.resolve().as_uri()
+    assert f"spark.sql.catalog.{CATALOG}.catalog-impl" not in conf
