@@ -1,5 +1,43 @@
-"""Dagster definitions for the maintenance domain."""
+"""Dagster definitions for Iceberg maintenance: inventory and health assets, the queue sensor,
+the maintenance/submit/orchestrator jobs and the sweep schedules. The `spark` resource is shared."""
+
+from __future__ import annotations
 
 import dagster as dg
 
-defs = dg.Definitions()
+from runstate.defs.maintenance.assets import table_health, table_inventory
+from runstate.defs.maintenance.jobs import (
+    iceberg_maintenance,
+    maintenance_claim_sweep,
+    maintenance_health_retention,
+    maintenance_lock_sweep,
+    maintenance_orchestrator_job,
+    submit_maintenance,
+    table_inventory_job,
+)
+from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.maintenance.schedules import SCHEDULES
+from runstate.defs.maintenance.sensors import maintenance_queue_sensor
+
+
+def maintenance_resource(**overrides: object) -> MaintenanceResource:
+    """The deployment's resource: the store lives in the runstate database and schema."""
+    from runstate.config import settings
+
+    s = settings()
+    return MaintenanceResource(**{"dsn": s.pg_url, "pg_schema": s.schema, **overrides})
+
+
+def build_defs(resources: dict | None = None) -> dg.Definitions:
+    """The maintenance domain; tests pass their own `maintenance` (and `spark`) resources."""
+    return dg.Definitions(
+        assets=[table_inventory, table_health],
+        jobs=[iceberg_maintenance, submit_maintenance, maintenance_orchestrator_job, maintenance_claim_sweep,
+              maintenance_lock_sweep, maintenance_health_retention, table_inventory_job],
+        sensors=[maintenance_queue_sensor],
+        schedules=SCHEDULES,
+        resources=resources if resources is not None else {"maintenance": maintenance_resource()},
+    )
+
+
+defs = build_defs()

@@ -1,0 +1,73 @@
+"""`table_inventory` (the catalog copied into the cache) and `table_health` (one partition per table)."""
+
+
+import dagster as dg
+
+from runstate.defs.maintenance.checks import TABLE_IS_HEALTHY, table_is_healthy
+from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.spark import SparkResource
+from runstate.maintenance.catalog import list_tables
+from runstate.maintenance.health import HealthAnalyzer
+from runstate.maintenance.identifiers import parse_table_ref
+
+GROUP = "maintenance"
+tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
+
+
+@dg.asset(group_name=GROUP, description="Every table of the `lake` catalog, copied atomically into table_cache_entries.")
+def table_inventory(
+    context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
+) -> dg.MaterializeResult:
+    listing = list_tables(spark.get_session())
+    stored = maintenance.get_store().replace_table_cache([table.cached() for table in listing.tables])
+    added, removed = sync_table_partitions(context.instance, {table.key for table in listing.tables})
+    return dg.MaterializeResult(metadata={
+        "tables": stored,
+        "opted_in": sum(1 for t in listing.tables if t.maintenance_enabled),
+        "partitions_added": len(added),
+        "partitions_removed": len(removed),
+        "skipped_names": ", ".join(listing.skipped) or "none",
+    })
+
+
+def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple[list[str], list[str]]:
+    """One `tables` partition per catalog table, so table_health can be backfilled across tables."""
+    existing = set(instance.get_dynamic_partitions(tables_partitions.name))
+    added, removed = sorted(keys - existing), sorted(existing - keys)
+    if added:
+        instance.add_dynamic_partitions(tables_partitions.name, added)
+    for key in removed:
+        instance.delete_dynamic_partition(tables_partitions.name, key)
+    return added, removed
+
+
+@dg.asset(
+    group_name=GROUP,
+    partitions_def=tables_partitions,
+    deps=[table_inventory],
+    check_specs=[TABLE_IS_HEALTHY],
+    description="Health of one table from its Iceberg metadata tables; each materialization appends a health_snapshots row.",
+)
+def table_health(
+    context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
+) -> dg.MaterializeResult:
+    ref = parse_table_ref(context.partition_key)
+    health = HealthAnalyzer(spark.get_session(), maintenance.thresholds()).analyze(ref)
+    snapshot_id = maintenance.get_store().insert_health_snapshot(health.as_row())
+    return dg.MaterializeResult(
+        metadata={
+            "health_snapshot_id": snapshot_id,
+            "health_status": health.health_status,
+            "needs_maintenance": health.needs_maintenance,
+            "recommended_actions": ", ".join(health.recommended_actions) or "none",
+            "data_files": health.total_data_files,
+            "delete_files": health.total_delete_files,
+            "small_files": health.small_file_count,
+            "total_bytes": health.total_size_bytes,
+            "records": health.total_records,
+            "snapshots": health.snapshot_count,
+            "manifests": health.manifest_count,
+            "error": health.error or "",
+        },
+        check_results=[table_is_healthy(health)],
+    )
