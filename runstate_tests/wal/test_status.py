@@ -1,0 +1,39 @@
+"""wal_status and oldest_pending_age_s."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from runstate.wal import Change, DatasetStatus, WalProducer, flush_batch, oldest_pending_age_s, wal_status
+
+NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
+
+
+def test_status_shows_pending_count_oldest_age_and_last_applied_per_dataset(wal):
+    producer = WalProducer(wal.dynamodb, wal.table)
+    for minutes in (90, 30, 10):
+        producer.append("orders", [Change.upsert("k", minutes)], now=NOW - timedelta(minutes=minutes))
+    producer.append("users", [Change.upsert("u", 1)], now=NOW - timedelta(minutes=5))
+    flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=[1])
+
+    status = wal_status(wal.dynamodb, wal.table, now=NOW)
+
+    assert status == [
+        DatasetStatus("orders", pending_count=2, oldest_pending_age_s=1800.0, last_applied_seq=1, last_seq=3),
+        DatasetStatus("users", pending_count=1, oldest_pending_age_s=300.0, last_applied_seq=0, last_seq=1),
+    ]
+
+
+def test_oldest_pending_age_is_over_all_datasets_and_none_when_drained(wal):
+    producer = WalProducer(wal.dynamodb, wal.table)
+    producer.append("a", [Change.upsert("k", 1)], now=NOW - timedelta(hours=2))
+    producer.append("b", [Change.upsert("k", 1)], now=NOW - timedelta(minutes=1))
+
+    assert oldest_pending_age_s(wal.dynamodb, wal.table, now=NOW) == 7200.0
+    for dataset_id in ("a", "b"):
+        flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, seqs=[1])
+    assert oldest_pending_age_s(wal.dynamodb, wal.table, now=NOW) is None
+
+
+def test_status_of_an_empty_table_is_empty(wal):
+    assert wal_status(wal.dynamodb, wal.table) == []
