@@ -1,0 +1,91 @@
+"""End to end through Dagster on real Spark + Iceberg and Postgres:
+inventory -> orchestrator schedule tick submits -> queue sensor tick claims and runs
+iceberg_maintenance -> the table is compacted, its health recovers and its rows are unchanged."""
+
+from __future__ import annotations
+
+import dagster as dg
+import pytest
+
+from runstate.defs.maintenance import build_defs
+from runstate.defs.maintenance.assets import table_health, table_inventory
+from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.spark import SparkResource
+from runstate.defs.ticking import tick_schedule, tick_sensor
+from runstate.maintenance.identifiers import TableRef
+
+pytestmark = pytest.mark.spark
+
+
+def make_table(spark, namespace: str, name: str, *, files: int, rows: int, enabled: str | None) -> TableRef:
+    ref = TableRef(namespace, name)
+    opt_in = f", 'runstate.maintenance.enabled'='{enabled}'" if enabled else ""
+    spark.sql(
+        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
+        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{opt_in})"
+    )
+    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
+    spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")  # position deletes in every file
+    return ref
+
+
+def contents(spark, ref: TableRef) -> list[tuple]:
+    return [tuple(r) for r in spark.sql(f"SELECT id, v FROM lake.{ref.quoted} ORDER BY id").collect()]
+
+
+@pytest.fixture
+def resources(pg_database, pg_schema, spark_settings, spark):
+    return {
+        "maintenance": MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, lease_seconds=120,
+                                           concurrency_limit=2),
+        # getOrCreate hands back the worker's session: same catalog and warehouse.
+        "spark": SparkResource(pg_url=spark_settings.pg_url, warehouse_dir=str(spark_settings.warehouse_dir)),
+    }
+
+
+def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resources):
+    ref = make_table(spark, iceberg_namespace, "events", files=30, rows=3000, enabled="true")
+    bystander = make_table(spark, iceberg_namespace, "plain", files=6, rows=60, enabled=None)
+    rows_before = contents(spark, ref)
+    defs = build_defs(resources)
+    instance = dg.DagsterInstance.ephemeral()
+    store = resources["maintenance"].get_store()
+
+    inventory = dg.materialize([table_inventory], resources=resources, instance=instance)
+    assert inventory.success
+    assert {ref.key, bystander.key} <= set(instance.get_dynamic_partitions("tables"))
+
+    planned = tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
+    assert planned.succeeded == 1
+    run = store.orchestrator_runs(limit=1)[0]
+    assert (run.status, run.tables_assessed, run.tables_skipped, run.jobs_submitted) == ("completed", 2, 1, 1)
+    job = store.active_job(ref.key)
+    assert job.actions == ("rewrite_data_files", "rewrite_position_delete_files")
+    unhealthy = store.latest_health(ref.key)
+    assert (unhealthy.total_data_files, unhealthy.total_delete_files) == (30, 30)
+    assert unhealthy.needs_maintenance and unhealthy.health_status == "NeedsMaintenance"
+
+    ticked = tick_sensor("maintenance_queue_sensor", defs=defs, instance=instance)
+    assert (ticked.requested, ticked.succeeded, ticked.failed) == (1, 1, 0)
+    done = store.get_job(job.job_id)
+    assert done.status == "completed"
+    maintenance_run = ticked.results[0].dagster_run
+    assert maintenance_run.tags["runstate/table"] == ref.key
+    assert maintenance_run.tags["dagster/run_key"] == done.attempt_id
+    assert [(a.action, a.success) for a in store.job_actions(job.job_id)] == [
+        ("rewrite_data_files", True), ("rewrite_position_delete_files", True)]
+
+    health = dg.materialize([table_health], partition_key=ref.key, resources=resources, instance=instance,
+                            selection=[table_health])
+    assert health.success
+    healed = store.latest_health(ref.key)
+    assert (healed.total_data_files, healed.total_delete_files) == (1, 0)
+    assert healed.health_status == "Healthy" and not healed.needs_maintenance
+    check = health.get_asset_check_evaluations()[0]
+    assert check.check_name == "table_is_healthy" and check.passed
+    assert contents(spark, ref) == rows_before
+
+    assert tick_sensor("maintenance_queue_sensor", defs=defs, instance=instance).requested == 0
+    tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
+    again = store.orchestrator_runs(limit=1)[0]
+    assert (again.tables_skipped, again.jobs_submitted) == (2, 0)  # within its cadence now
