@@ -1,0 +1,111 @@
+"""A `store` fixture parametrized over both backends, plus raw SQL access for fault injection.
+
+Each test gets its own Postgres schema or Snowflake (fakesnow) schema via the shared fixtures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterator
+
+import psycopg
+import pytest
+
+from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def ev(run_id: str, event_type: str, n: int = 0, **kw: Any) -> NewEvent:
+    """A NewEvent at T0 + n seconds; `key` kw sets an explicit idempotency key."""
+    if "key" in kw:
+        kw["idempotency_key"] = kw.pop("key")
+    return NewEvent(run_id=run_id, event_type=event_type, emitted_at=T0 + timedelta(seconds=n), **kw)
+
+
+@dataclass
+class Backend:
+    name: str
+    make: Callable[..., Any]
+    sql: Callable[[str, tuple], list[tuple]]
+    # Scale for thread tests: fakesnow is one DuckDB behind HTTP, orders of magnitude slower.
+    scale: int
+
+
+def _postgres_backend(dsn: str, schema: str) -> Backend:
+    stores: list[Any] = []
+
+    def make(**kw: Any) -> PostgresEventStore:
+        store = PostgresEventStore(dsn, schema=schema, **kw)
+        store.ensure_schema()
+        stores.append(store)
+        return store
+
+    def sql(query: str, params: tuple = ()) -> list[tuple]:
+        with psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}") as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    backend = Backend("postgres", make, sql, scale=1)
+    backend._stores = stores  # type: ignore[attr-defined]
+    return backend
+
+
+def _snowflake_backend(kwargs: dict, schema: str) -> Backend:
+    import snowflake.connector
+
+    stores: list[Any] = []
+
+    def make(**kw: Any) -> SnowflakeEventStore:
+        store = SnowflakeEventStore(connect_kwargs=kwargs, schema=schema, **kw)
+        store.ensure_schema()
+        stores.append(store)
+        return store
+
+    def sql(query: str, params: tuple = ()) -> list[tuple]:
+        conn = snowflake.connector.connect(**kwargs, schema=schema)
+        try:
+            cur = conn.cursor()
+            cur.execute(query, params)
+            return cur.fetchall() if cur.description else []
+        finally:
+            conn.close()
+
+    backend = Backend("snowflake", make, sql, scale=10)
+    backend._stores = stores  # type: ignore[attr-defined]
+    return backend
+
+
+@pytest.fixture(params=["postgres", "snowflake"])
+def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
+    if request.param == "postgres":
+        made = _postgres_backend(request.getfixturevalue("pg_database"), request.getfixturevalue("pg_schema"))
+    else:
+        kwargs, schema = request.getfixturevalue("snowflake_schema")
+        made = _snowflake_backend(kwargs, schema)
+    yield made
+    for store in made._stores:  # type: ignore[attr-defined]
+        store.close()
+
+
+@pytest.fixture
+def store(backend: Backend):
+    return backend.make()
+
+
+@pytest.fixture
+def pg_store(pg_database: str, pg_schema: str) -> Iterator[PostgresEventStore]:
+    store = PostgresEventStore(pg_database, schema=pg_schema)
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def sf_store(snowflake_schema) -> Iterator[SnowflakeEventStore]:
+    kwargs, schema = snowflake_schema
+    store = SnowflakeEventStore(connect_kwargs=kwargs, schema=schema)
+    store.ensure_schema()
+    yield store
+    store.close()
