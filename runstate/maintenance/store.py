@@ -238,18 +238,40 @@ dead_finished AS (
     RETURNING j.job_id
 )"""
 
-# The dequeue_with_claim CTE. Locks both rows (SKIP LOCKED) so a concurrent cancel or claim is never waited
-# on, and the status filter is rechecked against a cancel that committed meanwhile. NO KEY UPDATE, not
+# The dequeue_with_claim CTE. It takes the oldest expired lease with attempts left through
+# idx_job_queue_claimed (retries first, so new work cannot starve them) and, only when there is none,
+# the oldest never-claimed row through idx_job_queue_ready: a claim costs two index probes, never a sort
+# of the queue. Both rows are locked with SKIP LOCKED, so a concurrent claim or cancel is never waited
+# on, and a cancel that committed meanwhile is rechecked against the status filter. NO KEY UPDATE, not
 # UPDATE: it must not block the FK KEY SHARE lock that inserting job_actions takes on jobs.
 DEQUEUE_WITH_CLAIM_SQL = f"""
 WITH {_DEAD_CLAIMS_CTES},
-candidate AS (
+lease_expired AS (
     SELECT q.job_id
     FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
-    WHERE q.visible_at <= now() AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
+      AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
     ORDER BY q.visible_at
     LIMIT 1
     FOR NO KEY UPDATE OF q, j SKIP LOCKED
+),
+ready AS (
+    SELECT q.job_id
+    FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
+    WHERE NOT EXISTS (SELECT 1 FROM lease_expired)
+      AND q.claimed_at IS NULL AND q.visible_at <= now() AND j.status IN ('pending', 'running')
+    ORDER BY q.visible_at
+    LIMIT 1
+    FOR NO KEY UPDATE OF q, j SKIP LOCKED
+),
+candidate AS (
+    SELECT job_id FROM lease_expired UNION ALL SELECT job_id FROM ready
+),
+-- The claim commits without waiting for its WAL flush: a claim lost in a crash loses nothing (the job is
+-- still queued, and the fence refuses the worker that held it), and the worker's next durable write (the
+-- table lock, an action, the completion) flushes it anyway. That halves the fsyncs per job.
+no_flush_wait AS (
+    SELECT set_config('synchronous_commit', 'off', true)
 ),
 claimed AS (
     UPDATE job_queue q SET
@@ -263,7 +285,7 @@ started AS (
     FROM claimed c WHERE j.job_id = c.job_id
     RETURNING j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.options, c.attempt_count
 )
-SELECT * FROM started
+SELECT s.* FROM started s, no_flush_wait
 """
 
 # Expired leases with attempts left go back to pending (fence cleared); dead ones are finished.

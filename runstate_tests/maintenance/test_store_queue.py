@@ -475,3 +475,13 @@ def test_list_jobs_filters(store: MaintenanceStore) -> None:
         store.list_jobs(status="weird")
     with pytest.raises(InvalidIdentifier):
         store.list_jobs(table_key="db.t1; --")
+
+
+def test_expired_leases_are_retried_before_new_work(store: MaintenanceStore) -> None:
+    first = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None and claim.job_id == first
+    store.submit("db", "t1", ["rewrite_data_files"])
+    _expire_lease(store, first)
+    retry = store.claim("w2", 30)
+    assert retry is not None and retry.job_id == first and retry.attempt_count == 2
