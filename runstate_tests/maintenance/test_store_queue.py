@@ -485,3 +485,40 @@ def test_expired_leases_are_retried_before_new_work(store: MaintenanceStore) -> 
     _expire_lease(store, first)
     retry = store.claim("w2", 30)
     assert retry is not None and retry.job_id == first and retry.attempt_count == 2
+
+
+def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: MaintenanceStore) -> None:
+    store.replace_table_cache([CachedTable("db", f"r{i}") for i in range(60)])
+    job_ids = [store.submit("db", f"r{i}", ["rewrite_manifests"]) for i in range(60)]
+    barrier = threading.Barrier(3)
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        barrier.wait()
+        try:
+            while (claim := store.claim(name, 60)) is not None:
+                status = "cancelled" if store.is_cancel_requested(claim) else "completed"
+                assert store.complete(claim, status)
+        except BaseException as exc:  # surfaced below: a deadlock or a fence error fails the test
+            errors.append(exc)
+
+    def canceller() -> None:
+        barrier.wait()
+        try:
+            for job_id in job_ids[::2]:
+                store.cancel(job_id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(2)] + [threading.Thread(target=canceller)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    store.sweep_stale_claims()
+    final = dict(_sql(store, "SELECT job_id, status FROM jobs WHERE completed_at IS NOT NULL"))
+    assert set(final) == set(job_ids)
+    assert {final[job_id] for job_id in job_ids[1::2]} == {"completed"}
+    assert set(final.values()) <= {"completed", "cancelled"}
+    assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
