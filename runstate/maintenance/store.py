@@ -71,10 +71,10 @@ class Claim:
     table: str
     actions: tuple[str, ...]
     dry_run: bool
-    options: Mapping[str, Any]
-    attempt_count: int
-    worker: str
-    lease_seconds: float
+    options: Mapping[str, Any] = field(hash=False)  # a dict: left out of the hash so a Claim stays hashable
+    attempt_count: int = 0
+    worker: str = ""
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
 
     @property
     def table_ref(self) -> TableRef:
@@ -99,7 +99,7 @@ class Job:
     error: str | None
     attempt_id: str | None
     deleted_at: datetime | None
-    options: Mapping[str, Any]
+    options: Mapping[str, Any] = field(hash=False)
     attempt_count: int | None = None
     claimed_by: str | None = None
     visible_at: datetime | None = None
@@ -137,7 +137,7 @@ class CachedTable:
     database: str
     table: str
     maintenance_enabled: bool | None = None
-    payload: Mapping[str, Any] = field(default_factory=dict)
+    payload: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def table_key(self) -> str:
