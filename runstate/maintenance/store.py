@@ -22,6 +22,7 @@ import math
 import os
 import threading
 import uuid
+import weakref
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
@@ -510,6 +511,22 @@ def _advisory_key(*parts: str) -> int:
 
 # ---------------------------------------------------------------------------------------------- store
 
+_INHERITED_CONNECTIONS: list["_HeldConnection"] = []
+
+
+class _HeldConnection:
+    """One thread's connection; closed when the thread's local storage is released at thread exit."""
+
+    __slots__ = ("conn", "pid", "__weakref__")
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self.conn, self.pid = conn, os.getpid()
+
+    def __del__(self) -> None:
+        if self.pid == os.getpid() and not self.conn.closed:
+            self.conn.close()
+
+
 
 class MaintenanceStore:
     """Queue, fences, table locks, catalog cache, health rows and orchestrator audit in one Postgres schema.
@@ -526,26 +543,30 @@ class MaintenanceStore:
             raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
         self.max_attempts = max_attempts
         self._local = threading.local()
-        self._opened: list[psycopg.Connection] = []
-        self._opened_lock = threading.Lock()
+        # Weak: a thread's connection is closed when the thread ends and its thread-local goes away.
+        self._opened: weakref.WeakSet[_HeldConnection] = weakref.WeakSet()
 
     # -- connections -------------------------------------------------------------------------------
 
     def _conn(self) -> psycopg.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed or conn.broken or getattr(self._local, "pid", None) != os.getpid():
+        held = getattr(self._local, "held", None)
+        if held is not None and held.pid != os.getpid():
+            # Inherited through fork: the socket is the parent's. Never close it here (that would end
+            # the parent's session); park it so it is never finalised in this process.
+            _INHERITED_CONNECTIONS.append(held)
+            held = None
+        if held is None or held.conn.closed or held.conn.broken:
             conn = psycopg.connect(self.dsn, autocommit=True, options=f"-c search_path={self.schema}")
-            self._local.conn, self._local.pid = conn, os.getpid()
-            with self._opened_lock:
-                self._opened.append(conn)
-        return conn
+            held = _HeldConnection(conn)
+            self._local.held = held
+            self._opened.add(held)
+        return held.conn
 
     def close(self) -> None:
-        """Close every connection this store opened (in this process)."""
-        with self._opened_lock:
-            opened, self._opened = self._opened, []
-        for conn in opened:
-            conn.close()
+        """Close every connection this store opened in this process (threads' ones included)."""
+        for held in list(self._opened):
+            if held.pid == os.getpid():
+                held.conn.close()
         self._local = threading.local()
 
     def __enter__(self) -> "MaintenanceStore":
