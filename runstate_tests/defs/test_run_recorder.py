@@ -90,7 +90,7 @@ def test_redelivered_ticks_append_nothing_twice(recorder_defs, instance):
     tick_sensor("run_recorder", defs=recorder_defs, instance=instance)
     first = _store(recorder_defs).fetch(run.run_id)
 
-    instance.run_storage.set_cursor_values({"runstate.tick_cursor.run_recorder": "0"})  # cursor lost
+    instance.run_storage.set_cursor_values({"runstate.tick_cursor.run_recorder": "{}"})  # cursor lost
     tick_sensor("run_recorder", defs=recorder_defs, instance=instance)
 
     assert _store(recorder_defs).fetch(run.run_id) == first

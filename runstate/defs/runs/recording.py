@@ -37,9 +37,11 @@ RUN_STATUS_TYPES = set(RUN_EVENT_TYPES)
 def _error_text(entry: EventLogEntry) -> str | None:
     data = entry.dagster_event.event_specific_data if entry.dagster_event else None
     error = getattr(data, "error", None)
-    if error is not None:
-        return error.message.strip()[:2000]
-    return None
+    if error is None:
+        return None
+    while error.cause is not None:  # Dagster wraps the op's exception; the user wants the root cause
+        error = error.cause
+    return error.message.strip()[:2000]
 
 
 def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry]) -> list[NewEvent]:
@@ -74,20 +76,21 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
     return events
 
 
-def run_ids_with_status_changes(instance: DagsterInstance, after_storage_id: int, limit: int) -> tuple[list[str], int]:
-    """Runs whose status changed after the cursor, oldest first, and the new cursor."""
-    import dagster as dg
-
-    changes: list[tuple[int, str]] = []
+def run_ids_with_status_changes(
+    instance: DagsterInstance, cursors: dict[str, str], limit: int
+) -> tuple[list[str], dict[str, str]]:
+    """Runs whose status changed after the per-status cursors, oldest first, and the new cursors."""
+    changes: list[tuple[float, str]] = []
+    new_cursors = dict(cursors)
     for event_type in RUN_STATUS_TYPES:
-        records = instance.get_event_records(
-            dg.EventRecordsFilter(event_type=event_type, after_cursor=after_storage_id), limit=limit, ascending=True
+        result = instance.fetch_run_status_changes(
+            event_type, limit=limit, cursor=cursors.get(event_type.value), ascending=True
         )
-        changes.extend((record.storage_id, record.event_log_entry.run_id) for record in records)
+        changes.extend((r.event_log_entry.timestamp, r.event_log_entry.run_id) for r in result.records)
+        if result.records:
+            new_cursors[event_type.value] = result.cursor
     changes.sort()
-    changes = changes[:limit]
-    cursor = changes[-1][0] if changes else after_storage_id
-    return list(dict.fromkeys(run_id for _, run_id in changes)), cursor
+    return list(dict.fromkeys(run_id for _, run_id in changes)), new_cursors
 
 
 def record_runs(instance: DagsterInstance, store, run_ids: Iterable[str]) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import dagster as dg
 
 from runstate.defs.eventstore.resources import EventStoreResource
@@ -15,13 +17,13 @@ BATCH = 200
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Tails the Dagster event log for run status changes and appends each run's canonical "
     "events (RunStarted, StepStarted, StepCompleted/StepFailed with attempts, RunCompleted/RunFailed/"
-    "RunCancelled) to the run state store. The cursor is the last event-log storage id read.",
+    "RunCancelled) to the run state store. The cursor holds one event-log position per run status.",
 )
 def run_recorder(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> dg.SkipReason:
-    after = int(context.cursor or 0)
-    run_ids, cursor = run_ids_with_status_changes(context.instance, after, BATCH)
+    cursors = json.loads(context.cursor or "{}")
+    run_ids, new_cursors = run_ids_with_status_changes(context.instance, cursors, BATCH)
     if not run_ids:
-        return dg.SkipReason(f"no run status changes after storage id {after}")
+        return dg.SkipReason("no run status changes since the last tick")
     persisted = record_runs(context.instance, event_store.get_store(), run_ids)
-    context.update_cursor(str(cursor))
+    context.update_cursor(json.dumps(new_cursors, sort_keys=True))
     return dg.SkipReason(f"recorded {len(run_ids)} run(s), {sum(persisted.values())} new event(s)")
