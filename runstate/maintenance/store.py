@@ -31,14 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from runstate.maintenance.identifiers import (
-    ACTIONS,
-    InvalidIdentifier,
-    TableRef,
-    parse_table_ref,
-    validate_actions,
-    validate_identifier,
-)
+from runstate.maintenance.identifiers import TableRef, parse_table_ref, validate_actions
 from runstate.migrations import check_schema_name, upgrade_postgres
 
 JOB_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
@@ -556,7 +549,10 @@ class MaintenanceStore:
             _INHERITED_CONNECTIONS.append(held)
             held = None
         if held is None or held.conn.closed or held.conn.broken:
-            conn = psycopg.connect(self.dsn, autocommit=True, options=f"-c search_path={self.schema}")
+            conn = psycopg.connect(
+                self.dsn, autocommit=True, options=f"-c search_path={self.schema}",
+                application_name="runstate-maintenance",
+            )
             held = _HeldConnection(conn)
             self._local.held = held
             self._opened.add(held)
@@ -907,17 +903,14 @@ class MaintenanceStore:
 
 
 __all__ = [
-    "ACTIONS",
     "ActionRecord",
     "CachedTable",
     "Claim",
     "HealthSnapshot",
-    "InvalidIdentifier",
     "InvalidStatus",
     "Job",
     "JobNotFound",
     "MaintenanceStore",
     "OrchestratorRun",
     "TableNotCached",
-    "validate_identifier",
 ]
