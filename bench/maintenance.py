@@ -1,0 +1,190 @@
+"""Benchmark: the maintenance queue and runstate's overhead around one compaction. Prints ONE JSON line.
+
+- queue_jobs_per_s_1w / _4w: claim + complete through MaintenanceStore with 1 and 4 worker threads;
+- raw_skip_locked_jobs_per_s: a bare `FOR UPDATE SKIP LOCKED` claim + delete loop, 4 workers, same server;
+- rewrite_overhead_pct: run_job (claim, table lock, heartbeat thread, record_action, fenced complete)
+  around rewrite_data_files of a 500-file table, against the bare `CALL` on an identical table in the
+  same Spark session (after a warm-up compaction, so JIT warm-up favours neither side).
+Creates and drops its own database. Scale down with --jobs / --files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from runstate.maintenance.actions import run_job  # noqa: E402
+from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+SCHEMA = "bench"
+
+
+def create_database(admin_url: str) -> tuple[str, str]:
+    name = f"rs_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name, admin_url.rpartition("/")[0] + f"/{name}"
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def fill_queue(store: MaintenanceStore, tables: int) -> None:
+    for i in range(tables):
+        store.submit("bench", f"t{i}", ["rewrite_data_files"])
+
+
+def drain(store: MaintenanceStore, workers: int) -> tuple[int, float]:
+    """Claim + complete until the queue is empty; returns (jobs, seconds)."""
+    done = [0] * workers
+    start = threading.Barrier(workers + 1)
+
+    def worker(index: int) -> None:
+        start.wait()
+        while (claim := store.claim(f"bench-{index}", lease_seconds=60)) is not None:
+            if store.complete(claim, "completed"):
+                done[index] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    return sum(done), time.perf_counter() - began
+
+
+def queue_rate(store: MaintenanceStore, tables: int, workers: int) -> float:
+    fill_queue(store, tables)
+    jobs, seconds = drain(store, workers)
+    assert jobs == tables, f"{jobs} of {tables} jobs drained"
+    return jobs / seconds
+
+
+RAW_CLAIM = (
+    "UPDATE raw_queue SET claimed_by = %s WHERE id = ("
+    " SELECT id FROM raw_queue WHERE claimed_by IS NULL ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id"
+)
+
+
+def raw_skip_locked_rate(dsn: str, jobs: int, workers: int) -> float:
+    """The floor: one claim UPDATE and one ack DELETE per job, nothing else."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_queue (id BIGSERIAL PRIMARY KEY, claimed_by TEXT, payload TEXT)")
+        conn.execute("INSERT INTO raw_queue (payload) SELECT 'job ' || g FROM generate_series(1, %s) g", (jobs,))
+    done = [0] * workers
+    start = threading.Barrier(workers + 1)
+
+    def worker(index: int) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            start.wait()
+            while (row := conn.execute(RAW_CLAIM, (f"raw-{index}",)).fetchone()) is not None:
+                conn.execute("DELETE FROM raw_queue WHERE id = %s", (row[0],))
+                done[index] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    assert sum(done) == jobs
+    return jobs / (time.perf_counter() - began)
+
+
+def small_file_table(spark, name: str, files: int) -> None:
+    spark.sql(f"CREATE TABLE lake.bench.{name} (id BIGINT, v STRING) USING iceberg")
+    spark.range(files * 10).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.bench.{name}").append()
+
+
+def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int) -> dict:
+    from runstate.spark import SparkSettings, build_session
+
+    warehouse = Path(tempfile.mkdtemp(prefix="rs_bench_wh_"))
+    spark = build_session(SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="runstate-bench",
+                                        extra_conf={"spark.ui.showConsoleProgress": "false"}))
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.bench")
+        small_file_table(spark, "warmup", 50)
+        spark.sql("CALL lake.system.rewrite_data_files(table => 'bench.warmup')").collect()
+        direct_times, runstate_times = [], []
+        for round_ in range(repeats):
+            direct, managed = f"direct_{round_}", f"managed_{round_}"
+            small_file_table(spark, direct, files)
+            small_file_table(spark, managed, files)
+            store.replace_table_cache([CachedTable("bench", managed, True, {})])
+            # Alternate the order each round, so neither side always runs on the warmer JVM.
+            for side in (("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct")):
+                if side == "direct":
+                    began = time.perf_counter()
+                    rows = spark.sql(
+                        f"CALL lake.system.rewrite_data_files(table => 'bench.{direct}', strategy => 'binpack', "
+                        "options => map('target-file-size-bytes', '134217728'))").collect()
+                    direct_times.append(time.perf_counter() - began)
+                    assert rows[0]["rewritten_data_files_count"] == files
+                else:
+                    store.submit("bench", managed, ["rewrite_data_files"])
+                    began = time.perf_counter()
+                    claim = store.claim("bench-worker", lease_seconds=300)
+                    outcome = run_job(spark, store, claim)
+                    runstate_times.append(time.perf_counter() - began)
+                    assert outcome.status == "completed", outcome.error
+                    assert outcome.results[0].figures["rewritten_data_files_count"] == files
+        direct_s, runstate_s = statistics.median(direct_times), statistics.median(runstate_times)
+        return {
+            "rewrite_direct_s": round(direct_s, 3),
+            "rewrite_runstate_s": round(runstate_s, 3),
+            "rewrite_overhead_pct": round(100.0 * (runstate_s - direct_s) / direct_s, 2),
+        }
+    finally:
+        spark.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000, help="queue jobs per measurement")
+    parser.add_argument("--files", type=int, default=500, help="small files in each rewrite table")
+    parser.add_argument("--repeats", type=int, default=2, help="rewrite rounds (median reported)")
+    parser.add_argument("--skip-spark", action="store_true", help="queue figures only")
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    args = parser.parse_args(argv)
+
+    name, dsn = create_database(args.admin_url)
+    try:
+        with MaintenanceStore(dsn, schema=SCHEMA, max_attempts=3) as store:
+            store.ensure_schema()
+            store.replace_table_cache([CachedTable("bench", f"t{i}", True, {}) for i in range(args.jobs)])
+            result: dict = {"bench": "maintenance", "jobs": args.jobs}
+            result["queue_jobs_per_s_1w"] = round(queue_rate(store, args.jobs, 1), 1)
+            result["queue_jobs_per_s_4w"] = round(queue_rate(store, args.jobs, 4), 1)
+            result["raw_skip_locked_jobs_per_s"] = round(raw_skip_locked_rate(dsn, args.jobs, 4), 1)
+            result["queue_4w_vs_raw_pct"] = round(100.0 * result["queue_jobs_per_s_4w"] / result["raw_skip_locked_jobs_per_s"], 1)
+            if not args.skip_spark:
+                result["files"] = args.files
+                result.update(rewrite_overhead(dsn, store, args.files, args.repeats))
+            result["targets_met"] = result["queue_jobs_per_s_4w"] >= 500 and result.get("rewrite_overhead_pct", 0) <= 15
+    finally:
+        drop_database(args.admin_url, name)
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
