@@ -80,8 +80,36 @@ def _supervise(child: subprocess.Popen) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    _sweep_group(child)
     # Asked to stop and it stopped: that is a clean exit whatever code the child chose for it.
     return 0 if signals_seen else code
+
+
+def _sweep_group(child: subprocess.Popen, grace: float = 20.0) -> None:
+    """Stop whatever dagster dev left in its process group (a code server waiting out its heartbeat).
+
+    The group is the session we created for dagster dev, so it holds nothing but its descendants.
+    They get SIGTERM, a grace period to finish, then SIGKILL; we return only once the group is empty.
+    """
+    if not _group_members(child.pid):
+        return
+    _kill_group(child, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _group_members(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    _kill_group(child, signal.SIGKILL)
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(stat.parent.name))
+    return members
 
 
 def _signal_child(child: subprocess.Popen, signum: int) -> None:
@@ -91,8 +119,8 @@ def _signal_child(child: subprocess.Popen, signum: int) -> None:
         pass
 
 
-def _kill_group(child: subprocess.Popen) -> None:
+def _kill_group(child: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     try:
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(child.pid, sig)
     except ProcessLookupError:
         pass

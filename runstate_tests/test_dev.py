@@ -1,0 +1,120 @@
+"""`runstate dev` answers GraphQL `{version}` on loopback and shuts down cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import dagster
+import pytest
+
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+SERVICE_VARS = ("RUNSTATE_PG_URL", "DAGSTER_PG_URL", "RUNSTATE_AWS_ENDPOINT_URL", "RUNSTATE_HOME", "DAGSTER_HOME")
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _graphql_version(port: int) -> str | None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)["data"]["version"]
+    except (urllib.error.URLError, OSError, KeyError, ValueError):
+        return None
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            children = (task / "children").read_text().split() if (task / "children").exists() else []
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _ignore_int_and_term() -> None:
+    # How a shell's `runstate dev &` starts it: SIGINT ignored. We ignore SIGTERM too, the worst case.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@pytest.fixture
+def dev_home():
+    home = Path(tempfile.mkdtemp(prefix="runstate-dev-"))
+    yield home
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS} | {"RUNSTATE_HOME": str(home)}
+    subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, dev_home):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and not k.startswith("SNOWFLAKE_")}
+    env.update(RUNSTATE_HOME=str(dev_home), RUNSTATE_PG_URL=fresh_database,
+               DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1))
+    log = dev_home / "dev.log"
+    with open(log, "wb") as out:
+        dev = subprocess.Popen([RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                               preexec_fn=_ignore_int_and_term)
+    try:
+        deadline = time.monotonic() + 180
+        version = None
+        while version is None and time.monotonic() < deadline and dev.poll() is None:
+            version = _graphql_version(port)
+            if version is None:
+                time.sleep(0.5)  # readiness poll of a server in another process; no tick to drive here
+        assert version == dagster.__version__, log.read_text()[-3000:]
+        services = json.loads((dev_home / ".runstate" / "services.json").read_text())
+        service_pids = {r["pid"] for r in services.values() if r["pid"]}  # they outlive dev, by design
+        dagster_processes = {pid: _cmdline(pid) for pid in _descendants(dev.pid) - service_pids}
+        assert any("dagster" in cmd and " dev " in cmd for cmd in dagster_processes.values()), dagster_processes
+
+        dev.send_signal(signal.SIGTERM)
+        code = dev.wait(timeout=120)
+
+        assert code == 0, log.read_text()[-3000:]
+        assert _graphql_version(port) is None
+        assert {pid: cmd for pid, cmd in dagster_processes.items() if _alive(pid)} == {}
+        assert all(_alive(pid) for pid in service_pids)
+        assert "Dagster services shut down" in log.read_text()
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
