@@ -1,0 +1,113 @@
+"""The orchestrator's decisions and its audit row, on the real store (and real Spark where health is read)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from runstate.maintenance.health import HealthAnalyzer
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.orchestrator import (
+    ADVISED, HEALTHY, SKIPPED_ACTIVE_JOB, SKIPPED_CADENCE, SKIPPED_MISSING, SKIPPED_NOT_OPTED_IN, Orchestrator,
+    OrchestratorSettings,
+)
+from runstate.maintenance.store import CachedTable, MaintenanceStore
+
+
+@pytest.fixture
+def store(pg_database, pg_schema):
+    with MaintenanceStore(pg_database, schema=pg_schema) as s:
+        s.ensure_schema()
+        yield s
+
+
+def must_not_analyze(ref: TableRef):
+    raise AssertionError(f"{ref.key} should have been skipped before any health check")
+
+
+def decisions(report) -> dict[str, str]:
+    return {d.table_key: d.decision for d in report.decisions}
+
+
+def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(store):
+    store.replace_table_cache([
+        CachedTable("db", "unset", None, {}),
+        CachedTable("db", "off", False, {}),
+        CachedTable("db", "busy", True, {}),
+        CachedTable("db", "recent", True, {}),
+    ])
+    busy_job = store.submit("db", "busy", ["rewrite_manifests"])
+    recent_job = store.submit("db", "recent", ["rewrite_manifests"])
+    claim = store.claim("w", lease_seconds=60)
+    while claim.job_id != recent_job:  # finish only the "recent" table's job
+        claim = store.claim("w", lease_seconds=60)
+    store.complete(claim, "completed")
+
+    report = Orchestrator(store, must_not_analyze).run()
+
+    assert decisions(report) == {"db.unset": SKIPPED_NOT_OPTED_IN, "db.off": SKIPPED_NOT_OPTED_IN,
+                                 "db.busy": SKIPPED_ACTIVE_JOB, "db.recent": SKIPPED_CADENCE}
+    assert next(d for d in report.decisions if d.table_key == "db.busy").job_id == busy_job
+    run = store.orchestrator_runs(limit=1)[0]
+    assert (run.status, run.tables_assessed, run.tables_skipped, run.tables_healthy, run.jobs_submitted,
+            run.jobs_completed, run.jobs_failed, run.dry_run) == ("completed", 4, 4, 0, 0, 0, 0, False)
+    assert run.id == report.run_id
+
+
+def test_a_per_table_cadence_overrides_the_default(store):
+    store.replace_table_cache([CachedTable("db", "hourly", True, {"maintenance_cadence_hours": 1}),
+                               CachedTable("db", "daily", True, {})])
+    for table in ("hourly", "daily"):
+        store.submit("db", table, ["rewrite_manifests"])
+        store.complete(store.claim("w", lease_seconds=60), "completed")
+    analyzed = []
+
+    def record_and_refuse(ref):
+        analyzed.append(ref.key)
+        raise LookupError("not in this test")
+
+    in_two_hours = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731
+    report = Orchestrator(store, record_and_refuse, now=in_two_hours).run()
+
+    assert analyzed == ["db.hourly"]  # past its 1 h cadence; "daily" is still within 24 h
+    assert decisions(report)["db.daily"] == SKIPPED_CADENCE
+    assert report.status == "completed_with_errors" and "db.hourly" in report.error
+    assert store.orchestrator_runs(limit=1)[0].error == report.error
+
+
+def make_table(spark, namespace, name, *, files, rows, deletes):
+    ref = TableRef(namespace, name)
+    spark.sql(f"CREATE TABLE lake.{ref.quoted} (id BIGINT) USING iceberg TBLPROPERTIES "
+              "('format-version'='2', 'write.delete.mode'='merge-on-read')")
+    spark.range(rows).repartition(files).writeTo(f"lake.{ref.quoted}").append()
+    if deletes:
+        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
+    return ref
+
+
+@pytest.mark.spark
+def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_namespace, store):
+    sick = make_table(spark, iceberg_namespace, "sick", files=6, rows=60, deletes=True)
+    fine = make_table(spark, iceberg_namespace, "fine", files=1, rows=10, deletes=False)
+    store.replace_table_cache([CachedTable(r.database, r.table, True, {}) for r in (sick, fine)]
+                              + [CachedTable(iceberg_namespace, "dropped_since_sync", True, {})])
+    analyzer = HealthAnalyzer(spark)
+
+    report = Orchestrator(store, analyzer.analyze, OrchestratorSettings(dry_run=True)).run()
+
+    assert decisions(report) == {sick.key: ADVISED, fine.key: HEALTHY,
+                                 f"{iceberg_namespace}.dropped_since_sync": SKIPPED_MISSING}
+    advice = next(d for d in report.decisions if d.table_key == sick.key)
+    assert advice.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
+    assert store.list_jobs() == []  # advisory only
+    assert store.latest_health(sick.key).needs_maintenance  # the assessment is kept
+    run = store.orchestrator_runs(limit=1)[0]
+    assert (run.dry_run, run.tables_assessed, run.tables_skipped, run.tables_healthy, run.jobs_submitted) == (
+        True, 3, 1, 1, 0)
+
+    submitted = Orchestrator(store, analyzer.analyze).run()
+
+    job = store.active_job(sick.key)
+    assert decisions(submitted)[sick.key] == "submitted" and job.actions == tuple(advice.recommended_actions)
+    assert store.orchestrator_runs(limit=1)[0].jobs_submitted == 1
