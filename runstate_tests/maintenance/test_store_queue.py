@@ -124,6 +124,22 @@ def test_submit_writes_job_and_queue_row(store: MaintenanceStore) -> None:
     assert _sql(store, "SELECT claimed_at, attempt_count, visible_at <= now() FROM job_queue") == [(None, 0, True)]
 
 
+def test_submit_is_atomic_when_the_queue_insert_fails(store: MaintenanceStore) -> None:
+    # A real failure inside the transaction: a trigger makes the job_queue insert raise.
+    _sql(
+        store,
+        "CREATE FUNCTION refuse_enqueue() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'queue is read-only'; END $$",
+    )
+    _sql(store, "CREATE TRIGGER refuse BEFORE INSERT ON job_queue FOR EACH ROW EXECUTE FUNCTION refuse_enqueue()")
+    with pytest.raises(psycopg.errors.RaiseException, match="queue is read-only"):
+        store.submit("db", "t0", ["rewrite_data_files"])
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
+    _sql(store, "DROP TRIGGER refuse ON job_queue")
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])  # the retry goes through, once
+    assert _sql(store, "SELECT job_id FROM jobs") == [(job_id,)]
+
+
 def test_second_submit_for_an_active_table_returns_the_existing_job(store: MaintenanceStore) -> None:
     first = store.submit("db", "t0", ["rewrite_data_files"])
     assert store.submit("db", "t0", ["expire_snapshots"]) == first
