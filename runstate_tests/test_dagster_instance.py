@@ -62,3 +62,20 @@ def test_the_storage_url_is_read_from_the_environment_not_written_down():
     config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
 
     assert config["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
+
+
+def test_the_queue_admits_one_run_per_dataset_and_one_per_table(instance):
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    def run(**tags: str) -> DagsterRun:
+        return DagsterRun(job_name="any", tags=tags)
+
+    limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    in_progress = [run(**{"runstate/dataset": "orders"}), run(**{"runstate/table": "db.events"})]
+    counter = TagConcurrencyLimitsCounter(limits, in_progress)
+
+    assert counter.is_blocked(run(**{"runstate/dataset": "orders"}))
+    assert not counter.is_blocked(run(**{"runstate/dataset": "users"}))
+    assert counter.is_blocked(run(**{"runstate/table": "db.events"}))
+    assert not counter.is_blocked(run(**{"runstate/table": "db.other"}))

@@ -19,9 +19,6 @@ from services_helpers import clean_env
 from runstate.config import read_env_file
 from runstate.services.state import process_start_time
 
-pytestmark = pytest.mark.slow
-
-
 def _records(home: Path) -> dict:
     path = home / ".runstate" / "services.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -144,6 +141,7 @@ def test_an_unreachable_configured_postgres_is_named(services_home, runstate_cli
     assert f"RUNSTATE_PG_URL=postgresql://postgres@127.0.0.1:{closed_port}/runstate does not answer" in up.stderr
 
 
+@pytest.mark.slow  # initdb + a server start: a few seconds
 def test_embedded_cluster_is_initialised_started_and_stopped(services_home, runstate_cli):
     env = clean_env(services_home)
 
