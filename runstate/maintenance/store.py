@@ -461,9 +461,10 @@ def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
         raise ValueError(f"{what} must be JSON-serialisable: {exc}") from exc
 
 
-def _positive_seconds(value: float, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
+def _seconds(value: float, what: str) -> float:
+    """A finite, non-negative duration. Zero is allowed: a lease or lock that is expired at once."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{what} must be a non-negative number of seconds, got {value!r}")
     return float(value)
 
 
@@ -622,7 +623,7 @@ class MaintenanceStore:
         (status failed, with the reason in `error`) and cancelled jobs whose worker died.
         """
         worker = _non_empty_text(worker, "worker")
-        lease_seconds = _positive_seconds(lease_seconds, "lease_seconds")
+        lease_seconds = _seconds(lease_seconds, "lease_seconds")
         attempt_id = str(uuid.uuid4())
         params = {
             "worker": worker,
@@ -642,7 +643,7 @@ class MaintenanceStore:
 
     def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool:
         """Extend the lease; False when the claim is fenced out or its lease already ran out (stop work)."""
-        lease = _positive_seconds(lease_seconds if lease_seconds is not None else claim.lease_seconds, "lease_seconds")
+        lease = _seconds(lease_seconds if lease_seconds is not None else claim.lease_seconds, "lease_seconds")
         params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "lease_seconds": lease}
         return self._conn().execute(HEARTBEAT_SQL, params).rowcount == 1
 
@@ -786,7 +787,7 @@ class MaintenanceStore:
         params = {
             "table_key": ref.key,
             "holder": _non_empty_text(holder, "lock holder"),
-            "ttl_seconds": _positive_seconds(ttl_seconds, "ttl_seconds"),
+            "ttl_seconds": _seconds(ttl_seconds, "ttl_seconds"),
         }
         return self._conn().execute(ACQUIRE_LOCK_SQL, params).fetchone() is not None
 

@@ -57,6 +57,12 @@ def test_only_an_expired_lock_can_be_taken_over(store: MaintenanceStore) -> None
     assert store.table_lock("db.t")["holder"] == "job-b"  # type: ignore[index]
 
 
+def test_a_zero_ttl_lock_can_be_taken_over_at_once(store: MaintenanceStore) -> None:
+    assert store.acquire_table_lock("db.t", "job-a", 0)
+    assert store.acquire_table_lock("db.t", "job-b", 60)
+    assert store.table_lock("db.t")["holder"] == "job-b"  # type: ignore[index]
+
+
 def test_only_the_holder_releases(store: MaintenanceStore) -> None:
     assert store.acquire_table_lock("db.t", "job-a", 60)
     assert store.release_table_lock("db.t", "job-b") is False
@@ -93,7 +99,7 @@ def test_concurrent_acquires_have_one_winner(store: MaintenanceStore) -> None:
     assert store.table_lock("db.hot")["holder"] == wins[0]  # type: ignore[index]
 
 
-@pytest.mark.parametrize("key, holder, ttl", [("db.t;", "a", 60), ("dbt", "a", 60), ("db.t", "", 60), ("db.t", "a", 0)])
+@pytest.mark.parametrize("key, holder, ttl", [("db.t;", "a", 60), ("dbt", "a", 60), ("db.t", "", 60), ("db.t", "a", -1)])
 def test_bad_lock_arguments_are_rejected(store: MaintenanceStore, key: str, holder: str, ttl: float) -> None:
     with pytest.raises(ValueError):
         store.acquire_table_lock(key, holder, ttl)

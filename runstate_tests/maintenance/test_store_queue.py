@@ -197,7 +197,7 @@ def test_claim_returns_none_when_nothing_is_visible(store: MaintenanceStore) -> 
     assert store.claim("w", 30) is None  # leased, not visible
 
 
-@pytest.mark.parametrize("worker, lease", [("", 30), ("w", 0), ("w", -1), ("w", float("nan"))])
+@pytest.mark.parametrize("worker, lease", [("", 30), ("w", -1), ("w", float("nan")), ("w", float("inf")), ("w", "30")])
 def test_claim_rejects_bad_arguments(store: MaintenanceStore, worker: str, lease: float) -> None:
     with pytest.raises(ValueError):
         store.claim(worker, lease)
@@ -300,6 +300,15 @@ def test_a_short_lease_really_runs_out(store: MaintenanceStore) -> None:
     assert again is not None and again.job_id == job_id
     assert store.complete(claim, "completed") is False
     assert store.complete(again, "completed") is True
+
+
+def test_a_zero_lease_is_expired_at_once(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    first = store.claim("a", 0)
+    second = store.claim("b", 30)
+    assert first is not None and second is not None and second.job_id == first.job_id == job_id
+    assert store.complete(first, "completed") is False
+    assert store.complete(second, "completed") is True
 
 
 def test_heartbeat_extends_the_lease(store: MaintenanceStore) -> None:
