@@ -88,6 +88,7 @@ class SparkSettings:
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.driver.memory": "1g",
             "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "4",
             "spark.sql.session.timeZone": "UTC",
             **self.catalog_conf(),
