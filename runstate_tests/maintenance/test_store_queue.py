@@ -547,3 +547,21 @@ def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: Mainten
     assert {final[job_id] for job_id in job_ids[1::2]} == {"completed"}
     assert set(final.values()) <= {"completed", "cancelled"}
     assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
+
+
+def test_claim_plan_probes_the_seed_indexes_instead_of_sorting_the_queue(store: MaintenanceStore) -> None:
+    from runstate.maintenance.store import DEQUEUE_WITH_CLAIM_SQL
+
+    _sql(
+        store,
+        "INSERT INTO jobs (job_id, database_name, table_name, actions, dry_run, status, submitted_at)"
+        " SELECT 'j' || g, 'db', 't' || g, '{rewrite_manifests}', false, 'pending', now() FROM generate_series(1, 5000) g",
+    )
+    _sql(store, "INSERT INTO job_queue (job_id, visible_at) SELECT job_id, now() FROM jobs")
+    _sql(store, "ANALYZE jobs")
+    _sql(store, "ANALYZE job_queue")
+    params = {"worker": "w", "lease_seconds": 30.0, "attempt_id": "a", "max_attempts": 3}
+    with psycopg.connect(store.dsn, options=f"-c search_path={store.schema}") as conn:
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + DEQUEUE_WITH_CLAIM_SQL, params))
+    assert "idx_job_queue_ready" in plan and "idx_job_queue_claimed" in plan, plan
+    assert "Seq Scan on job_queue" not in plan and "Sort" not in plan, plan
