@@ -1,0 +1,37 @@
+"""Helpers for tests that start `runstate dev`: a free port and a GraphQL readiness probe."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def graphql_version(port: int) -> str | None:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
+        headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)["data"]["version"]
+    except (urllib.error.URLError, OSError, KeyError, ValueError):
+        return None
+
+
+def wait_for_graphql(port: int, process, timeout: float = 180) -> str | None:
+    """Poll until the webserver in another process answers (no tick to drive there), or it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        version = graphql_version(port)
+        if version is not None:
+            return version
+        time.sleep(0.5)
+    return None
