@@ -474,6 +474,13 @@ def _non_empty_text(value: object, what: str) -> str:
     return value
 
 
+def _text(value: object) -> str | None:
+    """Free text for a TEXT column: Postgres refuses NUL, and a Spark error can carry anything."""
+    if value is None:
+        return None
+    return (value if isinstance(value, str) else str(value)).replace("\x00", "\\0")
+
+
 def _bool(value: object, what: str) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{what} must be True or False, got {value!r}")
@@ -539,6 +546,7 @@ class MaintenanceStore:
         self._local = threading.local()
         # Weak: a thread's connection is closed when the thread ends and its thread-local goes away.
         self._opened: weakref.WeakSet[_HeldConnection] = weakref.WeakSet()
+        self._opened_lock = threading.Lock()
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -556,12 +564,15 @@ class MaintenanceStore:
             )
             held = _HeldConnection(conn)
             self._local.held = held
-            self._opened.add(held)
+            with self._opened_lock:
+                self._opened.add(held)
         return held.conn
 
     def close(self) -> None:
         """Close every connection this store opened in this process (threads' ones included)."""
-        for held in list(self._opened):
+        with self._opened_lock:
+            opened = list(self._opened)
+        for held in opened:
             if held.pid == os.getpid():
                 held.conn.close()
         self._local = threading.local()
@@ -666,8 +677,8 @@ class MaintenanceStore:
             "attempt_id": claim.attempt_id,
             "action": action,
             "success": _bool(success, "success"),
-            "message": message if isinstance(message, str) else str(message),
-            "error": error,
+            "message": _text(message) or "",
+            "error": _text(error),
             "elapsed_seconds": max(0.0, float(elapsed_seconds)),
         }
         conn = self._conn()
@@ -683,7 +694,7 @@ class MaintenanceStore:
         """
         if status not in COMPLETION_STATUSES:
             raise InvalidStatus(f"job {claim.job_id}: completion status {status!r} is not one of {COMPLETION_STATUSES}")
-        params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "status": status, "error": error}
+        params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "status": status, "error": _text(error)}
         conn = self._conn()
         if conn.execute(COMPLETE_SQL, params).fetchone() is not None:
             return True

@@ -565,3 +565,13 @@ def test_claim_plan_probes_the_seed_indexes_instead_of_sorting_the_queue(store: 
         plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + DEQUEUE_WITH_CLAIM_SQL, params))
     assert "idx_job_queue_ready" in plan and "idx_job_queue_claimed" in plan, plan
     assert "Seq Scan on job_queue" not in plan and "Sort" not in plan, plan
+
+
+def test_nul_in_spark_messages_is_stored_not_refused(store: MaintenanceStore) -> None:
+    store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    assert store.record_action(claim, "rewrite_data_files", False, "out\x00put", "boom\x00", 0.1)
+    assert store.complete(claim, "failed", "java said \x00")
+    [record] = store.job_actions(claim.job_id)
+    assert (record.message, record.error) == ("out\\0put", "boom\\0")
