@@ -7,6 +7,7 @@ resources) and it is dropped afterwards, so tests and parallel workers never col
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -19,6 +20,8 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
+# Hermetic: the developer's .runstate/env (from `services up`) must not leak endpoints into tests.
+os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
 
 ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

@@ -1,34 +1,77 @@
-"""`runstate db upgrade|status`: versioned schema migrations."""
+"""`runstate db upgrade|status`: versioned schema migrations, and the WAL's AWS resources."""
 
 from __future__ import annotations
+
+from contextlib import closing
 
 import click
 
 from runstate import migrations
-from runstate.config import settings
+from runstate.config import Settings, settings
+
+
+def _snowflake_connection(s: Settings):
+    """A connector connection when Snowflake is configured (SNOWFLAKE_ACCOUNT), else None."""
+    if not s.snowflake.get("account"):
+        return None
+    import snowflake.connector
+
+    kwargs = {k: s.snowflake[k] for k in ("account", "user", "password", "database", "host", "protocol", "role",
+                                          "warehouse") if s.snowflake.get(k)}
+    if s.snowflake.get("port"):
+        kwargs["port"] = int(s.snowflake["port"])
+    return snowflake.connector.connect(**kwargs)
+
+
+def _snowflake_schema(s: Settings) -> str:
+    return (s.snowflake.get("schema") or "RUNSTATE").upper()
+
+
+def _ensure_wal_resources(s: Settings) -> str:
+    import boto3
+
+    from runstate.wal import ensure_blob_bucket, ensure_wal_table
+
+    kwargs = {"endpoint_url": s.aws_endpoint_url, "region_name": s.aws_region}
+    ensure_wal_table(boto3.client("dynamodb", **kwargs), s.wal_table)
+    ensure_blob_bucket(boto3.client("s3", **kwargs), s.blob_bucket)
+    return f"WAL table {s.wal_table!r} and blob bucket {s.blob_bucket!r} are ready"
 
 
 @click.group()
 def db() -> None:
-    """Schema migrations for Postgres (and Snowflake when it is the event store)."""
+    """Schema migrations (Postgres, and Snowflake when configured) and the WAL's table and bucket."""
 
 
 @db.command()
-def upgrade() -> None:
+@click.option("--skip-aws", is_flag=True, help="Do not create the DynamoDB WAL table and the S3 bucket.")
+def upgrade(skip_aws: bool) -> None:
     """Apply pending migrations; safe to run twice, and from two processes at once."""
     s = settings()
     applied = migrations.upgrade_postgres(s.pg_url, s.schema)
     click.echo(f"postgres {s.schema}: applied {len(applied)} migration(s)")
     for migration in applied:
         click.echo(f"  + {migration.version}_{migration.name}")
+    conn = _snowflake_connection(s)
+    if conn is not None:
+        with closing(conn):
+            done = migrations.upgrade_snowflake(conn, _snowflake_schema(s))
+        click.echo(f"snowflake {_snowflake_schema(s)}: applied {len(done)} migration(s)")
+    if not skip_aws:
+        click.echo(_ensure_wal_resources(s))
 
 
 @db.command()
 def status() -> None:
     """List applied and pending migrations."""
     s = settings()
-    for row in migrations.status_postgres(s.pg_url, s.schema):
-        click.echo(f"postgres  {row.version}_{row.name:<30} {'applied' if row.applied else 'PENDING'}")
+    rows = [("postgres", row) for row in migrations.status_postgres(s.pg_url, s.schema)]
+    conn = _snowflake_connection(s)
+    if conn is not None:
+        with closing(conn):
+            rows += [("snowflake", row) for row in migrations.status_snowflake(conn, _snowflake_schema(s))]
+    for backend, row in rows:
+        click.echo(f"{backend:<10}{row.version}_{row.name:<32} {'applied' if row.applied else 'PENDING'}")
 
 
 COMMANDS = [db]
