@@ -126,22 +126,25 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
         small_file_table(spark, "warmup", 50)
         spark.sql("CALL lake.system.rewrite_data_files(table => 'bench.warmup')").collect()
         direct_times, runstate_times = [], []
+        # Every table is written before any timing, so no side inherits the writes' garbage or I/O.
         for round_ in range(repeats):
-            direct, managed = f"direct_{round_}", f"managed_{round_}"
-            small_file_table(spark, direct, files)
-            small_file_table(spark, managed, files)
-            store.replace_table_cache([CachedTable("bench", managed, True, {})])
+            small_file_table(spark, f"direct_{round_}", files)
+            small_file_table(spark, f"managed_{round_}", files)
+        store.replace_table_cache([CachedTable("bench", f"managed_{r}", True, {}) for r in range(repeats)])
+        jvm = spark.sparkContext._jvm
+        for round_ in range(repeats):
             # Alternate the order each round, so neither side always runs on the warmer JVM.
             for side in (("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct")):
+                jvm.System.gc()
                 if side == "direct":
                     began = time.perf_counter()
                     rows = spark.sql(
-                        f"CALL lake.system.rewrite_data_files(table => 'bench.{direct}', strategy => 'binpack', "
+                        f"CALL lake.system.rewrite_data_files(table => 'bench.direct_{round_}', strategy => 'binpack', "
                         "options => map('target-file-size-bytes', '134217728'))").collect()
                     direct_times.append(time.perf_counter() - began)
                     assert rows[0]["rewritten_data_files_count"] == files
                 else:
-                    store.submit("bench", managed, ["rewrite_data_files"])
+                    store.submit("bench", f"managed_{round_}", ["rewrite_data_files"])
                     began = time.perf_counter()
                     claim = store.claim("bench-worker", lease_seconds=300)
                     outcome = run_job(spark, store, claim)
@@ -153,6 +156,7 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
             "rewrite_direct_s": round(direct_s, 3),
             "rewrite_runstate_s": round(runstate_s, 3),
             "rewrite_overhead_pct": round(100.0 * (runstate_s - direct_s) / direct_s, 2),
+            "rewrite_rounds": repeats,
         }
     finally:
         spark.stop()
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000, help="queue jobs per measurement")
     parser.add_argument("--files", type=int, default=500, help="small files in each rewrite table")
-    parser.add_argument("--repeats", type=int, default=2, help="rewrite rounds (median reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="rewrite rounds (median reported)")
     parser.add_argument("--skip-spark", action="store_true", help="queue figures only")
     parser.add_argument("--admin-url", default=ADMIN_URL)
     args = parser.parse_args(argv)

@@ -142,10 +142,13 @@ def test_a_missing_table_is_the_one_fatal_error(spark, iceberg_namespace):
 @pytest.mark.spark
 def test_a_broken_manifest_is_recorded_in_error_and_the_rest_is_still_measured(spark, iceberg_namespace):
     ref = make_table(spark, iceberg_namespace, files=3, rows=30, deletes=False)
-    manifest = spark.table(f"lake.{ref.quoted}.manifests").first()["path"]
-    Path(manifest.replace("file:", "", 1)).unlink()  # a storage fault under one manifest
-
-    health = HealthAnalyzer(spark).analyze(ref)
+    manifest = Path(spark.table(f"lake.{ref.quoted}.manifests").first()["path"].replace("file:", "", 1))
+    saved = manifest.read_bytes()
+    manifest.unlink()  # a storage fault under one manifest
+    try:
+        health = HealthAnalyzer(spark).analyze(ref)
+    finally:
+        manifest.write_bytes(saved)  # so the namespace fixture can drop the table
 
     assert health.error and "data_files" in health.error
     assert health.snapshot_count == 1 and health.manifest_count == 1
