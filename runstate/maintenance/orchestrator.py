@@ -145,14 +145,21 @@ class Orchestrator:
         if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
             return TableDecision(key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id)
         try:
-            health = self.analyze(ref)
+            return self._assess(ref)
         except TableNotFound as exc:
             return TableDecision(key, SKIPPED_MISSING, str(exc))
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
-            log.exception("orchestrator: health of %s failed", key)
+            log.exception("orchestrator: assessing %s failed", key)
             return TableDecision(key, ERROR, f"{type(exc).__name__}: {exc}")
+
+    def _assess(self, ref: TableRef) -> TableDecision:
+        key = ref.key
+        health = self.analyze(ref)
         if self.settings.record_health:
             self.store.insert_health_snapshot(health.as_row())
+        if not health.needs_maintenance and health.error:
+            # Nothing found wrong, but not everything could be measured: not evidence of health.
+            return TableDecision(key, ERROR, f"health incomplete: {health.error}")
         if not health.needs_maintenance:
             return TableDecision(key, HEALTHY, health.health_status)
         actions = list(health.recommended_actions)
