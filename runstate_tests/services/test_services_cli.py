@@ -53,7 +53,10 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
         assert conn.execute("SELECT to_regclass('runstate.schema_migrations')").fetchone()[0] is not None
     dynamodb = boto3.client("dynamodb", endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"], region_name="us-east-1",
                             aws_access_key_id="testing", aws_secret_access_key="testing")
-    assert "TableNames" in dynamodb.list_tables()
+    assert "runstate_wal" in dynamodb.list_tables()["TableNames"]
+    s3 = boto3.client("s3", endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"], region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    assert "runstate-blobs" in [bucket["Name"] for bucket in s3.list_buckets()["Buckets"]]
     snow = snowflake.connector.connect(
         host=written["SNOWFLAKE_HOST"], port=int(written["SNOWFLAKE_PORT"]), protocol=written["SNOWFLAKE_PROTOCOL"],
         account=written["SNOWFLAKE_ACCOUNT"], user=written["SNOWFLAKE_USER"], password=written["SNOWFLAKE_PASSWORD"],
