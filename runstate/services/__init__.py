@@ -62,8 +62,8 @@ def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> d
     if _ours(previous, "fakesnow"):
         ours["SNOWFLAKE_PORT"] = str(previous["fakesnow"].port)
     env = {key: value for key, value in os.environ.items() if ours.get(key) != value}
-    if "SNOWFLAKE_PORT" not in env:
-        env.pop("SNOWFLAKE_HOST", None)  # host 127.0.0.1 + our port: that is our fakesnow
+    if "SNOWFLAKE_PORT" in ours and "SNOWFLAKE_PORT" not in env and env.get("SNOWFLAKE_HOST") == "127.0.0.1":
+        del env["SNOWFLAKE_HOST"]  # loopback + our port: that is our own fakesnow
     return env
 
 

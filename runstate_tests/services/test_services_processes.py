@@ -55,3 +55,14 @@ def test_variables_pointing_at_our_own_services_are_not_the_callers_choice(monke
 
     assert "RUNSTATE_AWS_ENDPOINT_URL" not in caller
     assert caller["RUNSTATE_PG_URL"] == "postgresql://postgres@db.internal:5432/runstate"
+
+
+def test_our_fakesnow_is_recognised_but_a_real_snowflake_host_is_kept(monkeypatch):
+    ours = {"fakesnow": ServiceRecord("fakesnow", "embedded", "http://127.0.0.1:6001", port=6001, pid=1)}
+    monkeypatch.setenv("SNOWFLAKE_HOST", "127.0.0.1")
+    monkeypatch.setenv("SNOWFLAKE_PORT", "6001")
+    assert "SNOWFLAKE_HOST" not in services.caller_environment(ours)
+
+    monkeypatch.setenv("SNOWFLAKE_HOST", "acct.snowflakecomputing.com")
+    monkeypatch.delenv("SNOWFLAKE_PORT")
+    assert services.caller_environment(ours)["SNOWFLAKE_HOST"] == "acct.snowflakecomputing.com"
