@@ -118,3 +118,17 @@ def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, de
         if dev.poll() is None:
             dev.kill()
             dev.wait()
+
+
+def test_dev_refuses_a_taken_port_with_what_to_do(dev_home):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS} | {"RUNSTATE_HOME": str(dev_home)}
+
+        dev = subprocess.run([RUNSTATE, "dev", "--no-services", "--port", str(port)], env=env, capture_output=True,
+                             text=True, timeout=120)
+
+    assert dev.returncode == 1
+    assert f"dagster dev: port {port} on 127.0.0.1 is taken" in dev.stderr and "--port" in dev.stderr
