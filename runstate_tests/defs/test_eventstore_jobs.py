@@ -151,6 +151,7 @@ def test_append_events_job_on_the_snowflake_backend(snowflake_schema):
         user=conn_kwargs["user"],
         password=conn_kwargs["password"],
         database=conn_kwargs["database"],
+        network_timeout=conn_kwargs["network_timeout"],
         additional_snowflake_connection_args={
             "host": conn_kwargs["host"],
             "port": conn_kwargs["port"],

@@ -111,7 +111,15 @@ def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeReso
     connector_args: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_CONNECTOR_ARGS if values.get(key)}
     if "port" in connector_args:
         connector_args["port"] = int(connector_args["port"])
-    return SnowflakeResource(additional_snowflake_connection_args=connector_args or None, **fields)
+    # fakesnow answers a failed statement with HTTP 500, which the connector retries until network_timeout
+    # (unset: for ever); its own server fixture disables retries the same way. Real Snowflake: unset.
+    if values.get("network_timeout"):
+        fields["network_timeout"] = int(values["network_timeout"])
+    elif connector_args.get("protocol") == "http":
+        fields["network_timeout"] = 1
+    # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
+    connector_args["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
+    return SnowflakeResource(additional_snowflake_connection_args=connector_args, **fields)
 
 
 def event_store_resource(s: Settings | None = None) -> EventStoreResource:
