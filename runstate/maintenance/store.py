@@ -207,102 +207,125 @@ INSERT_JOB_SQL = (
 )
 ENQUEUE_JOB_SQL = "INSERT INTO job_queue (job_id, enqueued_at, visible_at, attempt_count) VALUES (%s, now(), now(), 0)"
 
-# Claimed rows whose lease ran out and that must not run again: out of attempts, or cancelled while
-# running (the worker died before it could acknowledge). Both the claim and the sweep finish them.
-_DEAD_CLAIMS_CTES = """
-dead AS (
-    SELECT q.job_id, q.attempt_count, q.claimed_by, j.status
-    FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
-      AND ((q.attempt_count >= %(max_attempts)s AND j.status IN ('pending', 'running')) OR j.status = 'cancelled')
-    FOR NO KEY UPDATE OF q, j SKIP LOCKED
+# Locking rule: every change of an in-flight job's status (claim, complete, cancel, sweep) first locks its
+# job_queue row, so whoever holds that row lock can read the job's status without locking the jobs row.
+# The ordered picks below read job_queue alone: with a join, stale statistics (a queue filled faster than
+# autovacuum analyzes it) make the planner sort the whole queue on every claim instead of reading the
+# first entries of the partial index.
+
+# Claimed rows whose last lease ran out with no attempts left: the job fails (or, if it was being
+# cancelled, ends cancelled). Both the claim and the sweep finish them.
+_EXHAUSTED_CTES = """
+exhausted AS (
+    SELECT q.job_id, q.attempt_count, q.claimed_by
+    FROM job_queue q
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count >= %(max_attempts)s
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
-dead_dequeued AS (
-    DELETE FROM job_queue q USING dead d WHERE q.job_id = d.job_id
+exhausted_dequeued AS (
+    DELETE FROM job_queue q USING exhausted x WHERE q.job_id = x.job_id
 ),
-dead_finished AS (
+exhausted_finished AS (
     UPDATE jobs j SET
-        status = CASE WHEN d.status = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
+        status = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
         completed_at = now(),
-        error = CASE WHEN d.status = 'cancelled' THEN j.error ELSE format(
+        error = CASE WHEN j.status = 'cancelled' THEN j.error ELSE format(
             'job %%s on %%s.%%s failed: gave up after %%s attempts (max_attempts=%%s); the lease of the last attempt'
             ' (worker %%s) expired before the job completed',
-            j.job_id, j.database_name, j.table_name, d.attempt_count, %(max_attempts)s, d.claimed_by) END
-    FROM dead d WHERE j.job_id = d.job_id
+            j.job_id, j.database_name, j.table_name, x.attempt_count, %(max_attempts)s, x.claimed_by) END
+    FROM exhausted x WHERE j.job_id = x.job_id AND j.status IN ('pending', 'running', 'cancelled')
+    RETURNING j.job_id
+)"""
+
+# `picked` (job_id) rows whose queue row this statement holds locked: a job cancelled while running whose
+# worker is gone (its lease ran out) is finished as cancelled instead of being handed out again.
+_FINISH_CANCELLED_CTES = """
+picked_jobs AS (
+    SELECT j.job_id, j.status FROM jobs j JOIN picked p ON p.job_id = j.job_id
+),
+cancelled_dequeued AS (
+    DELETE FROM job_queue q USING picked_jobs p WHERE q.job_id = p.job_id AND p.status = 'cancelled'
+),
+cancelled_finished AS (
+    UPDATE jobs j SET completed_at = now()
+    FROM picked_jobs p WHERE j.job_id = p.job_id AND p.status = 'cancelled' AND j.completed_at IS NULL
     RETURNING j.job_id
 )"""
 
 # The dequeue_with_claim CTE. It takes the oldest expired lease with attempts left through
 # idx_job_queue_claimed (retries first, so new work cannot starve them) and, only when there is none,
-# the oldest never-claimed row through idx_job_queue_ready: a claim costs two index probes, never a sort
-# of the queue. Both rows are locked with SKIP LOCKED, so a concurrent claim or cancel is never waited
-# on, and a cancel that committed meanwhile is rechecked against the status filter. NO KEY UPDATE, not
-# UPDATE: it must not block the FK KEY SHARE lock that inserting job_actions takes on jobs.
+# the oldest never-claimed row through idx_job_queue_ready: two index probes, never a sort of the queue.
+# SKIP LOCKED: a row another claim, completion or cancel holds is passed over, never waited on.
+# NO KEY UPDATE, not UPDATE: it must not block the FK KEY SHARE lock that inserting job_actions takes.
 DEQUEUE_WITH_CLAIM_SQL = f"""
-WITH {_DEAD_CLAIMS_CTES},
+WITH {_EXHAUSTED_CTES},
 lease_expired AS (
     SELECT q.job_id
-    FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
-      AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
+    FROM job_queue q
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count < %(max_attempts)s
     ORDER BY q.visible_at
     LIMIT 1
-    FOR NO KEY UPDATE OF q, j SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
 ready AS (
     SELECT q.job_id
-    FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
+    FROM job_queue q
     WHERE NOT EXISTS (SELECT 1 FROM lease_expired)
-      AND q.claimed_at IS NULL AND q.visible_at <= now() AND j.status IN ('pending', 'running')
+      AND q.claimed_at IS NULL AND q.visible_at <= now()
     ORDER BY q.visible_at
     LIMIT 1
-    FOR NO KEY UPDATE OF q, j SKIP LOCKED
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
-candidate AS (
+picked AS (
     SELECT job_id FROM lease_expired UNION ALL SELECT job_id FROM ready
+),
+{_FINISH_CANCELLED_CTES},
+claimed AS (
+    UPDATE job_queue q SET
+        claimed_at = now(), claimed_by = %(worker)s, attempt_id = %(attempt_id)s,
+        attempt_count = q.attempt_count + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
+    FROM picked_jobs p WHERE q.job_id = p.job_id AND p.status IN ('pending', 'running')
+    RETURNING q.job_id, q.attempt_count
+),
+-- The status recheck is against the newest row version: a cancel that slipped in is never overwritten.
+started AS (
+    UPDATE jobs j SET status = 'running', started_at = now(), attempt_id = %(attempt_id)s
+    FROM claimed c WHERE j.job_id = c.job_id AND j.status IN ('pending', 'running')
+    RETURNING j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.options, c.attempt_count
 ),
 -- The claim commits without waiting for its WAL flush: a claim lost in a crash loses nothing (the job is
 -- still queued, and the fence refuses the worker that held it), and the worker's next durable write (the
 -- table lock, an action, the completion) flushes it anyway. That halves the fsyncs per job.
 no_flush_wait AS (
     SELECT set_config('synchronous_commit', 'off', true)
-),
-claimed AS (
-    UPDATE job_queue q SET
-        claimed_at = now(), claimed_by = %(worker)s, attempt_id = %(attempt_id)s,
-        attempt_count = q.attempt_count + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
-    FROM candidate c WHERE q.job_id = c.job_id
-    RETURNING q.job_id, q.attempt_count
-),
-started AS (
-    UPDATE jobs j SET status = 'running', started_at = now(), attempt_id = %(attempt_id)s
-    FROM claimed c WHERE j.job_id = c.job_id
-    RETURNING j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.options, c.attempt_count
 )
-SELECT s.* FROM started s, no_flush_wait
+SELECT s.job_id, s.database_name, s.table_name, s.actions, s.dry_run, s.options, s.attempt_count,
+       (SELECT count(*) FROM exhausted_finished) + (SELECT count(*) FROM cancelled_finished) AS finished
+FROM no_flush_wait LEFT JOIN started s ON true
 """
 
 # Expired leases with attempts left go back to pending (fence cleared); dead ones are finished.
 SWEEP_STALE_CLAIMS_SQL = f"""
-WITH {_DEAD_CLAIMS_CTES},
-expired AS (
+WITH {_EXHAUSTED_CTES},
+picked AS (
     SELECT q.job_id
-    FROM job_queue q JOIN jobs j ON j.job_id = q.job_id
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
-      AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
-    FOR NO KEY UPDATE OF q, j SKIP LOCKED
+    FROM job_queue q
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count < %(max_attempts)s
+    FOR NO KEY UPDATE SKIP LOCKED
 ),
+{_FINISH_CANCELLED_CTES},
 requeued AS (
     UPDATE job_queue q SET claimed_at = NULL, claimed_by = NULL, attempt_id = NULL
-    FROM expired e WHERE q.job_id = e.job_id
+    FROM picked_jobs p WHERE q.job_id = p.job_id AND p.status IN ('pending', 'running')
     RETURNING q.job_id
 ),
 reset AS (
     UPDATE jobs j SET status = 'pending', attempt_id = NULL
-    FROM requeued r WHERE j.job_id = r.job_id
+    FROM requeued r WHERE j.job_id = r.job_id AND j.status IN ('pending', 'running')
     RETURNING j.job_id
 )
-SELECT (SELECT count(*) FROM dead_finished) + (SELECT count(*) FROM reset)
+SELECT (SELECT count(*) FROM exhausted_finished) + (SELECT count(*) FROM cancelled_finished)
+     + (SELECT count(*) FROM reset)
 """
 
 # The fence: same attempt and a lease that has not run out.
@@ -642,10 +665,15 @@ class MaintenanceStore:
             "attempt_id": attempt_id,
             "max_attempts": self.max_attempts,
         }
-        row = self._conn().execute(DEQUEUE_WITH_CLAIM_SQL, params).fetchone()
-        if row is None:
-            return None
-        job_id, database, table, actions, dry_run, options, attempt_count = row
+        conn = self._conn()
+        while True:
+            row = conn.execute(DEQUEUE_WITH_CLAIM_SQL, params).fetchone()
+            if row[0] is not None:
+                break
+            if not row[-1]:
+                return None
+            # It only finished dead or cancelled jobs this time: look again for a live one.
+        job_id, database, table, actions, dry_run, options, attempt_count, _finished = row
         return Claim(
             job_id=job_id, attempt_id=attempt_id, database=database, table=table, actions=tuple(actions),
             dry_run=dry_run, options=options or {}, attempt_count=attempt_count, worker=worker,
