@@ -247,34 +247,56 @@ class SnowflakeEventStore:
         if not valid:
             return []
         self._merge_usable()
-        return self._run(f"append to run {run_id!r}", lambda cur: self._append_tx(cur, run_id, valid, state))
+        self._create_stream(run_id)
+        results = self._run(f"append to run {run_id!r}", lambda cur: self._append_tx(cur, run_id, valid, state))
+        if any(r.persisted for r in results) and not self._committed(run_id, valid, results):
+            # A failed COMMIT can look like success when the connector re-sends it (a second
+            # COMMIT with no open transaction succeeds), so check; the retry is idempotent.
+            log.warning("run %r: append not visible after COMMIT; retrying", run_id)
+            return self.append_batch(run_id, events, state)
+        return results
 
-    def _lock_stream(self, cur: Any, run_id: str) -> tuple[int, int, bool]:
-        # Writing the run's stream row is what serialises this run's appenders (see module doc).
-        if self._merge_usable():
+    def _create_stream(self, run_id: str) -> None:
+        """Make sure the run's stream row exists, in its own statement before the append transaction:
+        a racing creator then fails here (and is retried), never at the append's COMMIT."""
+
+        def work(cur: Any) -> None:
+            cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
+            if cur.fetchone()[0]:
+                return
             cur.execute(
                 f"MERGE INTO {self._t('RUN_STREAMS')} t USING (SELECT %s AS RUN_ID) s ON t.RUN_ID = s.RUN_ID"
-                " WHEN MATCHED THEN UPDATE SET LAST_SEQ = t.LAST_SEQ"
                 " WHEN NOT MATCHED THEN INSERT (RUN_ID, LAST_SEQ, EVENT_COUNT) VALUES (s.RUN_ID, 0, 0)",
                 (run_id,),
             )
-        else:
-            # fakesnow: the no-op UPDATE is the row write that makes a concurrent writer conflict;
-            # a new run's row comes from an anti-join INSERT (DuckDB enforces the PRIMARY KEY).
-            cur.execute(f"UPDATE {self._t('RUN_STREAMS')} SET LAST_SEQ = LAST_SEQ WHERE RUN_ID = %s", (run_id,))
-            if not cur.rowcount:
-                cur.execute(
-                    f"INSERT INTO {self._t('RUN_STREAMS')} (RUN_ID, LAST_SEQ, EVENT_COUNT) SELECT %s, 0, 0"
-                    f" WHERE NOT EXISTS (SELECT 1 FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s)",
-                    (run_id, run_id),
-                )
+
+        self._run(f"create stream for run {run_id!r}", work, transactional=False)
+
+    def _committed(self, run_id: str, valid: list[ValidEvent], results: list[AppendResult]) -> bool:
+        expected = {v.idempotency_key: r.run_seq for v, r in zip(valid, results) if r.persisted}
+
+        def work(cur: Any) -> dict[str, int]:
+            return self._existing_keys(cur, run_id, sorted(expected), archived=False)
+
+        return self._run("verify append", work, transactional=False) == expected
+
+    def _lock_stream(self, cur: Any, run_id: str) -> tuple[int, int, bool]:
+        # Writing the run's stream row is what serialises this run's appenders (see module doc).
+        # The row exists (_create_stream). This no-op UPDATE is the write that serialises the run's
+        # appenders: Snowflake holds the table's DML lock to COMMIT; DuckDB (fakesnow) fails the
+        # second concurrent writer of the row at once, before anything else happens.
+        cur.execute(f"UPDATE {self._t('RUN_STREAMS')} SET LAST_SEQ = LAST_SEQ WHERE RUN_ID = %s", (run_id,))
+        if cur.rowcount != 1:
+            raise _Retry(f"run {run_id!r}: stream row missing")
         cur.execute(
-            f"SELECT LAST_SEQ, EVENT_COUNT, ARCHIVED_AT FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,)
+            # The test is done in SQL: fakesnow hands NULL TIMESTAMP_TZ values back as 1970-01-01.
+            f"SELECT LAST_SEQ, EVENT_COUNT, ARCHIVED_AT IS NOT NULL FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s",
+            (run_id,),
         )
         rows = cur.fetchall()
         if len(rows) != 1:
             raise _Retry(f"run {run_id!r}: {len(rows)} stream rows")
-        return int(rows[0][0]), int(rows[0][1]), rows[0][2] is not None
+        return int(rows[0][0]), int(rows[0][1]), bool(rows[0][2])
 
     def _existing_keys(self, cur: Any, run_id: str, keys: list[str], archived: bool) -> dict[str, int]:
         found: dict[str, int] = {}
@@ -612,9 +634,19 @@ class SnowflakeEventStore:
         for run_id, run_events in by_run.items():
             valid = validate_imported(run_id, run_events, self.max_event_bytes)
             stamps = {e.run_seq: e.persisted_at for e in run_events}
-            written += self._run(
-                f"import into run {run_id!r}", lambda cur: self._import_tx(cur, run_id, valid, stamps)
-            )
+            self._create_stream(run_id)
+            expected = {v.idempotency_key: seq for seq, v in valid}
+            for _ in range(_MAX_ATTEMPTS):
+                written += self._run(
+                    f"import into run {run_id!r}", lambda cur: self._import_tx(cur, run_id, valid, stamps)
+                )
+                found = self._run("verify import", lambda cur: self._existing_keys(cur, run_id, sorted(expected), False),
+                                  transactional=False)
+                if found == expected:
+                    break
+                log.warning("run %r: import not visible after COMMIT; retrying", run_id)
+            else:
+                raise ConcurrencyConflict(f"import into run {run_id!r}: commit could not be confirmed")
         return written
 
     def _import_tx(self, cur: Any, run_id: str, valid: list[tuple[int, ValidEvent]], stamps: dict[int, datetime]) -> int:
