@@ -1,0 +1,159 @@
+"""`runstate events ...` through click's CliRunner against a real Postgres schema (and fakesnow for migrate)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from runstate.cli import main
+from runstate.config import settings
+from runstate.eventstore import NewEvent, PostgresEventStore
+
+
+@pytest.fixture
+def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Point the CLI at the test's schema; settings() is cached, so clear it around the test."""
+    env = {"RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema, "RUNSTATE_EVENTSTORE": "postgres"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings.cache_clear()
+    yield env
+    settings.cache_clear()
+
+
+@pytest.fixture
+def store(cli_env):
+    with PostgresEventStore(cli_env["RUNSTATE_PG_URL"], schema=cli_env["RUNSTATE_SCHEMA"]) as store:
+        store.ensure_schema()
+        yield store
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, ["events", *args])
+
+
+def test_append_then_show_prints_a_table(store):
+    appended = run("append", "--run-id", "r1", "--type", "RunStarted")
+    stepped = run("append", "--run-id", "r1", "--type", "StepStarted", "--step", "load", "--data", '{"rows": 3}')
+
+    shown = run("show", "r1")
+
+    assert appended.exit_code == 0 and "seq      1" in appended.output
+    assert stepped.exit_code == 0 and "seq      2" in stepped.output
+    lines = shown.output.splitlines()
+    assert lines[0].split() == ["SEQ", "TYPE", "STEP", "EMITTED_AT", "DATA"]
+    assert lines[2].split()[:3] == ["2", "StepStarted", "load"] and '{"rows":3}' in lines[2]
+
+
+def test_append_a_jsonl_file_as_one_batch_and_duplicates_are_reported(store, tmp_path: Path):
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_text(
+        "\n".join(
+            json.dumps(doc)
+            for doc in (
+                {"event_type": "RunStarted", "emitted_at": "2026-01-02T03:04:05+00:00"},
+                {"event_type": "StepStarted", "step_id": "a"},
+                {"run_id": "other", "event_type": "RunStarted"},
+            )
+        )
+    )
+
+    first = run("append", "--run-id", "r2", "--file", str(jsonl))
+    again = run("append", "--run-id", "r2", "--file", str(jsonl))
+
+    assert first.exit_code == 0, first.output
+    assert first.output.count("appended") == 3
+    assert again.output.count("duplicate") == 3
+    assert [e.run_seq for e in store.fetch("r2")] == [1, 2]
+    assert store.fetch("r2")[0].emitted_at == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert len(store.fetch("other")) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run-id", "bad", "--type", ""], "event_type"),
+        (["--run-id", "bad", "--type", "StepStarted", "--emitted-at", "2026-01-01T00:00:00"], "emitted_at"),
+        (["--run-id", "bad", "--type", "StepStarted", "--emitted-at", "soon"], "emitted_at"),
+        (["--run-id", "x" * 257, "--type", "RunStarted"], "run_id"),
+        (["--run-id", "bad", "--type", "StepStarted", "--data", "{not json"], "--data is not JSON"),
+        (["--run-id", "bad", "--step", "a"], "--type"),
+        ([], "nothing to append"),
+    ],
+)
+def test_bad_input_exits_non_zero_without_traceback_and_writes_nothing(store, args, message):
+    result = run("append", *args)
+
+    assert result.exit_code != 0
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a click error, not an escaped exception
+    assert store.run_ids() == []
+
+
+def test_a_bad_line_in_a_jsonl_file_rejects_the_whole_file(store, tmp_path: Path):
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_text('{"event_type": "RunStarted"}\n{"event_type": "StepStarted", "colour": "red"}\n')
+
+    result = run("append", "--run-id", "r3", "--file", str(jsonl))
+
+    assert result.exit_code != 0
+    assert "events.jsonl:2: unknown field(s) colour" in result.output
+    assert store.fetch("r3") == []
+
+
+def test_project_prints_the_snapshot_and_resume_the_replay_point(store):
+    at = datetime.now(timezone.utc)
+    store.append_batch(
+        "r4",
+        [
+            NewEvent("r4", "RunStarted", at),
+            NewEvent("r4", "StepStarted", at, step_id="s"),
+            NewEvent("r4", "StepCompleted", at, step_id="s"),
+        ],
+    )
+
+    projected = run("project", "r4")
+    resumed = run("resume", "r4")
+
+    assert projected.exit_code == 0, projected.output
+    doc = json.loads(projected.output)
+    assert doc["status"] == "RUNNING" and doc["steps"]["s"]["status"] == "SUCCESS" and doc["version"] == 1
+    assert resumed.exit_code == 0, resumed.output
+    assert "snapshot at seq 0" in resumed.output and "3 event(s) to replay" in resumed.output
+
+
+def test_archive_moves_completed_runs(store):
+    old = datetime.now(timezone.utc) - timedelta(days=10)
+    store.append_batch("done", [NewEvent("done", "RunStarted", old), NewEvent("done", "RunCompleted", old)])
+    store.append_batch("live", [NewEvent("live", "RunStarted", old)])
+
+    result = run("archive", "--older-than-days", "5")
+    negative = run("archive", "--older-than-days", "-1")
+
+    assert result.exit_code == 0 and "archived 2 event(s)" in result.output
+    assert store.fetch("done") == [] and len(store.fetch("live")) == 1
+    assert negative.exit_code != 0
+
+
+def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowflake_schema, monkeypatch):
+    conn_kwargs, schema = snowflake_schema
+    for key in ("account", "user", "password", "database", "host", "port", "protocol", "network_timeout"):
+        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(conn_kwargs[key]))
+    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
+    settings.cache_clear()
+    at = datetime.now(timezone.utc)
+    for run_id in ("m1", "m2"):
+        store.append_batch(run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")])
+
+    first = run("migrate", "--batch-size", "3")
+    again = run("migrate", "--batch-size", "3")
+
+    assert first.exit_code == 0, first.output
+    assert "written 4" in first.output and "verified yes" in first.output
+    assert "migrate" in first.stderr  # the tqdm bar
+    assert again.exit_code == 0 and "written 0" in again.output and "verified yes" in again.output
