@@ -250,12 +250,14 @@ class PostgresEventStore:
     def _existing_keys(self, conn: psycopg.Connection, run_id: str, keys: list[str], stream: _Stream) -> dict[str, int]:
         if stream.event_count == 0 and not stream.archived:
             return {}
-        query = "SELECT idempotency_key, run_seq FROM run_events WHERE run_id = %s AND idempotency_key = ANY(%s)"
+        # Probe the (run_id, idempotency_key) index once per key: `= ANY(array)` lets the planner
+        # scan the whole run and filter, which grows with the run's length.
+        query = ("SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
+                 " JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key")
         if stream.archived:
-            query += (" UNION ALL SELECT idempotency_key, run_seq FROM run_events_archive"
-                      " WHERE run_id = %s AND idempotency_key = ANY(%s)")
-            return dict(conn.execute(query, (run_id, keys, run_id, keys)).fetchall())
-        return dict(conn.execute(query, (run_id, keys)).fetchall())
+            query += (" UNION ALL SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
+                      " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key")
+        return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
     def _append_tx(self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any) -> list[AppendResult]:
         stream = self._lock_stream(conn, run_id)

@@ -46,28 +46,6 @@ def test_bad_schema_name_is_rejected(pg_database):
         PostgresEventStore(pg_database, schema='x"; DROP TABLE y; --')
 
 
-def test_batch_inserts_in_one_statement(pg_store, pg_database):
-    with psycopg.connect(pg_database, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_reset()")
-        before = _inserts(conn, pg_store.schema)
-        pg_store.append_batch("r1", [ev("r1", "Tick", i, key=f"k{i}") for i in range(100)])
-        conn.execute("SELECT pg_stat_force_next_flush()")
-        stats = conn.execute(
-            "SELECT calls FROM pg_stat_statements WHERE query ILIKE %s", ("%INSERT INTO run_events%unnest%",)
-        ).fetchall() if _has_pg_stat_statements(conn) else None
-    if stats is not None:
-        assert sum(s[0] for s in stats) == 1
-    assert len(pg_store.fetch("r1", limit=1000)) == 100
-
-
-def _has_pg_stat_statements(conn) -> bool:
-    return conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'pg_stat_statements'").fetchone()[0] == 1
-
-
-def _inserts(conn, schema: str) -> int:
-    return 0
-
-
 WRITER = """
 import sys
 from datetime import datetime, timezone
