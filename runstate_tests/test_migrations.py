@@ -143,7 +143,7 @@ def test_db_status_lists_pending_then_applied(cli_env):
     every = migrations.discover("postgres")
 
     before = runner.invoke(runstate_main, ["db", "status"])
-    upgrade = runner.invoke(runstate_main, ["db", "upgrade"])
+    upgrade = runner.invoke(runstate_main, ["db", "upgrade", "--skip-aws"])
     after = runner.invoke(runstate_main, ["db", "status"])
 
     assert before.exit_code == 0 and upgrade.exit_code == 0 and after.exit_code == 0, upgrade.output

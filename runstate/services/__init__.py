@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Mapping
 from runstate.config import Settings, env_file
 from runstate.services import fakesnow, moto, postgres
 from runstate.services.state import (
-    EMBEDDED, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records,
+    EMBEDDED, EXTERNAL, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records,
     require_free_port, save_records, services_file, services_lock, stop_process, write_env_file,
 )
 
@@ -49,12 +49,13 @@ class StatusRow:
 def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> dict[str, str]:
     """The environment, minus variables that merely point at services we started ourselves.
 
-    Such values reach the environment when `.runstate/env` is loaded (`runstate dev`, a sourced
-    file); they must not turn our own moto into an "external" one that `down` would leave running.
+    Such values reach the environment when `.runstate/env` is loaded (the CLI loads it at start);
+    they must not turn our own moto into an "external" one that `down` would leave running, nor
+    pin the machine's Postgres once it stops answering.
     """
     previous = load_records() if previous is None else previous
     ours: dict[str, str] = {}
-    if _ours(previous, "postgres"):
+    if "postgres" in previous and previous["postgres"].kind != EXTERNAL:  # ours, or the machine's we chose
         ours["RUNSTATE_PG_URL"] = previous["postgres"].url
         ours["DAGSTER_PG_URL"] = postgres.default_dagster_url({}, previous["postgres"].url)
     if _ours(previous, "moto"):

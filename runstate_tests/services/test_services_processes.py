@@ -66,3 +66,13 @@ def test_our_fakesnow_is_recognised_but_a_real_snowflake_host_is_kept(monkeypatc
     monkeypatch.setenv("SNOWFLAKE_HOST", "acct.snowflakecomputing.com")
     monkeypatch.delenv("SNOWFLAKE_PORT")
     assert services.caller_environment(ours)["SNOWFLAKE_HOST"] == "acct.snowflakecomputing.com"
+
+
+def test_the_machine_postgres_we_chose_is_not_pinned_by_its_own_env_file_entry(monkeypatch):
+    machine = {"postgres": ServiceRecord("postgres", "machine", "postgresql://postgres@127.0.0.1:5432/runstate")}
+    monkeypatch.setenv("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:5432/runstate")
+    monkeypatch.setenv("DAGSTER_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/dagster")
+
+    caller = services.caller_environment(machine)
+
+    assert "RUNSTATE_PG_URL" not in caller and "DAGSTER_PG_URL" not in caller
