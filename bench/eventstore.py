@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import statistics
 import sys
 import threading
@@ -70,7 +71,9 @@ def make_events(run_id: str, count: int, start: int = 0) -> list[NewEvent]:
                 run_id=run_id,
                 event_type="RunStarted" if i == 0 else kind,
                 emitted_at=T0 + timedelta(milliseconds=i),
-                step_id=None if i == 0 else f"step-{i // 2}",
+                # 50 steps, re-attempted every 100 events: a long run's state stays bounded, keys stay distinct.
+                step_id=None if i == 0 else f"step-{(i // 2) % 50}",
+                logical_attempt_id=str(i // 100),
                 data={"i": i, "rows": i * 7, "host": "worker-3", "tags": ["bench", "eventstore"]},
             )
         )
@@ -220,6 +223,7 @@ def bench_snowflake(batches: int) -> float:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` drops the bench database
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--admin-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--single", type=int, default=1000, help="events appended one at a time")
