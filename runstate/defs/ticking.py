@@ -78,6 +78,16 @@ def _execute(
         )
 
 
+def _apply_dynamic_partitions_requests(instance: DagsterInstance, requests: list) -> None:
+    """As the daemon does before launching: add (or delete) the dynamic partitions a sensor asked for."""
+    for request in requests:
+        if isinstance(request, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        elif isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+
+
 def tick_sensor(
     sensor_name: str, *, defs: dg.Definitions | None = None, instance: DagsterInstance | None = None
 ) -> TickResult:
@@ -92,6 +102,7 @@ def tick_sensor(
     ) as ctx:
         data = sensor.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
+    _apply_dynamic_partitions_requests(instance, list(getattr(data, "dynamic_partitions_requests", None) or []))
     default_job = sensor.job_name if sensor.has_jobs else None
     _execute(defs, instance, list(data.run_requests or []), default_job, "dagster/sensor_name", sensor_name, result)
     if data.cursor is not None:

@@ -1,0 +1,33 @@
+"""`dataset_snapshots`: one dynamic partition per dataset; materializing one rebuilds it from its WAL history."""
+
+import dagster as dg
+
+from runstate.defs.wal.partitions import datasets_partitions
+from runstate.defs.wal.resources import WalResource
+from runstate.wal import rebuild_snapshot_from_wal
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    group_name="wal",
+    description="The latest snapshot blob of each dataset. Flush runs record a materialization per delta; "
+    "materializing a partition (or backfilling them all) rebuilds the snapshot from the dataset's WAL history.",
+)
+def dataset_snapshots(context: dg.AssetExecutionContext, wal: WalResource) -> dg.MaterializeResult:
+    dataset_id = context.partition_key
+    result = rebuild_snapshot_from_wal(
+        wal.dynamodb_client(),
+        wal.s3_client(),
+        table=wal.table_name,
+        bucket=wal.bucket_name,
+        prefix=wal.blob_prefix,
+        dataset_id=dataset_id,
+    )
+    context.log.info(f"dataset {dataset_id!r}: rebuilt snapshot {result}")
+    return dg.MaterializeResult(metadata=result_metadata(result))
+
+
+def result_metadata(result: object) -> dict[str, object]:
+    """Every scalar field of a core result, as materialization metadata."""
+    fields = vars(result) if hasattr(result, "__dict__") else {}
+    return {name: value for name, value in fields.items() if isinstance(value, (bool, int, float, str))}

@@ -1,0 +1,24 @@
+"""`wal_lag`: the alert. It fails when the oldest Pending WAL row is older than an hour."""
+
+import dagster as dg
+
+from runstate.defs.wal.assets import dataset_snapshots
+from runstate.defs.wal.resources import WalResource
+from runstate.wal import oldest_pending_age_s
+
+MAX_PENDING_AGE_S = 3600
+
+
+@dg.asset_check(asset=dataset_snapshots, description="Fails when the oldest Pending WAL row is older than 1 h.")
+def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
+    age = oldest_pending_age_s(wal.dynamodb_client(), wal.table_name)
+    return dg.AssetCheckResult(
+        passed=age is None or age <= MAX_PENDING_AGE_S,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"oldest_pending_age_s": float(age or 0.0), "max_pending_age_s": MAX_PENDING_AGE_S},
+        description=None if age is None else f"oldest Pending WAL row is {age:.0f} s old",
+    )
+
+
+# The check runs on its own every 10 minutes, not only after a materialization.
+wal_lag_job = dg.define_asset_job("wal_lag_check", selection=dg.AssetSelection.checks(wal_lag))

@@ -1,0 +1,89 @@
+"""`WalResource` (resource key `wal`): where the WAL table and the blob bucket live, plus lazy boto3 clients."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+from runstate.config import settings
+
+
+class WalResource(dg.ConfigurableResource):
+    """The dataset WAL's AWS side: a DynamoDB table with a stream, and an S3 bucket for blobs.
+
+    Fields left empty take their value from the runstate settings (environment) when first used,
+    so one code location follows `RUNSTATE_AWS_ENDPOINT_URL`, `RUNSTATE_WAL_TABLE`, ... without
+    being rebuilt. Clients are created on first use, never at import or definition time.
+    """
+
+    endpoint_url: Optional[str] = Field(
+        default=None, description="AWS endpoint (moto's server by default); empty means RUNSTATE_AWS_ENDPOINT_URL, then AWS itself."
+    )
+    region: Optional[str] = Field(default=None, description="AWS region; empty means AWS_DEFAULT_REGION or us-east-1.")
+    table: Optional[str] = Field(default=None, description="The WAL table; empty means RUNSTATE_WAL_TABLE.")
+    bucket: Optional[str] = Field(default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET.")
+    prefix: Optional[str] = Field(default=None, description="Key prefix of every blob; empty means RUNSTATE_BLOB_PREFIX.")
+    max_batch_size: int = Field(default=500, gt=0, description="The most WAL rows one flush run applies.")
+    stale_run_seconds: int = Field(
+        default=900,
+        ge=0,
+        description="A flush run still STARTED after this long is taken as lost: its batch is planned again. "
+        "Also set as the run's dagster/max_runtime so run monitoring fails it at the same moment.",
+    )
+    retention_days: int = Field(default=30, ge=0, description="Compaction trims Applied WAL rows older than this.")
+    aws_access_key_id: Optional[str] = Field(default=None, description="Pass as dg.EnvVar; empty uses boto3's chain.")
+    aws_secret_access_key: Optional[str] = Field(default=None, description="Pass as dg.EnvVar; empty uses boto3's chain.")
+
+    _clients: dict = PrivateAttr(default_factory=dict)
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    # Resolved settings: explicit config wins, then the environment.
+    @property
+    def table_name(self) -> str:
+        return self.table or settings().wal_table
+
+    @property
+    def bucket_name(self) -> str:
+        return self.bucket or settings().blob_bucket
+
+    @property
+    def blob_prefix(self) -> str:
+        return self.prefix if self.prefix is not None else settings().blob_prefix
+
+    @property
+    def resolved_endpoint_url(self) -> str | None:
+        return self.endpoint_url or settings().aws_endpoint_url
+
+    @property
+    def resolved_region(self) -> str:
+        return self.region or settings().aws_region
+
+    def _client(self, service: str):
+        with self._lock:
+            if service not in self._clients:
+                import boto3
+
+                # A session of our own: boto3's default session is not safe to share across threads.
+                session = boto3.session.Session(
+                    aws_access_key_id=self.aws_access_key_id or None,
+                    aws_secret_access_key=self.aws_secret_access_key or None,
+                    region_name=self.resolved_region,
+                )
+                from botocore.config import Config
+
+                # The flush marks rows Applied from a thread pool; let every thread keep a connection.
+                config = Config(max_pool_connections=64, retries={"mode": "standard"})
+                self._clients[service] = session.client(service, endpoint_url=self.resolved_endpoint_url, config=config)
+            return self._clients[service]
+
+    def dynamodb_client(self):
+        return self._client("dynamodb")
+
+    def streams_client(self):
+        return self._client("dynamodbstreams")
+
+    def s3_client(self):
+        return self._client("s3")

@@ -1,0 +1,264 @@
+"""The seed's six scenarios, driven through wal_sensor ticks and flush_wal runs against moto's server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from runstate.defs.ticking import CURSOR_KEY, tick_sensor
+from runstate.defs.wal.sensors import wal_sensor
+from runstate.wal import Change, DatasetReader
+from runstate.wal.changes import fold
+from runstate.wal.tables import APPLIED_PREFIX, PENDING
+
+from wal_fixtures import PUT_FAILURES, FlakyS3WalResource, WalWorld, instance, unique_name, world  # noqa: F401
+
+FIXTURES_SCRIPT = Path(__file__).with_name("wal_fixtures.py")
+
+
+def reader_state(world: WalWorld, dataset_id: str) -> tuple[int, dict]:
+    return DatasetReader(world.s3, world.bucket, world.prefix, dataset_id).read()
+
+
+def blob_rows(world: WalWorld, key: str) -> int:
+    body = world.s3.get_object(Bucket=world.bucket, Key=key)["Body"].read()
+    return pq.read_table(io.BytesIO(body)).num_rows
+
+
+def all_applied(world: WalWorld, dataset_id: str) -> bool:
+    return all(status.startswith(APPLIED_PREFIX) for status in world.statuses(dataset_id).values())
+
+
+def test_happy_path_three_appends_give_one_flush_one_blob_three_applied(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    changes = [Change.upsert(f"k{i}", {"n": i}) for i in range(3)]
+    seqs = [world.producer().append("orders", [change]) for change in changes]
+
+    tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert seqs == [1, 2, 3]
+    assert (tick.requested, tick.succeeded, tick.failed) == (1, 1, 0)
+    blobs = world.blob_keys("orders")
+    assert len(blobs) == 1 and blob_rows(world, blobs[0]) == 3
+    assert sorted(world.statuses("orders")) == [1, 2, 3] and all_applied(world, "orders")
+    assert reader_state(world, "orders") == (3, fold({}, changes))
+
+
+def test_happy_path_records_a_materialization_and_a_dynamic_partition(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    for i in range(3):
+        world.append("orders", f"k{i}", i)
+
+    tick_sensor("wal_sensor", defs=world.defs(), instance=instance)
+
+    assert instance.get_dynamic_partitions("datasets") == ["orders"]
+    event = instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshots"))
+    materialization = event.asset_materialization
+    assert materialization.partition == "orders"
+    metadata = {k: v.value for k, v in materialization.metadata.items()}
+    assert metadata["rows"] == 3 and metadata["first_seq"] == 1 and metadata["last_seq"] == 3
+    assert metadata["blob_key"] == world.blob_keys("orders")[0] and metadata["blob_bytes"] > 0
+
+
+def test_a_tick_after_the_flush_requests_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    world.append("orders", "a", 1)
+    tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    again = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert again.requested == 0 and again.skip_reason
+    assert len(world.blob_keys("orders")) == 1
+
+
+def test_interruption_s3_put_fails_twice_then_the_run_retries_and_succeeds(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    fault_key = unique_name("fault")
+    PUT_FAILURES[fault_key] = 2
+    defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key))
+    changes = [Change.upsert(f"k{i}", i) for i in range(5)]
+    for change in changes:
+        world.producer().append("orders", [change])
+
+    tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert PUT_FAILURES[fault_key] == 0  # both injected failures really happened
+    assert (tick.requested, tick.succeeded) == (1, 1)
+    retries = [e for e in tick.results[0].all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert len(retries) == 2
+    assert all_applied(world, "orders") and reader_state(world, "orders") == (5, fold({}, changes))
+
+
+def test_interruption_longer_than_the_retries_is_flushed_by_a_later_tick_under_a_new_run_key(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    fault_key = unique_name("fault")
+    PUT_FAILURES[fault_key] = 10  # outlasts the 3 retries of the run
+    defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key))
+    changes = [Change.upsert(f"k{i}", i) for i in range(4)]
+    for change in changes:
+        world.producer().append("orders", [change])
+
+    failed = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    pending_after_failure = set(world.statuses("orders").values())
+    PUT_FAILURES[fault_key] = 0  # the fault clears
+    recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert (failed.requested, failed.failed) == (1, 1)
+    assert pending_after_failure == {PENDING}
+    assert (recovered.requested, recovered.succeeded) == (1, 1)
+    first_key = failed.results[0].dagster_run.tags["dagster/run_key"]
+    second_key = recovered.results[0].dagster_run.tags["dagster/run_key"]
+    assert first_key.endswith("-g0") and second_key == first_key[: -len("-g0")] + "-g1"
+    assert all_applied(world, "orders") and reader_state(world, "orders") == (4, fold({}, changes))
+
+
+def _start_crash_child(world: WalWorld, hang_at: str) -> subprocess.Popen:
+    spec = {
+        "home": str(world.home),
+        "resource": {
+            "endpoint_url": world.endpoint, "region": "us-east-1", "table": world.table,
+            "bucket": world.bucket, "prefix": world.prefix, "hang_at": hang_at,
+        },
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES_SCRIPT.parent), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, str(FIXTURES_SCRIPT), json.dumps(spec)], stdout=subprocess.PIPE, text=True, env=env
+    )
+
+
+def _kill_when_ready(child: subprocess.Popen) -> None:
+    """Wait for the child to block inside the flush, then SIGKILL it there."""
+    line = child.stdout.readline()
+    try:
+        assert line.strip() == "READY", f"crash child ended before the flush point (said {line!r})"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("hang_at", ["mid_marks", "after_delta_put"])
+def test_worker_crash_mid_flush_then_a_later_tick_applies_all_ten_once(
+    world: WalWorld, instance: dg.DagsterInstance, hang_at: str
+) -> None:
+    changes = [Change.upsert(f"k{i}", {"v": i}) for i in range(10)]
+    for change in changes:
+        world.producer().append("orders", [change])
+    child = _start_crash_child(world, hang_at)
+    _kill_when_ready(child)
+    lost_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    assert len(lost_runs) == 1  # the killed run never reported anything
+    # The killed run stays STARTED; Dagster's run monitoring would fail it (dagster/max_runtime). Here
+    # stale_run_seconds=0 says "a run of this batch still STARTED at the next tick is dead".
+    defs = world.defs(world.resource(stale_run_seconds=0))
+
+    tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert (tick.requested, tick.succeeded) == (1, 1)
+    statuses = world.statuses("orders")
+    assert sorted(statuses) == list(range(1, 11)) and all_applied(world, "orders")
+    version, state = reader_state(world, "orders")
+    assert (version, state) == (10, fold({}, changes))
+    manifest = DatasetReader(world.s3, world.bucket, world.prefix, "orders").manifest()
+    covered = [seq for ref in manifest.blobs() for seq in range(ref.first_seq, ref.last_seq + 1)]
+    assert covered == list(range(1, 11))  # every seq in exactly one blob: applied once
+
+
+def test_a_lost_run_holds_its_batch_until_run_monitoring_fails_it(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    for i in range(10):
+        world.append("orders", f"k{i}", i)
+    _kill_when_ready(_start_crash_child(world, "after_delta_put"))
+    defs = world.defs()  # stale_run_seconds = 900: the lost run still counts as running
+
+    held = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    statuses_while_held = set(world.statuses("orders").values())
+    [lost] = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    instance.report_run_failed(lost, "run worker died (as Dagster's run monitoring reports it)")
+    recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert held.requested == 0 and "running" in held.skip_reason and statuses_while_held == {PENDING}
+    assert (recovered.requested, recovered.succeeded) == (1, 1)
+    assert recovered.results[0].dagster_run.tags["dagster/run_key"].endswith("-g1")
+    assert all_applied(world, "orders") and reader_state(world, "orders")[0] == 10
+
+
+def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    seq = world.append("orders", "a", 1, client_token="tok-1")
+    again = world.append("orders", "a", 1, client_token="tok-1")  # a retried append: same row
+
+    first = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    # Lose the cursor: the stream replays the same record and the sweep finds nothing new.
+    instance.run_storage.set_cursor_values({CURSOR_KEY.format("wal_sensor"): ""})
+    second = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert seq == again == 1 and sorted(world.statuses("orders")) == [1]
+    assert (first.requested, first.succeeded) == (1, 1)
+    assert second.requested == 0
+    assert len(world.blob_keys("orders")) == 1 and reader_state(world, "orders") == (1, {"a": 1})
+
+
+def test_duplicate_run_of_a_flushed_batch_writes_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    for i in range(3):
+        world.append("orders", f"k{i}", i)
+    first = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    run_config = first.results[0].dagster_run.run_config
+    manifest_before = DatasetReader(world.s3, world.bucket, world.prefix, "orders").manifest()
+
+    duplicate = defs.resolve_job_def("flush_wal").execute_in_process(run_config=run_config, instance=instance)
+
+    assert duplicate.success
+    assert not duplicate.asset_materializations_for_node("flush_wal_batch")
+    assert DatasetReader(world.s3, world.bucket, world.prefix, "orders").manifest() == manifest_before
+    assert len(world.blob_keys("orders")) == 1
+
+
+def test_large_batch_split_1200_rows_give_three_batches_at_500(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    producer = world.producer()
+    changes = [Change.upsert(f"k{i}", i) for i in range(1200)]
+    for change in changes:
+        producer.append("big", [change])
+
+    tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert (tick.requested, tick.succeeded) == (3, 3)
+    sizes = [len(run.dagster_run.run_config["ops"]["flush_wal_batch"]["config"]["seqs"]) for run in tick.results]
+    assert sizes == [500, 500, 200]
+    blobs = world.blob_keys("big")
+    assert [blob_rows(world, key) for key in blobs] == [500, 500, 200]
+    assert all_applied(world, "big") and reader_state(world, "big") == (1200, fold({}, changes))
+
+
+def test_timer_drift_skipped_and_late_ticks_lose_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    defs = world.defs()
+    changes = [Change.upsert(f"k{i}", i) for i in range(9)]
+    for change in changes[:3]:
+        world.producer().append("orders", [change])
+    # Three timer periods pass with no tick at all (skipped ticks), while appends keep coming.
+    for change in changes[3:6]:
+        world.producer().append("orders", [change])
+    late = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    early = tick_sensor("wal_sensor", defs=defs, instance=instance)  # a tick right after: nothing new
+    for change in changes[6:]:
+        world.producer().append("orders", [change])
+    next_tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert (late.requested, late.succeeded) == (1, 1)
+    assert early.requested == 0
+    assert (next_tick.requested, next_tick.succeeded) == (1, 1)
+    assert all_applied(world, "orders") and reader_state(world, "orders") == (9, fold({}, changes))
+
+
+def test_the_sensor_is_the_30_second_flush_timer() -> None:
+    assert wal_sensor.minimum_interval_seconds == 30
+    assert wal_sensor.job_name == "flush_wal"
