@@ -144,9 +144,15 @@ def cancel(job_id: str) -> None:
 @maintenance.command()
 def tick() -> None:
     """Evaluate maintenance_queue_sensor once and execute the iceberg_maintenance runs it requests, in-process."""
+    import dagster as dg
+
+    from runstate.defs.maintenance import build_defs
+    from runstate.defs.shared import shared_definitions
     from runstate.defs.ticking import tick_sensor
 
-    result = tick_sensor(SENSOR_NAME)
+    # Built now, not at import, so the resources follow the current settings (RUNSTATE_* variables).
+    defs = dg.Definitions.merge(shared_definitions(), build_defs())
+    result = tick_sensor(SENSOR_NAME, defs=defs)
     click.echo(f"requested {result.requested}, succeeded {result.succeeded}, failed {result.failed}"
                + (f", skipped: {result.skip_reason}" if result.skip_reason else ""))
     if result.failed:
