@@ -9,7 +9,6 @@ Nothing connects until `get_store()` is first called.
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
 from typing import Any, Optional
 
 import dagster as dg
@@ -39,7 +38,7 @@ class EventStoreResource(dg.ConfigurableResource):
     ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
 
     _stores: dict = PrivateAttr(default_factory=dict)
-    _exit_stack: Optional[ExitStack] = PrivateAttr(default=None)
+    _snowflake_connections: list = PrivateAttr(default_factory=list)
 
     @field_validator("backend")
     @classmethod
@@ -78,20 +77,21 @@ class EventStoreResource(dg.ConfigurableResource):
         raise ValueError(f"event store backend must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")
 
     def _snowflake_connection(self) -> Any:
-        """A new connector connection through SnowflakeResource; closed when the resource is torn down."""
-        if self._exit_stack is None:
-            self._exit_stack = ExitStack()
-        return self._exit_stack.enter_context(self.snowflake.get_connection())
+        """A new connector connection through SnowflakeResource; released when the resource is torn down."""
+        opened = self.snowflake.get_connection()
+        self._snowflake_connections.append(opened)
+        return opened.__enter__()
 
     def close(self) -> None:
         for store in self._stores.values():
-            close = getattr(store, "close", None)
-            if close is not None:
-                close()
+            store.close()
         self._stores.clear()
-        if self._exit_stack is not None:
-            self._exit_stack.close()
-            self._exit_stack = None
+        while self._snowflake_connections:
+            opened = self._snowflake_connections.pop()
+            try:
+                opened.__exit__(None, None, None)
+            except Exception as exc:  # the store may have closed it already (e.g. after an error)
+                dg.get_dagster_logger().debug(f"snowflake connection already closed: {exc}")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.close()
