@@ -22,8 +22,7 @@ def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: M
                          maintenance.concurrency_limit)
     if not claims:
         return dg.SkipReason("no ready maintenance jobs, or the concurrency limit is reached")
-    previous = json.loads(context.cursor) if context.cursor else {}
-    cursor = {"claims": int(previous.get("claims", 0)) + len(claims), "last_attempt_id": claims[-1].attempt_id}
+    cursor = {"claims": _claims_so_far(context.cursor) + len(claims), "last_attempt_id": claims[-1].attempt_id}
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
@@ -36,3 +35,11 @@ def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: M
         ],
         cursor=json.dumps(cursor, sort_keys=True),
     )
+
+
+def _claims_so_far(raw: str | None) -> int:
+    """The cursor only counts claims (the queue itself is the source of truth), so a bad one restarts at 0."""
+    try:
+        return int(json.loads(raw).get("claims", 0)) if raw else 0
+    except (ValueError, TypeError, AttributeError):
+        return 0
