@@ -38,6 +38,7 @@ JOB_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 ACTIVE_STATUSES = ("pending", "running")
 COMPLETION_STATUSES = ("completed", "failed", "cancelled")
 DEFAULT_LEASE_SECONDS = 300.0
+_CLAIM_ROUNDS = 16
 
 
 class TableNotCached(LookupError):
@@ -252,17 +253,19 @@ cancelled_finished AS (
     RETURNING j.job_id
 )"""
 
-# The dequeue_with_claim CTE. It takes the oldest expired lease with attempts left through
+# The dequeue_with_claim CTE. It takes the oldest expired lease through
 # idx_job_queue_claimed (retries first, so new work cannot starve them) and, only when there is none,
 # the oldest never-claimed row through idx_job_queue_ready: two index probes, never a sort of the queue.
 # SKIP LOCKED: a row another claim, completion or cancel holds is passed over, never waited on.
 # NO KEY UPDATE, not UPDATE: it must not block the FK KEY SHARE lock that inserting job_actions takes.
-DEQUEUE_WITH_CLAIM_SQL = f"""
-WITH {_EXHAUSTED_CTES},
-lease_expired AS (
+# A picked row that must not run again (its lease used the last attempt, or its job was cancelled while
+# the worker died) is not claimed; claim() then runs SWEEP_STALE_CLAIMS_SQL, which finishes it, and looks
+# again. That keeps the hot statement small.
+DEQUEUE_WITH_CLAIM_SQL = """
+WITH lease_expired AS (
     SELECT q.job_id
     FROM job_queue q
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count < %(max_attempts)s
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
     ORDER BY q.visible_at
     LIMIT 1
     FOR NO KEY UPDATE SKIP LOCKED
@@ -279,12 +282,12 @@ ready AS (
 picked AS (
     SELECT job_id FROM lease_expired UNION ALL SELECT job_id FROM ready
 ),
-{_FINISH_CANCELLED_CTES},
 claimed AS (
     UPDATE job_queue q SET
         claimed_at = now(), claimed_by = %(worker)s, attempt_id = %(attempt_id)s,
         attempt_count = q.attempt_count + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
-    FROM picked_jobs p WHERE q.job_id = p.job_id AND p.status IN ('pending', 'running')
+    FROM picked p JOIN jobs j ON j.job_id = p.job_id
+    WHERE q.job_id = p.job_id AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
     RETURNING q.job_id, q.attempt_count
 ),
 -- The status recheck is against the newest row version: a cancel that slipped in is never overwritten.
@@ -300,11 +303,12 @@ no_flush_wait AS (
     SELECT set_config('synchronous_commit', 'off', true)
 )
 SELECT s.job_id, s.database_name, s.table_name, s.actions, s.dry_run, s.options, s.attempt_count,
-       (SELECT count(*) FROM exhausted_finished) + (SELECT count(*) FROM cancelled_finished) AS finished
+       (SELECT count(*) FROM picked) AS picked
 FROM no_flush_wait LEFT JOIN started s ON true
 """
 
-# Expired leases with attempts left go back to pending (fence cleared); dead ones are finished.
+# Expired leases with attempts left go back to pending (fence cleared); exhausted ones fail; a job
+# cancelled while running whose worker is gone ends cancelled.
 SWEEP_STALE_CLAIMS_SQL = f"""
 WITH {_EXHAUSTED_CTES},
 picked AS (
@@ -666,14 +670,21 @@ class MaintenanceStore:
             "max_attempts": self.max_attempts,
         }
         conn = self._conn()
-        while True:
+        for _ in range(_CLAIM_ROUNDS):
             row = conn.execute(DEQUEUE_WITH_CLAIM_SQL, params).fetchone()
-            if row[0] is not None:
+            *job, picked = row
+            if picked and job[0] is None:
+                # Finish what must not run again (out of attempts, cancelled with a dead worker) now,
+                # so such a job fails or ends the moment a claim meets it, not at the next sweep.
+                self.sweep_stale_claims()
+            if job[0] is not None:
                 break
-            if not row[-1]:
+            if not picked:
                 return None
-            # It only finished dead or cancelled jobs this time: look again for a live one.
-        job_id, database, table, actions, dry_run, options, attempt_count, _finished = row
+            # The row picked belonged to a job that must not run (finished just above): look again.
+        else:
+            return None  # only rows that must not run in every round: leave them to the sweep schedule
+        job_id, database, table, actions, dry_run, options, attempt_count = job
         return Claim(
             job_id=job_id, attempt_id=attempt_id, database=database, table=table, actions=tuple(actions),
             dry_run=dry_run, options=options or {}, attempt_count=attempt_count, worker=worker,
