@@ -62,7 +62,7 @@ from runstate.migrations import check_schema_name, upgrade_snowflake
 log = logging.getLogger("runstate.eventstore.snowflake")
 T = TypeVar("T")
 
-_MAX_ATTEMPTS = 40
+_MAX_ATTEMPTS = 80
 _PAGE = 10_000
 _COLUMNS = (
     "RUN_ID, RUN_SEQ, EVENT_ID, STEP_ID, ENGINE_ATTEMPT_ID, LOGICAL_ATTEMPT_ID, PLAN_VERSION, EVENT_TYPE,"
