@@ -8,7 +8,7 @@ therefore finds every blob it needs for at least the grace period; a read slower
 BlobIntegrityError naming the missing blob (never a silent stale state).
 
 WAL rows are trimmed only when Applied, older than `retention_days`, AND covered by the snapshot (and
-never the dataset's highest row, which is the producer's seq counter), so
+never above the producer's LastSeq hint, the slots a writer may probe), so
 `rebuild_snapshot_from_wal` can always rebuild from the snapshot plus the remaining rows. Client-token
 rows are kept, so a retry of an old append still returns its original seq.
 """
@@ -37,7 +37,7 @@ from runstate.wal.blobs import (
 from runstate.wal.changes import Key, fold, sha256_hex, validate_dataset_id
 from runstate.wal.errors import WalContentionError, WalIntegrityError
 from runstate.wal.flush import read_rows
-from runstate.wal.producer import max_seq
+from runstate.wal.producer import seq_hint
 from runstate.wal.reader import DatasetReader
 
 DEFAULT_GRACE_SECONDS = 3600.0
@@ -91,8 +91,8 @@ def compact_dataset(
     trimmed = 0
     if manifest.snapshot is not None:
         cutoff = now - timedelta(days=retention_days)
-        # Never the highest row: it is the producer's seq counter.
-        up_to = min(manifest.snapshot.last_seq, max_seq(dynamodb, table, dataset_id) - 1)
+        # Never above the producer's seq hint: a writer probes every slot above it.
+        up_to = min(manifest.snapshot.last_seq, seq_hint(dynamodb, table, dataset_id))
         trimmed = trim_applied_rows(dynamodb, table, dataset_id, up_to, cutoff)
     snapshot = manifest.snapshot
     return CompactionResult(

@@ -1,7 +1,7 @@
 """Flush: turn a dataset's pending WAL rows into one delta blob, publish it, and mark the rows Applied.
 
 Order of the steps, and why each crash point is safe (re-running gives the same final state):
-1. Read the manifest (version V) and re-read WAL rows V+1..last with a consistent Query; rows <= V are
+1. Read the manifest (version V) and re-read WAL rows V+1..last with consistent BatchGetItems; rows <= V are
    already applied and skipped. Verify every row's checksum; a mismatch or a missing seq raises
    WalIntegrityError naming the dataset and seq, before anything is written.
 2. Encode the rows as a deterministic Parquet delta and PutObject it to a deterministic key
@@ -30,6 +30,7 @@ from runstate.wal import tables as t
 from runstate.wal.blobs import BlobRef, Manifest, delta_key, encode_delta, put_blob, read_manifest, write_manifest
 from runstate.wal.changes import Change, decode_changes, sha256_hex, validate_dataset_id
 from runstate.wal.errors import WalContentionError, WalIntegrityError
+from runstate.wal.producer import get_rows
 
 MAX_MANIFEST_ATTEMPTS = 20
 
@@ -133,23 +134,9 @@ def _put_delta(s3: Any, bucket: str, prefix: str, dataset_id: str, rows: list[Wa
 
 
 def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[WalRow]:
-    """WAL rows first..last (consistent read), checksums verified, every seq present."""
-    request: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
-        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-        "ExpressionAttributeValues": {
-            ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
-        },
-        "ConsistentRead": True,
-    }
-    rows: list[WalRow] = []
-    while True:
-        page = dynamodb.query(**request)
-        rows.extend(_verified_row(dataset_id, item) for item in page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            break
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    """WAL rows first..last (consistent BatchGetItem), checksums verified, every seq present."""
+    items = get_rows(dynamodb, table, dataset_id, range(first_seq, last_seq + 1))
+    rows = [_verified_row(dataset_id, item) for item in items]
     present = {row.seq for row in rows}
     for seq in range(first_seq, last_seq + 1):
         if seq not in present:

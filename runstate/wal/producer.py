@@ -1,13 +1,18 @@
 """The producer: appends a list of changes to a dataset's WAL as one row with the next SeqNo.
 
-SeqNo assignment is a conditional PutItem of row (dataset, max+1) with attribute_not_exists: the row
-itself is the claim, so two writers can never share a seq and seqs stay gapless (a crash can never
-leave a reserved-but-unwritten seq behind, which a separate counter would). The highest row is never
-trimmed, so "max existing seq" is always the true counter.
+SeqNo assignment is a conditional PutItem of row (dataset, seq) with attribute_not_exists: the row itself
+is the claim, so two writers can never share a seq, and a crash can never leave a reserved-but-unwritten
+seq behind (which a separate counter incremented first would). The candidate seq is the meta row's
+LastSeq + 1; LastSeq is advanced (monotonic) after each successful put, so it may lag after a crash, in
+which case the conditional put fails and the writer moves up one slot at a time. A slot is only tried
+once every lower slot is taken, so seqs are gapless. Compaction trims only rows <= LastSeq, so no
+writer ever probes a trimmed slot.
 
 Why not TransactWriteItems (counter + row + token in one transaction)? It would work on DynamoDB, but
 moto deep-copies the whole table for every item of every transaction, so appends slow down with table
-size (28 ms -> 90 ms per append at a few hundred rows); this design needs no transaction at all.
+size (28 ms -> 90 ms per append at a few hundred rows). Nor a Query for the max seq: moto sorts the
+whole table on every Query. Every request on the append path is a single-item one (GetItem, PutItem,
+UpdateItem, BatchGetItem), O(1) on moto as on DynamoDB.
 
 Client tokens (a retried append never creates two rows): the token row ("#token#<dataset>#<token>", 0)
 is claimed first with a conditional put that records the payload checksum and the highest seq at claim
@@ -18,12 +23,13 @@ with the token exists, no second one is written. The token row finally records A
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from runstate.wal import tables as t
 from runstate.wal.changes import (
@@ -45,6 +51,7 @@ MAX_PAYLOAD_BYTES = 400 * 1024 - 16 * 1024
 ROW_TYPE_DELTA = "DELTA"
 ROW_TYPE_SNAPSHOT = "SNAPSHOT"
 MAX_ATTEMPTS = 200
+log = logging.getLogger(__name__)
 
 
 class WalProducer:
@@ -76,9 +83,9 @@ class WalProducer:
         row = _Row(dataset_id, payload, checksum, created_at, client_token)
         if client_token is None:
             return self._write_row(row, checked_upto=None)
-        floor = self._max_seq(dataset_id)
+        floor = self._seq_hint(dataset_id)
         if self._claim_token(row, floor):
-            return self._write_row(row, checked_upto=floor, known_top=floor)
+            return self._write_row(row, checked_upto=floor, hint=floor)
         token = self._token_item(dataset_id, client_token, checksum)
         if token is None:  # the claim failed because the row exists, and token rows are never deleted
             raise WalIntegrityError(f"dataset {dataset_id!r}: client token {client_token!r} vanished while claimed")
@@ -89,28 +96,49 @@ class WalProducer:
 
     # --- seq assignment ----------------------------------------------------------------------------------
 
-    def _write_row(self, row: "_Row", checked_upto: int | None, known_top: int | None = None) -> int:
-        """Put the row at max+1 (conditional) until it sticks; with a token, stop if a row already has it."""
+    def _write_row(self, row: "_Row", checked_upto: int | None, hint: int | None = None) -> int:
+        """Put the row at the first free seq (conditional put = probe + claim); with a token, stop as soon as
+        a row carrying it is found below the seq about to be tried."""
+        candidate = (self._seq_hint(row.dataset_id) if hint is None else hint) + 1
         for attempt in range(MAX_ATTEMPTS):
-            top = known_top if known_top is not None and attempt == 0 else self._max_seq(row.dataset_id)
-            if row.client_token is not None and checked_upto is not None and top > checked_upto:
-                existing = self._seq_with_token(row, checked_upto + 1, top)
+            if row.client_token is not None and checked_upto is not None and candidate - 1 > checked_upto:
+                existing = self._seq_with_token(row, checked_upto + 1, candidate - 1)
                 if existing is not None:
                     return self._record_token_seq(row, existing)
-                checked_upto = top
-            if top == 0:
-                self._ensure_meta(row.dataset_id)
-            seq = top + 1
-            if self._put_row(row, seq):
-                return self._record_token_seq(row, seq) if row.client_token is not None else seq
-            # Lost the race for this seq: back off a little, with jitter, and look again.
-            time.sleep(min(0.05, 0.001 * (2 ** min(attempt, 6))) * random.random())
+                checked_upto = candidate - 1
+            if self._put_row(row, candidate):
+                self._advance_hint(row.dataset_id, candidate)
+                return self._record_token_seq(row, candidate) if row.client_token is not None else candidate
+            # Taken: by a concurrent writer (the hint has moved) or by one that died before moving it.
+            if attempt >= 2:
+                time.sleep(min(0.05, 0.001 * (2 ** min(attempt, 6))) * random.random())
+            candidate = max(candidate + 1, self._seq_hint(row.dataset_id) + 1)
         raise WalContentionError(
             f"dataset {row.dataset_id!r}: gave up appending after {MAX_ATTEMPTS} attempts under write contention"
         )
 
-    def _max_seq(self, dataset_id: str) -> int:
-        return max_seq(self.dynamodb, self.table, dataset_id)
+    def _seq_hint(self, dataset_id: str) -> int:
+        return seq_hint(self.dynamodb, self.table, dataset_id)
+
+    def _advance_hint(self, dataset_id: str, seq: int) -> None:
+        """LastSeq := seq (monotonic). Also creates the meta row that lists the dataset."""
+        try:
+            self.dynamodb.update_item(
+                TableName=self.table,
+                Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
+                UpdateExpression="SET #last = :seq, #kind = :kind, #applied = if_not_exists(#applied, :zero)",
+                ConditionExpression="attribute_not_exists(#last) OR #last < :seq",
+                ExpressionAttributeNames={"#last": t.LAST_SEQ, "#kind": t.KIND, "#applied": t.LAST_APPLIED_SEQ},
+                ExpressionAttributeValues={
+                    ":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}, ":zero": {"N": "0"},
+                },
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                log.warning("dataset %r: seq hint not advanced to %d (%s); the next writer probes past it", dataset_id, seq, error)
+        except BotoCoreError as error:
+            # The row is durably written: failing the append now would invite a duplicate retry.
+            log.warning("dataset %r: seq hint not advanced to %d (%s); the next writer probes past it", dataset_id, seq, error)
 
     def _put_row(self, row: "_Row", seq: int) -> bool:
         item = {
@@ -125,16 +153,6 @@ class WalProducer:
         if row.client_token is not None:
             item[t.CLIENT_TOKEN] = {"S": row.client_token}
         return self._conditional_put(item)
-
-    def _ensure_meta(self, dataset_id: str) -> None:
-        """The meta row lists the dataset (Kind index) and carries LastAppliedSeq."""
-        self.dynamodb.update_item(
-            TableName=self.table,
-            Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
-            UpdateExpression="SET #kind = :kind, #applied = if_not_exists(#applied, :zero)",
-            ExpressionAttributeNames={"#kind": t.KIND, "#applied": t.LAST_APPLIED_SEQ},
-            ExpressionAttributeValues={":kind": {"S": t.META_KIND}, ":zero": {"N": "0"}},
-        )
 
     # --- client tokens -----------------------------------------------------------------------------------
 
@@ -162,25 +180,12 @@ class WalProducer:
         return self._conditional_put(item)
 
     def _seq_with_token(self, row: "_Row", first: int, last: int) -> int | None:
-        request: dict[str, Any] = {
-            "TableName": self.table,
-            "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
-            "FilterExpression": "#token = :token",
-            "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO, "#token": t.CLIENT_TOKEN},
-            "ExpressionAttributeValues": {
-                ":ds": {"S": row.dataset_id}, ":first": {"N": str(first)}, ":last": {"N": str(last)},
-                ":token": {"S": row.client_token},
-            },
-            "ProjectionExpression": "#seq",
-            "ConsistentRead": True,
-        }
-        while True:
-            page = self.dynamodb.query(**request)
-            if page.get("Items"):
-                return int(page["Items"][0][t.SEQ_NO]["N"])
-            if "LastEvaluatedKey" not in page:
-                return None
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        """The seq in first..last whose row carries this append's client token, if any (consistent reads)."""
+        items = get_rows(self.dynamodb, self.table, row.dataset_id, range(first, last + 1), t.CLIENT_TOKEN)
+        for item in items:
+            if item.get(t.CLIENT_TOKEN, {}).get("S") == row.client_token:
+                return int(item[t.SEQ_NO]["N"])
+        return None
 
     def _record_token_seq(self, row: "_Row", seq: int) -> int:
         assert row.client_token is not None
@@ -216,20 +221,48 @@ class WalProducer:
         return True
 
 
-def max_seq(dynamodb: Any, table: str, dataset_id: str) -> int:
-    """The highest WAL seq of the dataset (0 when it has none): the producer's counter."""
-    page = dynamodb.query(
+def seq_hint(dynamodb: Any, table: str, dataset_id: str) -> int:
+    """The meta row's LastSeq: every seq up to it exists (or was trimmed); it may lag the true last seq."""
+    item = dynamodb.get_item(
         TableName=table,
-        KeyConditionExpression="#ds = :ds AND #seq >= :one",
-        ExpressionAttributeNames={"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-        ExpressionAttributeValues={":ds": {"S": dataset_id}, ":one": {"N": "1"}},
-        ProjectionExpression="#seq",
-        ScanIndexForward=False,
+        Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
         ConsistentRead=True,
-        Limit=1,
-    )
-    items = page.get("Items", [])
-    return int(items[0][t.SEQ_NO]["N"]) if items else 0
+        ProjectionExpression=t.LAST_SEQ,
+    ).get("Item")
+    return int(item[t.LAST_SEQ]["N"]) if item and t.LAST_SEQ in item else 0
+
+
+def max_seq(dynamodb: Any, table: str, dataset_id: str) -> int:
+    """The dataset's last seq (0 when none): the hint, then single-item probes past a lagging hint."""
+    seq = seq_hint(dynamodb, table, dataset_id)
+    while get_rows(dynamodb, table, dataset_id, [seq + 1], t.SEQ_NO):
+        seq += 1
+    return seq
+
+
+def get_rows(
+    dynamodb: Any, table: str, dataset_id: str, seqs: Iterable[int], projection: str | None = None
+) -> list[dict[str, Any]]:
+    """The existing rows among `seqs`, by consistent BatchGetItem (O(rows), unlike a Query on moto)."""
+    wanted = list(seqs)
+    found: list[dict[str, Any]] = []
+    for start in range(0, len(wanted), 100):
+        keys = [{t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seq)}} for seq in wanted[start : start + 100]]
+        request: dict[str, Any] = {"Keys": keys, "ConsistentRead": True}
+        if projection:
+            names = {f"#p{i}": name for i, name in enumerate({projection, t.SEQ_NO})}
+            request.update(ProjectionExpression=", ".join(names), ExpressionAttributeNames=names)
+        pending = {table: request}
+        for attempt in range(50):
+            response = dynamodb.batch_get_item(RequestItems=pending)
+            found.extend(response.get("Responses", {}).get(table, []))
+            pending = response.get("UnprocessedKeys") or {}
+            if not pending:
+                break
+            time.sleep(min(0.5, 0.01 * 2**attempt) * random.random())
+        else:
+            raise WalContentionError(f"dataset {dataset_id!r}: BatchGetItem kept returning unprocessed keys")
+    return sorted(found, key=lambda item: int(item[t.SEQ_NO]["N"]))
 
 
 class _Row:

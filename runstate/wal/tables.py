@@ -3,7 +3,7 @@
 One DynamoDB table holds three kinds of item, all keyed (DatasetId S, SeqNo N):
 - WAL rows: (dataset, seq >= 1) with StatusIdx, Type, Checksum, CreatedAt, Payload, ClientToken (if any),
   and BlobKey + AppliedAt once applied;
-- the dataset meta row: (dataset, 0) with LastAppliedSeq and Kind="DatasetMeta";
+- the dataset meta row: (dataset, 0) with LastSeq (seq hint), LastAppliedSeq and Kind="DatasetMeta";
 - client-token rows: ("#token#<dataset>#<token>", 0) with Checksum, Floor and, once written, AssignedSeq.
 Dataset ids never start with '#', so token rows cannot collide with datasets.
 """
@@ -26,6 +26,7 @@ APPLIED_AT = "AppliedAt"
 KIND = "Kind"
 LAST_APPLIED_SEQ = "LastAppliedSeq"
 ASSIGNED_SEQ = "AssignedSeq"
+LAST_SEQ = "LastSeq"
 CLIENT_TOKEN = "ClientToken"
 
 PENDING = "Pending"

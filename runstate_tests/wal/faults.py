@@ -10,9 +10,13 @@ import random
 import threading
 from typing import Any, Callable
 
+from botocore.exceptions import BotoCoreError
 
-class InjectedFault(ConnectionError):
-    """Stands for a network or service failure on one call."""
+
+class InjectedFault(BotoCoreError):
+    """Stands for a network failure on one call (a BotoCoreError, as botocore's own connection errors are)."""
+
+    fmt = "{message}"
 
 
 class Faults:
@@ -65,7 +69,7 @@ class Faults:
             if self.remaining > 0:
                 self.remaining -= 1
             self.failed += 1
-        raise InjectedFault(f"injected failure of {self.operation} ({self.event})")
+        raise InjectedFault(message=f"injected failure of {self.operation} ({self.event})")
 
     def remove(self) -> None:
         self.client.meta.events.unregister(self.event, unique_id=f"fault-{id(self)}")

@@ -108,20 +108,20 @@ def test_trimming_removes_only_old_applied_rows_covered_by_the_snapshot(wal):
 
     result = _compact(wal, retention_days=7)
 
-    # 1..6 are old and applied, but 6 is not the highest row... 7 is Pending and is kept; so is nothing else.
+    # 1..6 are old, applied and in the snapshot; 7 is Pending and is kept.
     assert result.rows_trimmed == 6
     assert statuses(wal.dynamodb, wal.table, "orders") == {7: "Pending"}
 
 
-def test_trimming_keeps_the_highest_row_and_seqs_continue(wal):
+def test_seqs_continue_after_every_row_is_trimmed(wal):
     old = NOW - timedelta(days=30)
     _history(wal, "orders", flushes=1, created=old)
 
     result = _compact(wal, retention_days=7)
     seq = WalProducer(wal.dynamodb, wal.table).append("orders", [Change.upsert("new", 1)])
 
-    assert result.rows_trimmed == 2
-    assert list(statuses(wal.dynamodb, wal.table, "orders")) == [3, 4]
+    assert result.rows_trimmed == 3
+    assert statuses(wal.dynamodb, wal.table, "orders") == {4: "Pending"}
     assert seq == 4
 
 

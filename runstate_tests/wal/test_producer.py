@@ -181,3 +181,17 @@ def test_concurrent_retries_of_one_token_write_one_row(wal):
 
     assert seqs == {1}
     assert len(wal_rows(wal.dynamodb, wal.table, "orders")) == 1
+
+
+def test_a_writer_that_died_before_moving_the_seq_hint_leaves_no_gap_and_no_reuse(wal):
+    """The row is written but the LastSeq hint update never happens (really failed on the client)."""
+    client = wal.client("dynamodb")
+    Faults(client, "UpdateItem", count=2)
+    crippled = WalProducer(client, wal.table)
+
+    first = crippled.append("orders", [Change.upsert("a", 1)])
+    second = crippled.append("orders", [Change.upsert("b", 2)])
+    third = WalProducer(wal.dynamodb, wal.table).append("orders", [Change.upsert("c", 3)])
+
+    assert (first, second, third) == (1, 2, 3)
+    assert [int(r["SeqNo"]["N"]) for r in wal_rows(wal.dynamodb, wal.table, "orders")] == [1, 2, 3]
