@@ -152,8 +152,10 @@ def _prepare(env: Mapping[str, str], records: Mapping[str, ServiceRecord], value
         notes.append(moto.create_wal_resources(records["moto"].url, settings.wal_table, settings.blob_bucket))
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
-            applied = fakesnow.prepare_database(records["fakesnow"].port, settings.schema.upper())
-        notes.append(f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied")
+            # The same schema rule as the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
+            schema = (settings.snowflake.get("schema") or "RUNSTATE").upper()
+            applied = fakesnow.prepare_database(records["fakesnow"].port, schema)
+        notes.append(f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}")
     return notes
 
 
