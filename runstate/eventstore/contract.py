@@ -78,7 +78,8 @@ def idempotency_key(
     """SHA-256 hex of the parts joined with `|`, None written as the empty string."""
     parts = (run_id, step_id, logical_attempt_id, event_type, plan_version)
     joined = "|".join("" if part is None else str(part) for part in parts)
-    return hashlib.sha256(joined.encode("utf-8")).hexdigest()
+    # surrogatepass: a malformed string still hashes here; validate_event rejects it with a clear error.
+    return hashlib.sha256(joined.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -329,14 +330,16 @@ def validate_event(
         raise InvalidEvent("run_id", "must be a non-empty string", index=index)
     if len(run_id) > MAX_RUN_ID_CHARS:
         raise InvalidEvent("run_id", f"is {len(run_id)} characters; at most {MAX_RUN_ID_CHARS}", index=index)
-    if "\x00" in run_id:
-        raise InvalidEvent("run_id", "must not contain NUL", index=index)
+    if "\x00" in run_id or not _utf8(run_id):
+        raise InvalidEvent("run_id", "must be valid UTF-8 without NUL", index=index)
 
     def bad(field_name: str, message: str) -> InvalidEvent:
         return InvalidEvent(field_name, message, run_id=run_id, index=index)
 
     if not isinstance(event.event_type, str) or not event.event_type.strip():
         raise bad("event_type", "must be a non-empty string")
+    if "\x00" in event.event_type or not _utf8(event.event_type) or len(event.event_type) > 256:
+        raise bad("event_type", "must be valid UTF-8 without NUL, at most 256 characters")
     if not isinstance(event.emitted_at, datetime):
         raise bad("emitted_at", f"must be a datetime, got {type(event.emitted_at).__name__}")
     if event.emitted_at.tzinfo is None or event.emitted_at.utcoffset() is None:
@@ -345,10 +348,10 @@ def validate_event(
         value = getattr(event, name)
         if value is not None and not isinstance(value, str):
             raise bad(name, f"must be a string or None, got {type(value).__name__}")
-        if value is not None and "\x00" in value:
-            raise bad(name, "must not contain NUL")
+        if value is not None and ("\x00" in value or not _utf8(value)):
+            raise bad(name, "must be valid UTF-8 without NUL")
     key = event.idempotency_key
-    if not isinstance(key, str) or not key or len(key) > 512:
+    if not isinstance(key, str) or not key or len(key) > 512 or "\x00" in key or not _utf8(key):
         raise bad("idempotency_key", "must be a non-empty string of at most 512 characters")
     data_json = _encode_json(event.data, "data", bad, max_event_bytes)
     ref_json = _encode_json(event.engine_run_ref, "engine_run_ref", bad, max_event_bytes)
@@ -394,7 +397,10 @@ def _encode_json(value: Any, field_name: str, bad, max_bytes: int) -> str | None
         raise bad(field_name, f"is not JSON-serialisable ({exc})") from None
     if "\\u0000" in text:
         raise bad(field_name, "must not contain NUL characters (JSONB rejects them)")
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise bad(field_name, "contains text that is not valid UTF-8 (a lone surrogate?)") from None
     if size > max_bytes:
         raise bad(field_name, f"is {size} bytes as JSON; the limit is {max_bytes}")
     return text
@@ -413,6 +419,14 @@ def _uuid_text(value: Any, field_name: str, bad, *, required: bool = False) -> s
         return str(uuid.UUID(value))
     except ValueError:
         raise bad(field_name, f"{value[:64]!r} is not a valid UUID") from None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _iso(value: datetime | None) -> str | None:

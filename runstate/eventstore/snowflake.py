@@ -248,13 +248,14 @@ class SnowflakeEventStore:
             return []
         self._merge_usable()
         self._create_stream(run_id)
-        results = self._run(f"append to run {run_id!r}", lambda cur: self._append_tx(cur, run_id, valid, state))
-        if any(r.persisted for r in results) and not self._committed(run_id, valid, results):
+        for _ in range(_MAX_ATTEMPTS):
+            results = self._run(f"append to run {run_id!r}", lambda cur: self._append_tx(cur, run_id, valid, state))
+            if not any(r.persisted for r in results) or self._committed(run_id, valid, results):
+                return results
             # A failed COMMIT can look like success when the connector re-sends it (a second
             # COMMIT with no open transaction succeeds), so check; the retry is idempotent.
             log.warning("run %r: append not visible after COMMIT; retrying", run_id)
-            return self.append_batch(run_id, events, state)
-        return results
+        raise ConcurrencyConflict(f"append to run {run_id!r}: commit could not be confirmed")
 
     def _create_stream(self, run_id: str) -> None:
         """Make sure the run's stream row exists, in its own statement before the append transaction:

@@ -150,3 +150,21 @@ def test_size_limit_is_configurable():
     validate_event(event, max_event_bytes=4096)
     with pytest.raises(InvalidEvent, match="limit is 1024"):
         validate_event(event, max_event_bytes=1024)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"run_id": "bad\ud800"}, "run_id"),
+        ({"step_id": "x\x00y"}, "step_id"),
+        ({"data": {"k": "bad\ud800"}}, "data"),
+        ({"event_type": "T" * 257}, "event_type"),
+    ],
+)
+def test_text_the_database_would_reject_is_invalid_input(kwargs, field):
+    base = {"run_id": "r", "event_type": "StepStarted", "emitted_at": T0}
+
+    with pytest.raises(InvalidEvent) as caught:
+        validate_event(NewEvent(**{**base, **kwargs}))
+
+    assert caught.value.field == field
