@@ -215,7 +215,7 @@ ENQUEUE_JOB_SQL = "INSERT INTO job_queue (job_id, enqueued_at, visible_at, attem
 # first entries of the partial index.
 
 # Claimed rows whose last lease ran out with no attempts left: the job fails (or, if it was being
-# cancelled, ends cancelled). Both the claim and the sweep finish them.
+# cancelled, ends cancelled). Part of the sweep, which a claim also runs when it meets such a row.
 _EXHAUSTED_CTES = """
 exhausted AS (
     SELECT q.job_id, q.attempt_count, q.claimed_by
@@ -253,8 +253,8 @@ cancelled_finished AS (
     RETURNING j.job_id
 )"""
 
-# The dequeue_with_claim CTE. It takes the oldest expired lease through
-# idx_job_queue_claimed (retries first, so new work cannot starve them) and, only when there is none,
+# The dequeue_with_claim CTE. It takes the oldest expired lease through idx_job_queue_claimed
+# (retries first, so new work cannot starve them) and, only when there is none,
 # the oldest never-claimed row through idx_job_queue_ready: two index probes, never a sort of the queue.
 # SKIP LOCKED: a row another claim, completion or cancel holds is passed over, never waited on.
 # NO KEY UPDATE, not UPDATE: it must not block the FK KEY SHARE lock that inserting job_actions takes.
@@ -655,10 +655,10 @@ class MaintenanceStore:
     # -- claim and the fenced writes ---------------------------------------------------------------
 
     def claim(self, worker: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Claim | None:
-        """Claim the oldest visible job (new or with an expired lease), or None when there is none.
+        """Claim the oldest visible job (expired leases first, then new ones), or None when there is none.
 
-        The same statement finishes claimed jobs whose last lease expired with no attempts left
-        (status failed, with the reason in `error`) and cancelled jobs whose worker died.
+        A claimed job whose last lease expired with no attempts left is failed on the spot (the reason
+        in `error`), and a job cancelled while its worker died ends cancelled; neither is handed out.
         """
         worker = _non_empty_text(worker, "worker")
         lease_seconds = _seconds(lease_seconds, "lease_seconds")
