@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import random
+from collections import OrderedDict
 import threading
 import time
 from contextlib import contextmanager
@@ -70,14 +71,15 @@ EVENT_COLUMNS = (
     " adapter_version, engine_run_ref"
 )
 
-# One statement inserts every new row of a batch and advances the run's stream row.
+# One statement inserts every new row of a batch and advances the run's stream row. The arrays go
+# as binary parameters (%(x)b): no text escaping of every element on the client.
 _INSERT_BATCH = """
 WITH rows AS (
   SELECT * FROM unnest(
-    %(seq)s::bigint[], %(event_id)s::uuid[], %(step_id)s::text[], %(engine_attempt_id)s::text[],
-    %(logical_attempt_id)s::text[], %(plan_version)s::text[], %(event_type)s::text[], %(data)s::text[],
-    %(key)s::text[], %(caused_by)s::uuid[], %(parent)s::uuid[], %(emitted_at)s::timestamptz[],
-    %(adapter_version)s::text[], %(ref)s::text[]
+    %(seq)b::bigint[], %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
+    %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
+    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(adapter_version)b::text[], %(ref)b::text[]
   ) AS u(seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type, data,
          key, caused_by, parent, emitted_at, adapter_version, ref)
 ), inserted AS (
@@ -141,6 +143,23 @@ class PostgresEventStore:
         self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
         self._closed = False
+        # The last projection snapshot this store committed per run: the next interval snapshot
+        # folds only the new batch onto it instead of re-reading and decoding from the database.
+        self._recent: OrderedDict[str, RunSnapshot] = OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    def _remember(self, snapshot: RunSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        with self._recent_lock:
+            self._recent[snapshot.run_id] = snapshot
+            self._recent.move_to_end(snapshot.run_id)
+            while len(self._recent) > 4096:
+                self._recent.popitem(last=False)
+
+    def _recalled(self, run_id: str) -> RunSnapshot | None:
+        with self._recent_lock:
+            return self._recent.get(run_id)
 
     # -- connections --------------------------------------------------------------------------
 
@@ -235,7 +254,15 @@ class PostgresEventStore:
             canonical_json(run_id, state)  # bad state is bad input: reject before any write
         if not valid:
             return []
-        return self._run(f"append to run {run_id!r}", lambda conn: self._append_tx(conn, run_id, valid, state))
+        projected: list[RunSnapshot] = []
+
+        def work(conn: psycopg.Connection) -> list[AppendResult]:
+            projected.clear()
+            return self._append_tx(conn, run_id, valid, state, projected)
+
+        results = self._run(f"append to run {run_id!r}", work)
+        self._remember(projected[-1] if projected else None)  # only once the transaction committed
+        return results
 
     def _lock_stream(self, conn: psycopg.Connection, run_id: str) -> _Stream:
         # The upsert takes the row lock that serialises this run's writers (and only them).
@@ -259,7 +286,10 @@ class PostgresEventStore:
                       " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key")
         return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
-    def _append_tx(self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any) -> list[AppendResult]:
+    def _append_tx(
+        self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any,
+        projected: list[RunSnapshot] | None = None,
+    ) -> list[AppendResult]:
         stream = self._lock_stream(conn, run_id)
         known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
         results: list[AppendResult] = []
@@ -278,7 +308,9 @@ class PostgresEventStore:
         conn.execute(_INSERT_BATCH, _batch_params(run_id, new, next_seq))
         reason = self.policy.reason(stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new))
         if reason:
-            self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new)
+            made = self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new)
+            if made is not None and projected is not None:
+                projected.append(made)
         return results
 
     # -- snapshots ----------------------------------------------------------------------------
@@ -292,33 +324,46 @@ class PostgresEventStore:
         reason: str,
         stored_upto: int,
         pending: Sequence[tuple[int, ValidEvent]] = (),
-    ) -> None:
-        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N."""
-        kind = KIND_STATE
+    ) -> RunSnapshot | None:
+        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N, in one
+        statement; returns the projection when that is what was written."""
+        kind, projection = KIND_STATE, None
         if state is None:
             kind = KIND_PROJECTION
-            state = self._projection_in_tx(conn, run_id, stored_upto, pending).to_dict()
+            projection = self._projection_in_tx(conn, run_id, stored_upto, pending)
+            state = projection.to_dict()
         encoded = encode_snapshot(run_id, seq, state, self.policy)
+        # The DELETE sees the table as it was before the INSERT (one snapshot per statement): keep
+        # the newest keep-1 older snapshots next to the new one.
         inserted = conn.execute(
-            "INSERT INTO run_state_snapshots"
+            "WITH added AS ("
+            " INSERT INTO run_state_snapshots"
             " (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, seq) DO NOTHING",
-            (run_id, seq, kind, encoded.encoding, encoded.payload, encoded.checksum,
-             encoded.raw_bytes, encoded.stored_bytes, reason),
-        ).rowcount
-        conn.execute(
-            "DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq NOT IN ("
-            " SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s ORDER BY seq DESC LIMIT %(keep)s)",
-            {"run_id": run_id, "keep": self.policy.keep},
-        )
+            " VALUES (%(run_id)s, %(seq)s, %(kind)s, %(encoding)s, %(payload)s, %(checksum)s, %(raw)s, %(stored)s,"
+            " %(reason)s) ON CONFLICT (run_id, seq) DO NOTHING RETURNING 1),"
+            " pruned AS (DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s AND seq NOT IN ("
+            "  SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s"
+            "  ORDER BY seq DESC LIMIT %(older)s))"
+            " SELECT count(*) FROM added",
+            {"run_id": run_id, "seq": seq, "kind": kind, "encoding": encoded.encoding, "payload": encoded.payload,
+             "checksum": encoded.checksum, "raw": encoded.raw_bytes, "stored": encoded.stored_bytes,
+             "reason": reason, "older": self.policy.keep - 1},
+        ).fetchone()[0]
         if inserted:
             self.metrics.record_written(encoded)
+        return projection
 
     def _projection_in_tx(
         self, conn: psycopg.Connection, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
     ) -> RunSnapshot:
         """The run's projection through the stored events up to `stored_upto` plus `pending` ones."""
-        base = self._latest_projection_base(conn, run_id, stored_upto)
+        recalled = self._recalled(run_id)
+        if recalled is not None and recalled.last_event_seq <= stored_upto:
+            base = recalled
+        else:
+            base = self._latest_projection_base(conn, run_id, stored_upto)
+        if base.last_event_seq == stored_upto:
+            return fold(base, (_as_stored(run_id, seq, ev, datetime.now(timezone.utc)) for seq, ev in pending))
         stored = self._fetch_all(conn, run_id, base.last_event_seq, upto=stored_upto)
         now = datetime.now(timezone.utc)
         return fold(fold(base, stored), (_as_stored(run_id, seq, ev, now) for seq, ev in pending))
@@ -345,14 +390,16 @@ class PostgresEventStore:
         if state is not None:
             canonical_json(run_id, state)
 
-        def work(conn: psycopg.Connection) -> int:
+        def work(conn: psycopg.Connection) -> tuple[int, RunSnapshot | None]:
             row = conn.execute("SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
             if row is None or row[0] == 0:
-                return 0
-            self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
-            return row[0]
+                return 0, None
+            made = self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
+            return row[0], made
 
-        return self._run(f"checkpoint run {run_id!r}", work)
+        seq, made = self._run(f"checkpoint run {run_id!r}", work)
+        self._remember(made)
+        return seq
 
     # -- reads --------------------------------------------------------------------------------
 
