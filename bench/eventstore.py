@@ -232,7 +232,7 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=8)
     parser.add_argument("--per-writer", type=int, default=250)
     parser.add_argument("--replay-events", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="resume timings (median)")
     parser.add_argument("--sf-batches", type=int, default=10, help="batches of 100 on fakesnow (0: skip)")
     args = parser.parse_args()
 
