@@ -248,6 +248,15 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class ProjectionReport:
+    """What project_runs did: runs looked at, runs whose stored snapshot changed, events folded."""
+
+    runs_projected: int
+    runs_changed: int
+    events_applied: int
+
+
+@dataclass(frozen=True)
 class MigrationReport:
     """What migrate_events copied and how it verified the copy."""
 
@@ -290,6 +299,10 @@ class EventStore(Protocol):
     def max_seq(self, run_id: str) -> int: ...
 
     def stale_runs(self, limit: int = 1000) -> list[str]: ...
+
+    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]: ...
+
+    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> "ProjectionReport": ...
 
     def runs_started_between(self, start: datetime, end: datetime) -> list[str]: ...
 

@@ -37,6 +37,7 @@ from runstate.eventstore.contract import (
     EventType,
     InvalidEvent,
     NewEvent,
+    ProjectionReport,
     Resume,
     RunSnapshot,
     StoredEvent,
@@ -457,6 +458,20 @@ class PostgresEventStore:
             ).fetchall()
         return [r[0] for r in rows]
 
+    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]:
+        """(run_id, start, last_seq) of runs with events newer than their stored projection; the start
+        is the RunStarted event's emitted_at, else the first event's."""
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT s.run_id, COALESCE(s.started_at, s.first_event_at), s.last_seq"
+                " FROM run_streams s LEFT JOIN run_snapshots p ON p.run_id = s.run_id"
+                " WHERE s.last_seq > COALESCE(p.last_event_seq, 0)"
+                "   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)"
+                " ORDER BY s.run_id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [(r[0], r[1], r[2]) for r in rows]
+
     def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
         with self._connection() as conn:
             rows = conn.execute(
@@ -470,30 +485,45 @@ class PostgresEventStore:
 
     def project(self, run_id: str) -> RunSnapshot:
         """Fold only the events above the stored watermark; optimistic on `version`."""
+        return self._project(run_id)[0]
+
+    def rebuild(self, run_id: str) -> RunSnapshot:
+        """Replay every event from scratch and store the result (the version moves only on change)."""
+        return self._rebuild(run_id)[0]
+
+    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
+        """project (or rebuild) each run; counts for the Dagster asset's metadata."""
+        runs = changed = applied = 0
+        for run_id in run_ids:
+            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
+            runs, changed, applied = runs + 1, changed + moved, applied + folded
+        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
+
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         for _ in range(_MAX_ATTEMPTS):
             with self._connection() as conn:
                 stored = self._stored_projection(conn, run_id)
                 base = stored or RunSnapshot.empty(run_id)
                 events = self._fetch_all(conn, run_id, base.last_event_seq)
                 if not events:
-                    return base
+                    return base, False, 0
                 updated = fold(base, events)
                 if self._save_projection(conn, run_id, updated, stored):
-                    return updated.with_version(base.version + 1)
+                    return updated.with_version(base.version + 1), True, len(events)
         raise ConcurrencyConflict(f"project run {run_id!r}: the stored snapshot kept changing")
 
-    def rebuild(self, run_id: str) -> RunSnapshot:
-        """Replay every event from scratch and store the result (the version moves only on change)."""
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         for _ in range(_MAX_ATTEMPTS):
             with self._connection() as conn:
                 stored = self._stored_projection(conn, run_id)
-                fresh = fold(RunSnapshot.empty(run_id), self._fetch_all(conn, run_id, 0))
+                events = self._fetch_all(conn, run_id, 0)
+                fresh = fold(RunSnapshot.empty(run_id), events)
                 if fresh.last_event_seq == 0 and stored is None:
-                    return fresh
+                    return fresh, False, 0
                 if stored is not None and stored.same_state(fresh):
-                    return stored
+                    return stored, False, len(events)
                 if self._save_projection(conn, run_id, fresh, stored):
-                    return fresh.with_version((stored.version if stored else 0) + 1)
+                    return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
         raise ConcurrencyConflict(f"rebuild run {run_id!r}: the stored snapshot kept changing")
 
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:

@@ -39,6 +39,7 @@ from runstate.eventstore.contract import (
     EventType,
     InvalidEvent,
     NewEvent,
+    ProjectionReport,
     Resume,
     RunSnapshot,
     StoredEvent,
@@ -500,6 +501,19 @@ class SnowflakeEventStore:
         )
         return [r[0] for r in rows]
 
+    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]:
+        """(run_id, start, last_seq) of runs with events newer than their stored projection."""
+        rows = self._query(
+            # HAS_START is tested in SQL: fakesnow returns NULL TIMESTAMP_TZ values as 1970-01-01.
+            f"SELECT s.RUN_ID, COALESCE(s.STARTED_AT, s.FIRST_EVENT_AT),"
+            " COALESCE(s.STARTED_AT, s.FIRST_EVENT_AT) IS NOT NULL, s.LAST_SEQ"
+            f" FROM {self._t('RUN_STREAMS')} s LEFT JOIN {self._t('RUN_SNAPSHOTS')} p"
+            " ON p.RUN_ID = s.RUN_ID WHERE s.LAST_SEQ > COALESCE(p.LAST_EVENT_SEQ, 0)"
+            " AND (s.ARCHIVED_AT IS NULL OR s.UPDATED_AT > s.ARCHIVED_AT) ORDER BY s.RUN_ID LIMIT %s",
+            (limit,),
+        )
+        return [(r[0], r[1] if r[2] else None, int(r[3])) for r in rows]
+
     def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
         rows = self._query(
             f"SELECT RUN_ID FROM {self._t('RUN_STREAMS')}"
@@ -521,30 +535,46 @@ class SnowflakeEventStore:
         return RunSnapshot.from_dict(_json(row[0]), version=int(row[1])) if row else None
 
     def project(self, run_id: str) -> RunSnapshot:
-        def work(cur: Any) -> RunSnapshot:
+        """Fold only the events above the stored watermark; optimistic on VERSION."""
+        return self._project(run_id)[0]
+
+    def rebuild(self, run_id: str) -> RunSnapshot:
+        """Replay every event from scratch and store the result (the version moves only on change)."""
+        return self._rebuild(run_id)[0]
+
+    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
+        runs = changed = applied = 0
+        for run_id in run_ids:
+            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
+            runs, changed, applied = runs + 1, changed + moved, applied + folded
+        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
+
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
             stored = self._projection_row(cur, run_id)
             base = stored or RunSnapshot.empty(run_id)
             events = self._fetch_all(cur, run_id, base.last_event_seq)
             if not events:
-                return base
+                return base, False, 0
             updated = fold(base, events)
             if not self._save_projection(cur, run_id, updated, stored):
                 raise _Retry("projection version moved")
-            return updated.with_version(base.version + 1)
+            return updated.with_version(base.version + 1), True, len(events)
 
         return self._run(f"project run {run_id!r}", work, transactional=False)
 
-    def rebuild(self, run_id: str) -> RunSnapshot:
-        def work(cur: Any) -> RunSnapshot:
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
             stored = self._projection_row(cur, run_id)
-            fresh = fold(RunSnapshot.empty(run_id), self._fetch_all(cur, run_id, 0))
+            events = self._fetch_all(cur, run_id, 0)
+            fresh = fold(RunSnapshot.empty(run_id), events)
             if fresh.last_event_seq == 0 and stored is None:
-                return fresh
+                return fresh, False, 0
             if stored is not None and stored.same_state(fresh):
-                return stored
+                return stored, False, len(events)
             if not self._save_projection(cur, run_id, fresh, stored):
                 raise _Retry("projection version moved")
-            return fresh.with_version((stored.version if stored else 0) + 1)
+            return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
 
         return self._run(f"rebuild run {run_id!r}", work, transactional=False)
 

@@ -446,3 +446,21 @@ def test_archive_rejects_bad_arguments(store):
         store.archive(-1)
     with pytest.raises(ValueError):
         store.archive(1, now=T0.replace(tzinfo=None))
+
+
+def test_stale_runs_with_start_and_project_runs(store):
+    store.append_batch("a", [ev("a", "Prelude", 5), ev("a", EventType.RUN_STARTED, 10)])
+    store.append(ev("b", "Prelude", 20))
+    store.project("b")
+    store.append(ev("b", EventType.STEP_STARTED, 30, step_id="x"))
+    store.append(ev("c", "Prelude", 40))
+
+    stale = store.stale_runs_with_start()
+
+    assert stale == [("a", T0 + timedelta(seconds=10), 2), ("b", T0 + timedelta(seconds=20), 2),
+                     ("c", T0 + timedelta(seconds=40), 1)]
+    report = store.project_runs([r for r, _, _ in stale])
+    assert (report.runs_projected, report.runs_changed, report.events_applied) == (3, 3, 4)
+    assert store.stale_runs_with_start() == []
+    rebuilt = store.project_runs(["a", "b"], rebuild=True)
+    assert (rebuilt.runs_projected, rebuilt.runs_changed, rebuilt.events_applied) == (2, 0, 4)
