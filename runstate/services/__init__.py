@@ -99,11 +99,12 @@ def up(
             _save_with_rest(records, previous)
         values = endpoint_values(env, records)
         env_path = write_env_file(values)
-    report = UpReport(records, values, env_path)
-    report.notes += _prepare(env, records, values)
-    for note in report.notes:
+        # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
+        # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
+        notes = _prepare(env, records, values)
+    for note in notes:
         log(note)
-    return report
+    return UpReport(records, values, env_path, notes)
 
 
 def _check_requested_ports(previous: Mapping[str, ServiceRecord], requested: Mapping[str, int | None]) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 from pathlib import Path
 
 import boto3
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 import snowflake.connector
 from psycopg import sql
-from services_helpers import clean_env
+from services_helpers import RUNSTATE, clean_env
 
 from runstate.config import read_env_file
 from runstate.services.state import process_start_time
@@ -84,6 +85,33 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     assert runstate_cli("services", "status", env=env).returncode == 1
     with psycopg.connect(fresh_database) as conn:  # the configured server is never stopped
         assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def _processes_started_for(home: Path) -> set[int]:
+    """Every live process whose environment names this RUNSTATE_HOME (the services inherit it)."""
+    marker = f"RUNSTATE_HOME={home}".encode()
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker in environ.read_bytes().split(b"\0") and process_start_time(int(environ.parent.name)):
+                found.add(int(environ.parent.name))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def test_two_concurrent_ups_start_each_service_once(services_home, fresh_database):
+    env = clean_env(services_home, RUNSTATE_PG_URL=fresh_database,
+                    DAGSTER_PG_URL=_server_url(fresh_database, fresh_database.rpartition("/")[2], "postgresql+psycopg2://"))
+
+    racers = [subprocess.Popen([RUNSTATE, "services", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True) for _ in range(2)]
+    outcomes = [(racer.wait(timeout=180), racer.stderr.read()) for racer in racers]
+
+    assert [code for code, _ in outcomes] == [0, 0], outcomes
+    recorded = {record["pid"] for record in _records(services_home).values() if record["pid"]}
+    assert len(recorded) == 2  # moto and fakesnow; Postgres is the configured one
+    assert _processes_started_for(services_home) == recorded  # nothing orphaned by the loser
 
 
 def test_status_flags_a_dead_service_and_up_restarts_it(services_home, runstate_cli, fresh_database):
