@@ -13,9 +13,10 @@ SENSOR_NAME = "wal_sensor"
 
 
 def _resource():
-    from runstate.defs.wal import wal_resource
+    """Outside a run there is no Dagster config resolution: a plain resource; boto3 finds the credentials."""
+    from runstate.defs.wal.resources import WalResource
 
-    return wal_resource()
+    return WalResource()
 
 
 def _aws_error(error: Exception, wal: Any) -> click.ClickException:

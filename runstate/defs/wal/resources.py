@@ -68,8 +68,8 @@ class WalResource(dg.ConfigurableResource):
 
                 # A session of our own: boto3's default session is not safe to share across threads.
                 session = boto3.session.Session(
-                    aws_access_key_id=self.aws_access_key_id or None,
-                    aws_secret_access_key=self.aws_secret_access_key or None,
+                    aws_access_key_id=_plain(self.aws_access_key_id),
+                    aws_secret_access_key=_plain(self.aws_secret_access_key),
                     region_name=self.resolved_region,
                 )
                 from botocore.config import Config
@@ -87,3 +87,10 @@ class WalResource(dg.ConfigurableResource):
 
     def s3_client(self):
         return self._client("s3")
+
+
+def _plain(value: Any) -> str | None:
+    """A secret's value: EnvVars are resolved by Dagster inside runs, but not when the CLI uses the resource."""
+    if isinstance(value, dg.EnvVar):
+        value = value.get_value()
+    return value or None

@@ -1,0 +1,104 @@
+"""`runstate wal append|tick|read|status` through click's CliRunner, against the test's own table and bucket."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from runstate.cli import main
+from runstate.config import settings
+
+from wal_fixtures import WalWorld, world  # noqa: F401
+
+
+@pytest.fixture
+def cli(world: WalWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
+    """The CLI pointed at the test's moto table/bucket, with a Dagster home of its own (cursor kept)."""
+    monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", world.endpoint)
+    monkeypatch.setenv("RUNSTATE_WAL_TABLE", world.table)
+    monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", world.bucket)
+    monkeypatch.setenv("RUNSTATE_BLOB_PREFIX", world.prefix)
+    monkeypatch.setenv("DAGSTER_HOME", str(world.home))
+    settings.cache_clear()
+    yield CliRunner()
+    settings.cache_clear()
+
+
+def run(cli: CliRunner, *args: str) -> tuple[int, str]:
+    result = cli.invoke(main, ["wal", *args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> None:
+    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (0, "orders seq 1\n")
+    assert run(cli, "append", "--dataset", "orders", "--delete", "sku2") == (0, "orders seq 2\n")
+    code, before = run(cli, "status")
+    assert code == 0 and "orders" in before and before.split("\n")[1].split()[1] == "2"  # 2 pending
+
+    code, ticked = run(cli, "tick")
+    assert code == 0 and "requested 1 run(s): 1 succeeded, 0 failed" in ticked
+
+    code, read = run(cli, "read", "--dataset", "orders")
+    assert code == 0 and json.loads(read) == {"dataset": "orders", "version": 2, "state": {"sku1": {"qty": 2}}}
+    code, after = run(cli, "status", "--json")
+    [row] = json.loads(after)
+    assert (row["dataset_id"], row["pending_count"], row["oldest_pending_age_s"], row["last_applied_seq"]) == ("orders", 0, None, 2)
+
+
+def test_a_second_tick_with_nothing_pending_says_so(cli: CliRunner) -> None:
+    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(cli, "tick")
+
+    code, output = run(cli, "tick")
+
+    assert code == 0 and "skipped: no pending WAL rows" in output and "requested 0 run(s)" in output
+
+
+def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: WalWorld) -> None:
+    first = run(cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
+    second = run(cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
+
+    assert first == second == (0, "orders seq 1\n")
+    assert list(world.statuses("orders")) == [1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--dataset", "../orders", "--upsert", "a=1"], "dataset id '../orders' is invalid"),
+        (["--dataset", "orders", "--upsert", "a=not json"], "value of 'a' is not JSON"),
+        (["--dataset", "orders", "--upsert", "novalue"], "is not KEY=JSON"),
+        (["--dataset", "orders"], "at least one --upsert"),
+        (["--dataset", "orders", "--upsert", "big=" + json.dumps("x" * 500_000)], "400"),
+    ],
+)
+def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
+    cli: CliRunner, world: WalWorld, args: list[str], message: str
+) -> None:
+    code, output = run(cli, "append", *args)
+
+    assert code != 0 and message in output
+    assert world.statuses("orders") == {}
+
+
+def test_read_of_a_corrupt_blob_names_the_blob(cli: CliRunner, world: WalWorld) -> None:
+    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(cli, "tick")
+    [delta] = world.blob_keys("orders")
+    world.s3.put_object(Bucket=world.bucket, Key=delta, Body=b"corrupted")
+
+    code, output = run(cli, "read", "--dataset", "orders")
+
+    assert code == 1 and delta in output and "checksum mismatch" in output
+
+
+def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNSTATE_WAL_TABLE", "no_such_wal_table")
+    settings.cache_clear()
+
+    code, output = run(cli, "status")
+
+    assert code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
