@@ -69,6 +69,7 @@ def test_materializing_a_day_projects_the_runs_started_that_day(resource, store,
     assert meta["mode"] == "incremental"
     assert meta["runs_projected"] == 2
     assert meta["runs_changed"] == 2
+    assert meta["events_applied"] == 4
     assert set(store.stale_runs()) == {"c"}
     assert store.project("a").steps["load"].status == "RUNNING"
 
@@ -79,7 +80,7 @@ def test_a_second_materialization_without_new_events_moves_nothing(resource, sto
 
     meta = metadata(materialize_day(resource, TODAY_KEY))
 
-    assert meta["runs_changed"] == 0
+    assert meta["runs_changed"] == 0 and meta["events_applied"] == 0
     assert {run_id: store.project(run_id).version for run_id in ("a", "b")} == versions
 
 
@@ -89,7 +90,7 @@ def test_new_events_are_applied_incrementally(resource, store, runs):
 
     meta = metadata(materialize_day(resource, TODAY_KEY))
 
-    assert meta["runs_changed"] == 1
+    assert meta["runs_changed"] == 1 and meta["events_applied"] == 1
     assert store.project("a").steps["load"].status == "SUCCESS"
 
 

@@ -15,7 +15,6 @@ Design (incremental projection AND day-partitioned backfills, one asset):
   choice either way (e.g. a one-day rebuild from the launchpad).
 """
 
-from collections import Counter
 from datetime import datetime
 from typing import Any, Optional
 
@@ -24,6 +23,7 @@ from pydantic import Field
 
 from runstate.defs.eventstore.jobs import RUN_EVENTS_ASSET, STORE_RETRY_POLICY
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.eventstore import ProjectionReport
 
 RUN_START_DAYS = dg.DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)
 BACKFILL_TAG = "dagster/backfill"
@@ -48,29 +48,9 @@ def wants_rebuild(context: dg.AssetExecutionContext, config: RunSnapshotsConfig)
     return context.run.tags.get(BACKFILL_TAG) is not None
 
 
-def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) -> dict[str, Any]:
-    """Project (or rebuild) every run that started in [start, end); counts for the metadata."""
-    run_ids = store.runs_started_between(start, end)
-    if hasattr(store, "project_runs"):
-        report = store.project_runs(run_ids, rebuild=rebuild)
-        return {
-            "runs_projected": report.runs_projected,
-            "runs_changed": report.runs_changed,
-            "events_applied": report.events_applied,
-            "statuses": dict(getattr(report, "statuses", {}) or {}),
-        }
-    # Until the core reports counts itself (request R5): the runs with new events are the stale ones.
-    with_new_events = set(store.stale_runs(limit=max(len(run_ids), 1) * 10)) & set(run_ids)
-    statuses: Counter[str] = Counter()
-    for run_id in run_ids:
-        snapshot = store.rebuild(run_id) if rebuild else store.project(run_id)
-        statuses[snapshot.status] += 1
-    return {
-        "runs_projected": len(run_ids),
-        "runs_changed": len(with_new_events),
-        "events_applied": None,
-        "statuses": dict(statuses),
-    }
+def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) -> ProjectionReport:
+    """Project (or rebuild) every run that started in [start, end)."""
+    return store.project_runs(store.runs_started_between(start, end), rebuild=rebuild)
 
 
 @dg.asset(
@@ -87,20 +67,21 @@ def run_snapshots(
 ) -> dg.MaterializeResult:
     window = context.partition_time_window
     rebuild = wants_rebuild(context, config)
-    counts = project_window(event_store.get_store(), window.start, window.end, rebuild)
+    report = project_window(event_store.get_store(), window.start, window.end, rebuild)
     context.log.info(
-        f"{'rebuilt' if rebuild else 'projected'} {counts['runs_projected']} run(s) started in "
-        f"[{window.start:%Y-%m-%d}, {window.end:%Y-%m-%d})"
+        f"{'rebuilt' if rebuild else 'projected'} {report.runs_projected} run(s) started in "
+        f"[{window.start:%Y-%m-%d}, {window.end:%Y-%m-%d}): {report.runs_changed} changed, "
+        f"{report.events_applied} event(s) applied"
     )
+    # A multi-day (single-run) backfill reports the window's totals on each day's materialization.
     return dg.MaterializeResult(
         metadata={
             "mode": "rebuild" if rebuild else "incremental",
             "window_start": window.start.isoformat(),
             "window_end": window.end.isoformat(),
-            "runs_projected": counts["runs_projected"],
-            "runs_changed": counts["runs_changed"],
-            "events_applied": counts["events_applied"] if counts["events_applied"] is not None else -1,
-            "statuses": dg.MetadataValue.json(counts["statuses"]),
+            "runs_projected": report.runs_projected,
+            "runs_changed": report.runs_changed,
+            "events_applied": report.events_applied,
         }
     )
 

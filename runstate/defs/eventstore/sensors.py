@@ -9,7 +9,7 @@ new key.
 import hashlib
 from collections import defaultdict
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Iterator
 
 import dagster as dg
 
@@ -17,20 +17,6 @@ from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots_job
 from runstate.defs.eventstore.resources import EventStoreResource
 
 STALE_RUNS_PER_TICK = 1000
-
-
-def stale_runs_with_start(store: Any, limit: int) -> list[tuple[str, datetime | None, int]]:
-    """(run_id, started_at, last_seq) of stale runs, from the core when it offers it in one query."""
-    if hasattr(store, "stale_runs_with_start"):
-        return list(store.stale_runs_with_start(limit=limit))
-    # Until the core answers in one query (request R4): first event for the start, resume() for the last seq.
-    found = []
-    for run_id in store.stale_runs(limit=limit):
-        first = store.fetch(run_id, after_seq=0, limit=1)
-        point = store.resume(run_id)
-        last_seq = point.events[-1].run_seq if point.events else point.snapshot_seq
-        found.append((run_id, first[0].emitted_at if first else None, last_seq))
-    return found
 
 
 def stale_days(stale: list[tuple[str, datetime | None, int]]) -> dict[str, list[tuple[str, int]]]:
@@ -55,7 +41,7 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
 )
 def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> Iterator:
     store = event_store.get_store()
-    by_day = stale_days(stale_runs_with_start(store, STALE_RUNS_PER_TICK))
+    by_day = stale_days(store.stale_runs_with_start(limit=STALE_RUNS_PER_TICK))
     known_days = set(RUN_START_DAYS.get_partition_keys(dynamic_partitions_store=None))
     if not by_day:
         yield dg.SkipReason("no run has events newer than its projection")
