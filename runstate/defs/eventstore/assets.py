@@ -5,14 +5,16 @@ Design (incremental projection AND day-partitioned backfills, one asset):
   runs that started that day.
 - A normal run of a partition is incremental: `project()` applies only the events above each run's
   stored watermark, so a run without new events costs one read and its version does not move.
-  `run_snapshots_sensor` finds the runs with new events (the core's `stale_runs`), maps them to
-  their start days and requests exactly those partitions; that is "project every run with new
-  events" without a full scan.
+  `run_snapshots_sensor` finds the runs with new events (the core's `stale_runs_with_start`), maps
+  them to their start days and requests exactly those partitions; that is "project every run with
+  new events" without a full scan. Metadata: runs projected, runs changed, events applied.
 - A backfill is a full rebuild: in a run that belongs to a backfill (Dagster tags it
   `dagster/backfill`) each run of the day is folded from scratch with `rebuild()`, which gives the
   same result as the incremental path (the core guarantees it). `BackfillPolicy.single_run()` lets a
   multi-day backfill rebuild its whole time window in one run. The `rebuild` config overrides the
   choice either way (e.g. a one-day rebuild from the launchpad).
+- Partitions start on 2025-01-01 and end tomorrow (UTC, clock skew); a run that started outside that
+  range is logged by the sensor and left to `runstate events project`.
 """
 
 from datetime import datetime
