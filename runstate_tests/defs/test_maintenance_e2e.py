@@ -54,6 +54,8 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     inventory = dg.materialize([table_inventory], resources=resources, instance=instance)
     assert inventory.success
     assert {ref.key, bystander.key} <= set(instance.get_dynamic_partitions("tables"))
+    cached = {c.table_key: c.maintenance_enabled for c in store.cached_tables()}
+    assert cached == {ref.key: True, bystander.key: None} and store.last_synced_at() is not None
 
     planned = tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
     assert planned.succeeded == 1
