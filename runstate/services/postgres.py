@@ -14,6 +14,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Mapping
@@ -26,7 +27,7 @@ from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
 from runstate.services.state import (
     EMBEDDED, EXTERNAL, LOOPBACK, MACHINE, ServiceError, ServiceRecord, free_port, is_running,
-    logs_dir, port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
+    logs_dir, port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, stop_process, wait_until,
 )
 
 MACHINE_PORT = 5432
@@ -188,8 +189,13 @@ def _owner_env(owner: str | None) -> dict[str, str]:
 
 
 def _ensure_cluster(previous: ServiceRecord | None, requested_port: int | None) -> ServiceRecord:
-    if previous and previous.kind == EMBEDDED and is_running(previous) and answers(previous.url):
-        return previous
+    if previous and previous.kind == EMBEDDED and is_running(previous):
+        try:  # it may still be starting (another `up` just launched it)
+            wait_until(lambda: answers(previous.url, timeout=1), timeout=30, what="postgres", log=None)
+            return previous
+        except ServiceError:
+            # Hung: a second postmaster cannot share the data folder, so this one has to go first.
+            stop_process(previous.pid, previous.pid_start, sig=signal.SIGINT)
     folder = server_binaries()
     owner = _cluster_owner()
     if not (data_dir() / "PG_VERSION").exists():

@@ -172,8 +172,8 @@ def test_an_unreachable_configured_postgres_is_named(services_home, runstate_cli
     assert f"RUNSTATE_PG_URL=postgresql://postgres@127.0.0.1:{closed_port}/runstate does not answer" in up.stderr
 
 
-@pytest.mark.slow  # initdb + a server start: a few seconds
-def test_embedded_cluster_is_initialised_started_and_stopped(services_home, runstate_cli):
+@pytest.mark.slow  # initdb + server starts: several seconds
+def test_embedded_cluster_is_initialised_reused_and_restarted_with_its_data(services_home, runstate_cli):
     env = clean_env(services_home)
 
     up = runstate_cli("services", "up", "--embedded-pg", env=env)
@@ -181,9 +181,19 @@ def test_embedded_cluster_is_initialised_started_and_stopped(services_home, runs
     assert up.returncode == 0, up.stderr
     record = _records(services_home)["postgres"]
     assert record["kind"] == "embedded" and record["port"] != 5432
-    with psycopg.connect(record["url"]) as conn:
+    with psycopg.connect(record["url"], autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('runstate.schema_migrations')").fetchone()[0] is not None
         assert conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dagster'").fetchone()
+        conn.execute("CREATE TABLE public.kept (note TEXT)")
+        conn.execute("INSERT INTO public.kept VALUES ('survives a restart')")
+
+    assert runstate_cli("services", "up", env=env).returncode == 0  # the cluster is chosen again, not 5432
+    assert _records(services_home)["postgres"]["pid"] == record["pid"]
+
     assert runstate_cli("services", "down", env=env).returncode == 0
     assert process_start_time(record["pid"]) is None
-    assert (services_home / ".runstate" / "pg" / "data" / "PG_VERSION").exists()  # data outlives the server
+    assert runstate_cli("services", "up", env=env).returncode == 0
+    restarted = _records(services_home)["postgres"]
+    assert restarted["kind"] == "embedded" and restarted["pid"] != record["pid"]
+    with psycopg.connect(restarted["url"]) as conn:
+        assert conn.execute("SELECT note FROM public.kept").fetchall() == [("survives a restart",)]
