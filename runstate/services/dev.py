@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from runstate.config import project_home
-from runstate.services.state import LOOPBACK, ServiceError, _default_signals, find_binary, require_free_port
+from runstate.services.state import LOOPBACK, ServiceError, default_signal_dispositions, find_binary, require_free_port
 
 SHUTDOWN_GRACE_SECONDS = 60.0
 
@@ -50,7 +50,7 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     env.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
     root = repo_root()
     child = subprocess.Popen(dagster_dev_argv(port, root), cwd=root, env=env, start_new_session=True,
-                             preexec_fn=_default_signals)
+                             preexec_fn=default_signal_dispositions)
     return _supervise(child)
 
 

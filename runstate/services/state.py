@@ -161,7 +161,7 @@ def find_binary(name: str, *, extra_dirs: Sequence[Path] = (), hint: str) -> Pat
 # ----- processes
 
 
-def _default_signals() -> None:
+def default_signal_dispositions() -> None:
     # A process started from a shell with `&` inherits SIGINT ignored, and Python/Dagster map SIGTERM
     # onto SIGINT's handler, so the child would ignore both: give it the default dispositions back.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -178,7 +178,7 @@ def spawn_detached(
         return subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             env=dict(env) if env is not None else None, cwd=cwd, close_fds=True,
-            start_new_session=True, preexec_fn=_default_signals, user=user,
+            start_new_session=True, preexec_fn=default_signal_dispositions, user=user,
         )
 
 
