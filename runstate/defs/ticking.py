@@ -57,6 +57,7 @@ def _execute(
     origin_tag: str,
     origin: str,
     result: TickResult,
+    run_log_level: str | None = None,
 ) -> None:
     for request in requests:
         result.requested += 1
@@ -67,9 +68,12 @@ def _execute(
         tags = {**(request.tags or {}), origin_tag: origin}
         if request.run_key:
             tags["dagster/run_key"] = request.run_key
+        run_config = dict(request.run_config or {})
+        if run_log_level:
+            run_config["loggers"] = {"console": {"config": {"log_level": run_log_level}}}
         result.results.append(
             job.execute_in_process(
-                run_config=request.run_config,
+                run_config=run_config,
                 instance=instance,
                 tags=tags,
                 partition_key=request.partition_key,
@@ -89,7 +93,11 @@ def _apply_dynamic_partitions_requests(instance: DagsterInstance, requests: list
 
 
 def tick_sensor(
-    sensor_name: str, *, defs: dg.Definitions | None = None, instance: DagsterInstance | None = None
+    sensor_name: str,
+    *,
+    defs: dg.Definitions | None = None,
+    instance: DagsterInstance | None = None,
+    run_log_level: str | None = None,
 ) -> TickResult:
     defs = defs or default_defs()
     instance = instance or default_instance()
@@ -104,7 +112,8 @@ def tick_sensor(
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
     _apply_dynamic_partitions_requests(instance, list(getattr(data, "dynamic_partitions_requests", None) or []))
     default_job = sensor.job_name if sensor.has_jobs else None
-    _execute(defs, instance, list(data.run_requests or []), default_job, "dagster/sensor_name", sensor_name, result)
+    _execute(defs, instance, list(data.run_requests or []), default_job, "dagster/sensor_name", sensor_name, result,
+             run_log_level)
     if data.cursor is not None:
         instance.run_storage.set_cursor_values({key: data.cursor})
     return result
@@ -116,6 +125,7 @@ def tick_schedule(
     defs: dg.Definitions | None = None,
     instance: DagsterInstance | None = None,
     at: datetime | None = None,
+    run_log_level: str | None = None,
 ) -> TickResult:
     defs = defs or default_defs()
     instance = instance or default_instance()
@@ -124,5 +134,6 @@ def tick_schedule(
     with dg.build_schedule_context(instance=instance, scheduled_execution_time=when, resources=defs.resources) as ctx:
         data = schedule.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
-    _execute(defs, instance, list(data.run_requests or []), schedule.job_name, "dagster/schedule_name", schedule_name, result)
+    _execute(defs, instance, list(data.run_requests or []), schedule.job_name, "dagster/schedule_name", schedule_name,
+             result, run_log_level)
     return result

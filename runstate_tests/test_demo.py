@@ -1,0 +1,49 @@
+"""`runstate demo` runs the whole pipeline end to end, and a second run works too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+
+pytestmark = pytest.mark.slow
+
+
+def _run_demo(env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [RUNSTATE, "demo", "--no-services", "--rows", "8", "--files", "12"],
+        env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    return result.stdout
+
+
+def test_demo_runs_end_to_end_twice(fresh_database: str, moto_endpoint: str, tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SNOWFLAKE_", "DAGSTER_HOME"))}
+    env.update(
+        RUNSTATE_HOME=str(tmp_path),
+        RUNSTATE_PG_URL=fresh_database,
+        DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
+        RUNSTATE_AWS_ENDPOINT_URL=moto_endpoint,
+        RUNSTATE_WAL_TABLE=f"demo_wal_{tmp_path.name[-8:]}",
+        RUNSTATE_BLOB_BUCKET=f"demo-blobs-{os.getpid()}",
+    )
+    subprocess.run([RUNSTATE, "db", "upgrade"], env=env, check=True, capture_output=True, timeout=300)
+
+    first = _run_demo(env)
+    second = _run_demo(env)
+
+    assert "events appended 60" in first
+    assert "events appended 0 (idempotent re-sends 60)" in second
+    for dataset in ("orders", "customers", "inventory"):
+        assert f"{dataset:<12} version 8 " in first and f"{dataset:<12} version 8 " in second
+    for table in ("demo.page_views", "demo.orders"):
+        line = next(line for line in second.splitlines() if table in line)
+        assert "12 -> 1" in line and line.rstrip().endswith("True"), line
+    assert "FAILED RUNS" not in first + second
+    assert "runstate dev" in second
