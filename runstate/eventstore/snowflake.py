@@ -24,6 +24,7 @@ import json
 import logging
 import queue
 import random
+from collections import OrderedDict
 import threading
 import time
 from contextlib import contextmanager
@@ -123,6 +124,22 @@ class SnowflakeEventStore:
         self._closed = False
         self._merge_in_tx = merge_in_transactions
         self._probe_lock = threading.Lock()
+        # The last projection snapshot committed per run (see PostgresEventStore._recent).
+        self._recent: OrderedDict[str, RunSnapshot] = OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    def _remember(self, snapshot: RunSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        with self._recent_lock:
+            self._recent[snapshot.run_id] = snapshot
+            self._recent.move_to_end(snapshot.run_id)
+            while len(self._recent) > 4096:
+                self._recent.popitem(last=False)
+
+    def _recalled(self, run_id: str) -> RunSnapshot | None:
+        with self._recent_lock:
+            return self._recent.get(run_id)
 
     def _t(self, table: str) -> str:
         return f"{self.schema}.{table}"
@@ -250,8 +267,15 @@ class SnowflakeEventStore:
         self._merge_usable()
         self._create_stream(run_id)
         for _ in range(_MAX_ATTEMPTS):
-            results = self._run(f"append to run {run_id!r}", lambda cur: self._append_tx(cur, run_id, valid, state))
+            projected: list[RunSnapshot] = []
+
+            def work(cur: Any) -> list[AppendResult]:
+                projected.clear()
+                return self._append_tx(cur, run_id, valid, state, projected)
+
+            results = self._run(f"append to run {run_id!r}", work)
             if not any(r.persisted for r in results) or self._committed(run_id, valid, results):
+                self._remember(projected[-1] if projected else None)
                 return results
             # A failed COMMIT can look like success when the connector re-sends it (a second
             # COMMIT with no open transaction succeeds), so check; the retry is idempotent.
@@ -312,7 +336,9 @@ class SnowflakeEventStore:
                 found.update({row[0]: int(row[1]) for row in cur.fetchall()})
         return found
 
-    def _append_tx(self, cur: Any, run_id: str, valid: list[ValidEvent], state: Any) -> list[AppendResult]:
+    def _append_tx(
+        self, cur: Any, run_id: str, valid: list[ValidEvent], state: Any, projected: list[RunSnapshot] | None = None
+    ) -> list[AppendResult]:
         last_seq, count, archived = self._lock_stream(cur, run_id)
         keys = sorted({v.idempotency_key for v in valid})
         known = self._existing_keys(cur, run_id, keys, archived) if (count or archived) else {}
@@ -335,7 +361,9 @@ class SnowflakeEventStore:
         self._advance_stream(cur, run_id, next_seq, count + len(new), [e for _, e in new])
         reason = self.policy.reason(count, count + len(new), (e.event_type for _, e in new))
         if reason:
-            self._write_snapshot(cur, run_id, next_seq, state, reason, last_seq, new)
+            made = self._write_snapshot(cur, run_id, next_seq, state, reason, last_seq, new)
+            if made is not None and projected is not None:
+                projected.append(made)
         return results
 
     def _merge_events(
@@ -388,11 +416,12 @@ class SnowflakeEventStore:
     def _write_snapshot(
         self, cur: Any, run_id: str, seq: int, state: Any, reason: str, stored_upto: int,
         pending: Sequence[tuple[int, ValidEvent]] = (),
-    ) -> None:
-        kind = KIND_STATE
+    ) -> RunSnapshot | None:
+        kind, projection = KIND_STATE, None
         if state is None:
             kind = KIND_PROJECTION
-            state = self._projection_in_tx(cur, run_id, stored_upto, pending).to_dict()
+            projection = self._projection_in_tx(cur, run_id, stored_upto, pending)
+            state = projection.to_dict()
         encoded = encode_snapshot(run_id, seq, state, self.policy)
         cur.execute(
             f"INSERT INTO {self._t('RUN_STATE_SNAPSHOTS')}"
@@ -414,6 +443,7 @@ class SnowflakeEventStore:
             )
         if inserted:
             self.metrics.record_written(encoded)
+        return projection
 
     def _snapshots(self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None) -> list[StoredSnapshot]:
         query = f"SELECT RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s"
@@ -428,6 +458,12 @@ class SnowflakeEventStore:
         return [StoredSnapshot(r[0], int(r[1]), r[2], r[3], _b64(r[4]), r[5]) for r in cur.fetchall()]
 
     def _projection_in_tx(self, cur: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]) -> RunSnapshot:
+        now = datetime.now(timezone.utc)
+        recalled = self._recalled(run_id)
+        if recalled is not None and recalled.last_event_seq <= stored_upto:
+            events = self._fetch_all(cur, run_id, recalled.last_event_seq, upto=stored_upto) \
+                if recalled.last_event_seq < stored_upto else []
+            return fold(fold(recalled, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
         chosen = choose_valid(run_id, self._snapshots(cur, run_id, upto=stored_upto, kind=KIND_PROJECTION), self.metrics)
         base = RunSnapshot.from_dict(chosen.state) if chosen.kind == KIND_PROJECTION else RunSnapshot.empty(run_id)
         stored = self._projection_row(cur, run_id)
@@ -442,17 +478,18 @@ class SnowflakeEventStore:
             canonical_json(run_id, state)
         self._merge_usable()
 
-        def work(cur: Any) -> int:
+        def work(cur: Any) -> tuple[int, RunSnapshot | None]:
             cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
             if not cur.fetchone()[0]:
-                return 0
+                return 0, None
             last_seq, _, _ = self._lock_stream(cur, run_id)
             if last_seq == 0:
-                return 0
-            self._write_snapshot(cur, run_id, last_seq, state, "checkpoint", last_seq)
-            return last_seq
+                return 0, None
+            return last_seq, self._write_snapshot(cur, run_id, last_seq, state, "checkpoint", last_seq)
 
-        return self._run(f"checkpoint run {run_id!r}", work)
+        seq, made = self._run(f"checkpoint run {run_id!r}", work)
+        self._remember(made)
+        return seq
 
     # -- reads --------------------------------------------------------------------------------
 
