@@ -575,3 +575,16 @@ def test_nul_in_spark_messages_is_stored_not_refused(store: MaintenanceStore) ->
     assert store.complete(claim, "failed", "java said \x00")
     [record] = store.job_actions(claim.job_id)
     assert (record.message, record.error) == ("out\\0put", "boom\\0")
+
+
+def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -> None:
+    job_id = store.submit("db", "t0", ["rewrite_data_files"])
+    claim = store.claim("w", 30)
+    assert claim is not None
+    pid = store._conn().info.backend_pid  # this thread's session, the one the next call would use
+    assert _sql(store, "SELECT pg_terminate_backend(%s)", pid) == [(True,)]
+    with pytest.raises(psycopg.OperationalError):
+        store.heartbeat(claim)  # the call in flight sees the failure...
+    assert store.heartbeat(claim) is True  # ...and a retry goes through on a fresh connection
+    assert store.complete(claim, "completed")
+    assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
