@@ -582,7 +582,7 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     claim = store.claim("w", 30)
     assert claim is not None
     pid = store._conn().info.backend_pid  # this thread's session, the one the next call would use
-    assert _sql(store, "SELECT pg_terminate_backend(%s)", pid) == [(True,)]
+    assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until it is gone
     with pytest.raises(psycopg.OperationalError):
         store.heartbeat(claim)  # the call in flight sees the failure...
     assert store.heartbeat(claim) is True  # ...and a retry goes through on a fresh connection
