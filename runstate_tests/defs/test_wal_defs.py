@@ -171,3 +171,12 @@ def test_compaction_schedule_requests_one_run_per_dataset_and_keeps_reader_state
     for ds, items in changes.items():
         reader = DatasetReader(world.s3, world.bucket, world.prefix, ds)
         assert reader.read() == (3, fold({}, items)) and reader.manifest().snapshot is not None
+
+
+def test_a_fresh_instance_learns_every_dataset_partition_even_with_nothing_pending(world: WalWorld, instance: dg.DagsterInstance) -> None:
+    world.append("orders", "a", 1)
+    tick_sensor("wal_sensor", defs=world.defs(), instance=instance)
+
+    with dg.DagsterInstance.ephemeral() as fresh:
+        tick = tick_sensor("wal_sensor", defs=world.defs(), instance=fresh)
+        assert tick.requested == 0 and fresh.get_dynamic_partitions("datasets") == ["orders"]

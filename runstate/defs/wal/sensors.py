@@ -117,7 +117,8 @@ def evaluate_wal_tick(
     swept = sweep_pending(dynamodb, wal.table_name)
     # Old stream records of rows applied since are dropped, so no run is requested for them. Swept rows are
     # kept even below LastAppliedSeq: such a row is a crash leftover that a flush repairs.
-    applied = last_applied_seqs(dynamodb, wal.table_name, {key.dataset_id for key in streamed}) if streamed else {}
+    # One query of the meta rows: every dataset's LastAppliedSeq, and the full list of datasets.
+    applied = last_applied_seqs(dynamodb, wal.table_name)
     fresh = [key for key in streamed if key.seq_no > applied.get(key.dataset_id, 0)]
     batches = plan_batches([*fresh, *swept], max_batch_size=wal.max_batch_size)
     now = time.time() if now is None else now
@@ -130,7 +131,7 @@ def evaluate_wal_tick(
             continue
         requests.append(flush_run_request(batch, runs.dead, wal))
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
-    new_datasets = sorted({b.dataset_id for b in batches} - known)
+    new_datasets = sorted(({b.dataset_id for b in batches} | set(applied)) - known)
     next_cursor = WalSensorCursor(
         stream=stream_cursor, ticks=cursor.ticks + 1, planned_rows=cursor.planned_rows + sum(len(b.seqs) for b in batches)
     )

@@ -1,0 +1,224 @@
+"""Benchmark of the dataset WAL shell against moto's server (a ThreadedMotoServer of its own).
+
+Prints ONE JSON line:
+- flush_rows_per_s: rows applied per second by one flush_wal run (the Dagster job the sensor launches,
+  executed in-process) over `--rows` Pending rows of one dataset (max_batch_size = rows);
+- raw_update_rows_per_s: the baseline, raw boto3 conditional UpdateItems of the same rows, one after
+  another, same endpoint, same run (raw_parallel_update_rows_per_s: the same with the flush's threads);
+- lag_p50_s / lag_p99_s: append -> a DatasetReader sees the row, while wal_sensor ticks every
+  `--timer-seconds` of wall time (30 s is the deployed timer) and appends arrive at random moments.
+Targets: flush >= 0.5 x raw; lag_p99 <= 65 s with the 30 s timer.
+
+Scale down with e.g. `--rows 1000 --timer-seconds 5 --lag-rounds 2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
+
+import boto3  # noqa: E402
+import dagster as dg  # noqa: E402
+from botocore.config import Config  # noqa: E402
+from moto.server import ThreadedMotoServer  # noqa: E402
+
+from runstate.defs.ticking import tick_sensor  # noqa: E402
+from runstate.defs.wal import build_defs  # noqa: E402
+from runstate.defs.wal.resources import WalResource  # noqa: E402
+from runstate.wal import Change, DatasetReader, WalProducer, ensure_blob_bucket, ensure_wal_table  # noqa: E402
+from runstate.wal import tables as t  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=5000, help="WAL rows in the measured flush (default 5000)")
+    parser.add_argument("--seed-threads", type=int, default=4, help="appending threads while seeding")
+    parser.add_argument("--timer-seconds", type=float, default=30.0, help="sensor tick interval (deployed: 30)")
+    parser.add_argument("--lag-rounds", type=int, default=2, help="timer periods during which rows are appended")
+    parser.add_argument("--lag-rows", type=int, default=60, help="rows appended during the lag phase")
+    parser.add_argument("--lag-datasets", type=int, default=3, help="datasets the lag-phase rows go to")
+    parser.add_argument("--seed", type=int, default=7)
+    return parser.parse_args(argv)
+
+
+class World:
+    def __init__(self, endpoint: str) -> None:
+        config = Config(max_pool_connections=64, retries={"mode": "standard"})
+        self.endpoint = endpoint
+        self.dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1", config=config)
+        self.s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
+        self.table, self.bucket, self.prefix = "bench_wal", "bench-blobs", "datasets/"
+        ensure_wal_table(self.dynamodb, self.table)
+        ensure_blob_bucket(self.s3, self.bucket)
+
+    def resource(self, max_batch_size: int = 500) -> WalResource:
+        return WalResource(
+            endpoint_url=self.endpoint, region="us-east-1", table=self.table, bucket=self.bucket,
+            prefix=self.prefix, max_batch_size=max_batch_size,
+        )
+
+
+def seed(world: World, dataset_id: str, rows: int, threads: int) -> list[int]:
+    """Append `rows` single-change rows to one dataset from a few threads (the producer serialises seqs)."""
+    producer = WalProducer(world.dynamodb, world.table)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        seqs = list(pool.map(lambda i: producer.append(dataset_id, [Change.upsert(f"k{i}", {"i": i})]), range(rows)))
+    return sorted(seqs)
+
+
+def measure_flush(world: World, dataset_id: str, seqs: list[int]) -> tuple[float, int]:
+    """One flush_wal run over every seq, as the sensor would request it; returns (seconds, rows applied)."""
+    defs = build_defs(wal=world.resource(max_batch_size=len(seqs)))
+    job = defs.resolve_job_def("flush_wal")
+    run_config = {"ops": {"flush_wal_batch": {"config": {"dataset_id": dataset_id, "seqs": seqs}}}}
+    started = time.perf_counter()
+    result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())
+    elapsed = time.perf_counter() - started
+    [materialization] = result.asset_materializations_for_node("flush_wal_batch")
+    return elapsed, int(materialization.metadata["applied"].value)
+
+
+def raw_update(world: World, dataset_id: str, seq: int, status: str) -> None:
+    """The same write the flush does per row (StatusIdx, BlobKey, AppliedAt under a StatusIdx condition)."""
+    world.dynamodb.update_item(
+        TableName=world.table,
+        Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seq)}},
+        UpdateExpression="SET #status = :status, #blob = :blob, #at = :at",
+        ConditionExpression="#status = :status",
+        ExpressionAttributeNames={"#status": t.STATUS_IDX, "#blob": t.BLOB_KEY, "#at": t.APPLIED_AT},
+        ExpressionAttributeValues={
+            ":status": {"S": status}, ":blob": {"S": "bench"}, ":at": {"N": str(int(time.time()))},
+        },
+    )
+
+
+def measure_raw(world: World, dataset_id: str, seqs: list[int], threads: int) -> float:
+    """Raw conditional UpdateItems of the (already Applied) rows: one after another, or from a pool."""
+    status = world.dynamodb.get_item(
+        TableName=world.table, Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seqs[0])}}
+    )["Item"][t.STATUS_IDX]["S"]
+    started = time.perf_counter()
+    if threads == 1:
+        for seq in seqs:
+            raw_update(world, dataset_id, seq, status)
+    else:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(lambda seq: raw_update(world, dataset_id, seq, status), seqs))
+    return time.perf_counter() - started
+
+
+def measure_lag(world: World, args: argparse.Namespace, rng: random.Random) -> list[float]:
+    """Appends at random moments over lag_rounds timer periods; ticks every timer period; a reader polls."""
+    datasets = [f"lag{i}" for i in range(args.lag_datasets)]
+    window = args.lag_rounds * args.timer_seconds
+    offsets = sorted(rng.uniform(0, window) for _ in range(args.lag_rows))
+    appended: dict[tuple[str, int], float] = {}
+    seen: dict[tuple[str, int], float] = {}
+    done = threading.Event()
+    producer = WalProducer(world.dynamodb, world.table)
+    start = time.monotonic()
+
+    def append_loop() -> None:
+        for i, offset in enumerate(offsets):
+            time.sleep(max(0.0, start + offset - time.monotonic()))
+            dataset_id = datasets[i % len(datasets)]
+            seq = producer.append(dataset_id, [Change.upsert(f"r{i}", i)])
+            appended[(dataset_id, seq)] = time.monotonic()
+
+    def read_loop() -> None:
+        readers = {ds: DatasetReader(world.s3, world.bucket, world.prefix, ds) for ds in datasets}
+        while not done.is_set():
+            for dataset_id, reader in readers.items():
+                version = reader.version
+                now = time.monotonic()
+                for key in [k for k in list(appended) if k[0] == dataset_id and k[1] <= version and k not in seen]:
+                    seen[key] = now
+            done.wait(0.2)
+
+    appender = threading.Thread(target=append_loop, name="bench-append")
+    reader = threading.Thread(target=read_loop, name="bench-read")
+    appender.start()
+    reader.start()
+    defs = build_defs(wal=world.resource())
+    instance = dg.DagsterInstance.ephemeral()
+    tick_number = 0
+    # The daemon's timer: a tick every timer period; a couple of extra periods drain the last appends.
+    while tick_number < args.lag_rounds + 3:
+        tick_number += 1
+        time.sleep(max(0.0, start + tick_number * args.timer_seconds - time.monotonic()))
+        tick_sensor("wal_sensor", defs=defs, instance=instance)
+        if not appender.is_alive() and len(seen) >= len(offsets):
+            break
+    appender.join()
+    deadline = time.monotonic() + 5
+    while len(seen) < len(appended) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    done.set()
+    reader.join()
+    missing = set(appended) - set(seen)
+    if missing:
+        raise SystemExit(f"lag phase: {len(missing)} appended rows never became visible, e.g. {sorted(missing)[:3]}")
+    return [seen[key] - appended[key] for key in appended]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    rng = random.Random(args.seed)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        world = World(f"http://{host}:{port}")
+        seed_started = time.perf_counter()
+        seqs = seed(world, "flushbench", args.rows, args.seed_threads)
+        seed_s = time.perf_counter() - seed_started
+        flush_s, applied = measure_flush(world, "flushbench", seqs)
+        if applied != args.rows:
+            raise SystemExit(f"flush applied {applied} rows, expected {args.rows}")
+        raw_s = measure_raw(world, "flushbench", seqs, threads=1)
+        raw_parallel_s = measure_raw(world, "flushbench", seqs, threads=16)
+        lags = measure_lag(world, args, rng)
+    finally:
+        server.stop()
+    flush_rate, raw_rate = args.rows / flush_s, args.rows / raw_s
+    result = {
+        "bench": "wal",
+        "rows": args.rows,
+        "flush_rows_per_s": round(flush_rate, 1),
+        "raw_update_rows_per_s": round(raw_rate, 1),
+        "flush_vs_raw": round(flush_rate / raw_rate, 2),
+        "raw_parallel_update_rows_per_s": round(args.rows / raw_parallel_s, 1),
+        "lag_p50_s": round(statistics.median(lags), 2),
+        "lag_p99_s": round(percentile(lags, 0.99), 2),
+        "lag_max_s": round(max(lags), 2),
+        "lag_rows": len(lags),
+        "timer_s": args.timer_seconds,
+        "seed_append_rows_per_s": round(args.rows / seed_s, 1),
+        "targets_met": flush_rate >= 0.5 * raw_rate and percentile(lags, 0.99) <= args.timer_seconds * 65 / 30,
+    }
+    print(json.dumps(result, sort_keys=True), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
