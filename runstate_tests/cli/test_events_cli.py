@@ -157,3 +157,23 @@ def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowfla
     assert "written 4" in first.output and "verified yes" in first.output
     assert "migrate" in first.stderr  # the tqdm bar
     assert again.exit_code == 0 and "written 0" in again.output and "verified yes" in again.output
+
+
+def test_an_unknown_backend_setting_is_a_clear_error(cli_env, monkeypatch):
+    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "mysql")
+    settings.cache_clear()
+
+    result = run("show", "r1")
+
+    assert result.exit_code != 0
+    assert "RUNSTATE_EVENTSTORE must be one of" in result.output and "Traceback" not in result.output
+
+
+def test_an_unreachable_database_is_a_clear_error(cli_env, monkeypatch):
+    monkeypatch.setenv("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2")
+    settings.cache_clear()
+
+    result = run("append", "--run-id", "r1", "--type", "RunStarted")
+
+    assert result.exit_code == 1
+    assert "127.0.0.1" in result.output and "Traceback" not in result.output
