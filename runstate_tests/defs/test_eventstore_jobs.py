@@ -144,6 +144,24 @@ def test_archive_schedule_requests_one_run_per_day_with_valid_config():
     dg.validate_run_config(archive_events, request.run_config)
 
 
+def test_archive_schedule_tick_archives_once_per_day(resource, store):
+    from runstate.defs.ticking import tick_schedule
+
+    long_ago = NOW - timedelta(days=400)
+    store.append_batch("ancient", [NewEvent("ancient", "RunStarted", long_ago), NewEvent("ancient", "RunFailed", long_ago)])
+    defs = dg.Definitions(jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource})
+    instance = dg.DagsterInstance.ephemeral()
+    when = datetime(2026, 3, 4, 3, 30, tzinfo=timezone.utc)
+
+    first = tick_schedule("archive_events_schedule", defs=defs, instance=instance, at=when)
+    again = tick_schedule("archive_events_schedule", defs=defs, instance=instance, at=when)
+
+    assert first.succeeded == 1
+    assert first.results[0].output_for_node("archive_events_op") == 2
+    assert again.skipped_run_keys == ["archive_events:2026-03-04"]
+    assert store.fetch("ancient") == []
+
+
 def test_append_events_job_on_the_snowflake_backend(snowflake_schema):
     conn_kwargs, schema = snowflake_schema
     snowflake = SnowflakeResource(
