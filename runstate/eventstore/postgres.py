@@ -8,6 +8,12 @@
   snapshot and prune old ones.
 - Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first
   ensure_schema (see sql/postgres/001_eventstore.sql).
+- Retries: serialization failures, deadlocks and unique-key races re-run the whole transaction
+  with jittered backoff; a dropped connection is retried twice. A retry after a COMMIT whose
+  outcome was lost reports those events as `idempotent=True, persisted=False`: the log itself
+  holds each key once either way (at-least-once reporting, exactly-once storage).
+- Archived runs keep their stream row, so run_seq continues and keys in run_events_archive still
+  count as duplicates.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ import json
 import logging
 import queue
 import random
-from collections import OrderedDict
 import threading
+from collections import OrderedDict
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass

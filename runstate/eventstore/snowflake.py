@@ -24,8 +24,8 @@ import json
 import logging
 import queue
 import random
-from collections import OrderedDict
 import threading
+from collections import OrderedDict
 import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
