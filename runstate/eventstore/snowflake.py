@@ -25,8 +25,8 @@ import logging
 import queue
 import random
 import threading
-from collections import OrderedDict
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
