@@ -208,6 +208,7 @@ INSERT_JOB_SQL = (
 )
 ENQUEUE_JOB_SQL = "INSERT INTO job_queue (job_id, enqueued_at, visible_at, attempt_count) VALUES (%s, now(), now(), 0)"
 
+# attempt_count is nullable in the seed (DEFAULT 0): NULL reads as 0 everywhere.
 # Locking rule: every change of an in-flight job's status (claim, complete, cancel, sweep) first locks its
 # job_queue row, so whoever holds that row lock can read the job's status without locking the jobs row.
 # The ordered picks below read job_queue alone: with a join, stale statistics (a queue filled faster than
@@ -220,7 +221,7 @@ _EXHAUSTED_CTES = """
 exhausted AS (
     SELECT q.job_id, q.attempt_count, q.claimed_by
     FROM job_queue q
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count >= %(max_attempts)s
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND COALESCE(q.attempt_count, 0) >= %(max_attempts)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 exhausted_dequeued AS (
@@ -285,9 +286,10 @@ picked AS (
 claimed AS (
     UPDATE job_queue q SET
         claimed_at = now(), claimed_by = %(worker)s, attempt_id = %(attempt_id)s,
-        attempt_count = q.attempt_count + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
+        attempt_count = COALESCE(q.attempt_count, 0) + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
     FROM picked p JOIN jobs j ON j.job_id = p.job_id
-    WHERE q.job_id = p.job_id AND q.attempt_count < %(max_attempts)s AND j.status IN ('pending', 'running')
+    WHERE q.job_id = p.job_id AND COALESCE(q.attempt_count, 0) < %(max_attempts)s
+      AND j.status IN ('pending', 'running')
     RETURNING q.job_id, q.attempt_count
 ),
 -- The status recheck is against the newest row version: a cancel that slipped in is never overwritten.
@@ -314,7 +316,7 @@ WITH {_EXHAUSTED_CTES},
 picked AS (
     SELECT q.job_id
     FROM job_queue q
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND q.attempt_count < %(max_attempts)s
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND COALESCE(q.attempt_count, 0) < %(max_attempts)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 {_FINISH_CANCELLED_CTES},
