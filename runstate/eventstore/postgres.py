@@ -569,6 +569,8 @@ class PostgresEventStore:
                 run_id, [StoredSnapshot(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows], self.metrics
             )
             events = self._fetch_all(conn, run_id, chosen.seq)
+        if chosen.seq == 0 and not chosen.fallbacks and len(events) >= self.policy.interval:
+            self.metrics.record_missing(run_id, len(events), self.policy.interval)
         self.metrics.record_resume(chosen.seq, len(events), time.perf_counter() - started)
         return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
 

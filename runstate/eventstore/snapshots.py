@@ -17,7 +17,8 @@ Decisions on the seed's open questions (the seed's leaning unless a reason is gi
    Small snapshots stay plain JSON so they remain readable in SQL.
 7. Partial replay -> A: the snapshot holds state only; the events after it are replayed.
 8. Recovery -> D: fall back gracefully (older snapshot, else full replay), log a warning and count
-   it in `SnapshotMetrics.corrupt_fallbacks` / `full_replays` for alerting.
+   it in `SnapshotMetrics.corrupt_fallbacks` / `full_replays` for alerting. A run with at least
+   `snapshot_interval` events and no snapshot at all counts as a missing snapshot (`missing`).
 9. Concurrent writers -> B: `UNIQUE (run_id, seq)`; a second writer at the same seq is a no-op.
 10. Metrics -> C: count and bytes written, compressed count, large-state warnings, and replay time
     saved (events skipped times the measured per-event replay cost), not only B, because the issue
@@ -88,6 +89,7 @@ class SnapshotMetrics:
     large_warnings: int = 0
     loaded: int = 0
     corrupt_fallbacks: int = 0
+    missing: int = 0
     full_replays: int = 0
     events_skipped: int = 0
     replay_seconds_saved: float = 0.0
@@ -105,6 +107,12 @@ class SnapshotMetrics:
     def record_corrupt(self) -> None:
         with self._lock:
             self.corrupt_fallbacks += 1
+
+    def record_missing(self, run_id: str, events: int, interval: int) -> None:
+        """A run long enough to have a snapshot has none (deleted, or written by an older version)."""
+        log.warning("run %r: %d events but no state snapshot (interval %d); full replay", run_id, events, interval)
+        with self._lock:
+            self.missing += 1
 
     def record_resume(self, snapshot_seq: int, replayed_events: int, seconds: float) -> None:
         """Learn the per-event replay cost and credit the events a snapshot let us skip."""

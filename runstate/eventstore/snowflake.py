@@ -646,6 +646,8 @@ class SnowflakeEventStore:
             return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
 
         result = self._run(f"resume run {run_id!r}", work, transactional=False)
+        if result.snapshot_seq == 0 and not result.fallbacks and len(result.events) >= self.policy.interval:
+            self.metrics.record_missing(run_id, len(result.events), self.policy.interval)
         self.metrics.record_resume(result.snapshot_seq, len(result.events), time.perf_counter() - started)
         return result
 

@@ -464,3 +464,22 @@ def test_stale_runs_with_start_and_project_runs(store):
     assert store.stale_runs_with_start() == []
     rebuilt = store.project_runs(["a", "b"], rebuild=True)
     assert (rebuilt.runs_projected, rebuilt.runs_changed, rebuilt.events_applied) == (2, 0, 4)
+
+
+def test_missing_snapshot_is_counted_and_metrics_credit_replay_saved(backend, caplog):
+    store = backend.make(snapshot_interval=100)
+    store.append_batch("r1", [ev("r1", "Tick", i, key=f"k{i}") for i in range(99)])
+    store.append(ev("r1", "Tick", 99, key="k99"))  # crosses 100: a snapshot at seq 100
+    table = "run_state_snapshots" if backend.name == "postgres" else "RUN_STATE_SNAPSHOTS"
+    backend.sql(f"DELETE FROM {table} WHERE run_id = %s", ("r1",))
+
+    with caplog.at_level(logging.WARNING, logger="runstate.eventstore.snapshots"):
+        replay = store.resume("r1")
+    store.checkpoint("r1")
+    quick = store.resume("r1")
+
+    assert (replay.snapshot_seq, len(replay.events)) == (0, 100)
+    assert "no state snapshot" in caplog.text
+    assert (store.metrics.missing, store.metrics.full_replays) == (1, 1)
+    assert (quick.snapshot_seq, quick.events) == (100, [])
+    assert store.metrics.events_skipped == 100 and store.metrics.replay_seconds_saved > 0
