@@ -51,10 +51,10 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     root = repo_root()
     child = subprocess.Popen(dagster_dev_argv(port, root), cwd=root, env=env, start_new_session=True,
                              preexec_fn=default_signal_dispositions)
-    return _supervise(child)
+    return supervise(child)
 
 
-def _supervise(child: subprocess.Popen) -> int:
+def supervise(child: subprocess.Popen) -> int:
     signals_seen: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:

@@ -1,0 +1,69 @@
+"""The `runstate dev` supervisor without Dagster: signals are forwarded, leftovers in the group are swept."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runstate.services.state import process_start_time
+
+# Stands in for `dagster dev`: starts a long-lived grandchild (a code server), then on SIGINT or
+# SIGTERM exits 0 without stopping it, like a dev process whose code server waits out a heartbeat.
+FAKE_DAGSTER_DEV = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(grandchild.pid, flush=True)
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    while True:
+        time.sleep(1)
+""")
+
+SUPERVISOR = textwrap.dedent("""
+    import subprocess, sys
+    from runstate.services.dev import supervise
+    from runstate.services.state import default_signal_dispositions
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True,
+                             preexec_fn=default_signal_dispositions)
+    sys.exit(supervise(child))
+""")
+
+
+def _catches_int_and_term(pid: int) -> bool:
+    """True once the supervisor has installed its handlers (SigCgt in /proc/PID/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            caught = int(line.split()[1], 16)
+            return all(caught & (1 << (s - 1)) for s in (signal.SIGINT, signal.SIGTERM))
+    return False
+
+
+def _ignore_int_and_term() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `runstate dev &` would start
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_is_forwarded_and_the_process_group_is_swept(sig, tmp_path: Path):
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, FAKE_DAGSTER_DEV], stdout=subprocess.PIPE,
+                                  text=True, preexec_fn=_ignore_int_and_term)
+    try:
+        grandchild = int(supervisor.stdout.readline())
+        assert process_start_time(grandchild) is not None
+        deadline = time.monotonic() + 30
+        while not _catches_int_and_term(supervisor.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the handlers go in right after the child starts; a signal before that is ignored
+
+        supervisor.send_signal(sig)
+
+        assert supervisor.wait(timeout=60) == 0
+        assert process_start_time(grandchild) is None
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
