@@ -17,6 +17,7 @@ Design (incremental projection AND day-partitioned backfills, one asset):
   range is logged by the sensor and left to `runstate events project`.
 """
 
+import warnings
 from datetime import datetime
 from typing import Any, Optional
 
@@ -26,6 +27,9 @@ from pydantic import Field
 from runstate.defs.eventstore.jobs import RUN_EVENTS_ASSET, STORE_RETRY_POLICY
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.eventstore import ProjectionReport
+
+# single_run backfills are what we want; the beta notice would print on every CLI call and test.
+warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 
 RUN_START_DAYS = dg.DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)
 BACKFILL_TAG = "dagster/backfill"
