@@ -20,6 +20,8 @@ from runstate.wal import tables as t
 from runstate.wal.changes import DATASET_ID_PATTERN
 
 DEFAULT_MAX_BATCH_SIZE = 500
+# DynamoDB Streams may answer empty pages before reaching the records of a shard: follow a few of them.
+MAX_EMPTY_PAGES = 3
 # Errors meaning "this shard position is gone": restart the shard at TRIM_HORIZON; the sweep covers the rest.
 LOST_POSITION_ERRORS = ("TrimmedDataAccessException", "ExpiredIteratorException", "ResourceNotFoundException")
 
@@ -198,8 +200,8 @@ def _read_shard(
     """Read one shard from `position` until it is caught up or `limit` records; (keys, position, closed)."""
     iterator = _shard_iterator(streams_client, stream_arn, shard_id, position)
     keys: list[WalKey] = []
-    read = 0
-    while iterator and read < limit:
+    read = empty_pages = 0
+    while iterator and read < limit and empty_pages < MAX_EMPTY_PAGES:
         try:
             page = streams_client.get_records(ShardIterator=iterator, Limit=min(1000, limit - read))
         except ClientError as error:
@@ -215,8 +217,7 @@ def _read_shard(
                 keys.append(key)
         read += len(records)
         iterator = page.get("NextShardIterator")
-        if not records:
-            break
+        empty_pages = 0 if records else empty_pages + 1
     return keys, position, iterator is None
 
 

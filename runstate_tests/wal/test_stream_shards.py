@@ -48,6 +48,9 @@ class FakeStreams:
             raise ClientError({"Error": {"Code": code, "Message": "x"}}, "GetRecords")
         shard_id, start = ShardIterator.split("|")
         shard = self.shards[shard_id]
+        if shard.get("leading_empty_pages", 0) > 0:
+            shard["leading_empty_pages"] -= 1
+            return {"Records": [], "NextShardIterator": ShardIterator}
         page = shard["records"][int(start) : int(start) + Limit]
         nxt = int(start) + len(page)
         done = shard["closed"] and nxt >= len(shard["records"])
@@ -105,3 +108,12 @@ def test_shards_gone_from_the_stream_are_forgotten():
     _, cursor = read_stream(streams, FakeTable(), "wal", old_cursor)
 
     assert cursor == {"stream_arn": ARN, "shards": {"new": None}, "done": []}
+
+
+def test_empty_pages_before_the_records_are_followed():
+    streams = FakeStreams({"s": {"parent": None, "records": [_record(1, "a", 1)], "closed": False,
+                                 "leading_empty_pages": 2}})
+
+    keys, _ = read_stream(streams, FakeTable(), "wal", None)
+
+    assert keys == [WalKey("a", 1)]
