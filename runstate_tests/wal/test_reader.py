@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runstate.wal import BlobIntegrityError, Change, DatasetReader, WalProducer, flush_batch, read_stream
+from runstate.wal import BlobIntegrityError, Change, DatasetReader, WalProducer, flush_batch
 from runstate.wal.changes import fold
 
 
