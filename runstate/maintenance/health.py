@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from runstate.maintenance.catalog import CATALOG, parse_cadence_hours, parse_enabled, ENABLED_PROPERTY, CADENCE_PROPERTY
+from runstate.maintenance.catalog import CADENCE_PROPERTY, CATALOG, ENABLED_PROPERTY, parse_cadence_hours, parse_enabled
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 
 if TYPE_CHECKING:
