@@ -5,7 +5,9 @@ One DynamoDB table holds three kinds of item, all keyed (DatasetId S, SeqNo N):
   and BlobKey + AppliedAt once applied;
 - the dataset meta row: (dataset, 0) with LastSeq (seq hint), LastAppliedSeq and Kind="DatasetMeta";
 - client-token rows: ("#token#<dataset>#<token>", 0) with Checksum, Floor and, once written, AssignedSeq.
-Dataset ids never start with '#', so token rows cannot collide with datasets.
+Dataset ids never start with '#', so token rows cannot collide with datasets. Producer rows have
+Type DELTA; SNAPSHOT blobs are written by compaction and referenced from the manifest only. BlobKey is
+the blob that holds the row (set when the row is applied: its key is only known once it is batched).
 """
 
 from __future__ import annotations
