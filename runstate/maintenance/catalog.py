@@ -40,14 +40,14 @@ def parse_enabled(value: str | None) -> bool | None:
 
 
 def parse_cadence_hours(value: str | None) -> int | None:
-    """A positive whole number of hours, else None (a bad value must not stop the inventory)."""
+    """A whole number of hours (0: no minimum interval), else None (a bad value must not stop the inventory)."""
     if value is None:
         return None
     try:
         hours = int(value.strip())
     except ValueError:
         return None
-    return hours if hours > 0 else None
+    return hours if hours >= 0 else None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Per table, in this order (the cheap checks first, so Spark only looks at candidates):
 1. skip when the table is not opted in (`runstate.maintenance.enabled` is not true);
 2. skip when it already has an active (pending or running) job;
-3. skip when its last job was submitted within its cadence;
+3. skip when its last job was submitted within its cadence (`cadence-hours` 0: no minimum interval);
 4. analyze health (and keep the snapshot); a healthy table is counted healthy;
 5. an unhealthy table gets a job with the recommended actions, or only advice in dry-run mode.
 Every run writes one orchestrator_runs row with all its counters, also when it fails.
@@ -100,7 +100,7 @@ class OrchestratorReport:
 def _cadence_hours(entry: Any, default: int) -> int:
     payload = getattr(entry, "payload", None) or {}
     value = payload.get("maintenance_cadence_hours")
-    return value if isinstance(value, int) and value > 0 else default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
 
 
 class Orchestrator:
@@ -141,7 +141,7 @@ class Orchestrator:
         if active is not None:
             return TableDecision(key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id)
         cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
-        last = self.store.list_jobs(table_key=ref.key, limit=1)
+        last = self.store.list_jobs(table_key=ref.key, limit=1) if cadence else []
         if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
             return TableDecision(key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id)
         try:

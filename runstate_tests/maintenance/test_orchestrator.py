@@ -57,8 +57,9 @@ def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(sto
 
 def test_a_per_table_cadence_overrides_the_default(store):
     store.replace_table_cache([CachedTable("db", "hourly", True, {"maintenance_cadence_hours": 1}),
-                               CachedTable("db", "daily", True, {})])
-    for table in ("hourly", "daily"):
+                               CachedTable("db", "daily", True, {}),
+                               CachedTable("db", "always", True, {"maintenance_cadence_hours": 0})])
+    for table in ("hourly", "daily", "always"):
         store.submit("db", table, ["rewrite_manifests"])
         store.complete(store.claim("w", lease_seconds=60), "completed")
     analyzed = []
@@ -70,7 +71,7 @@ def test_a_per_table_cadence_overrides_the_default(store):
     in_two_hours = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731
     report = Orchestrator(store, record_and_refuse, now=in_two_hours).run()
 
-    assert analyzed == ["db.hourly"]  # past its 1 h cadence; "daily" is still within 24 h
+    assert sorted(analyzed) == ["db.always", "db.hourly"]  # past its 1 h cadence, no cadence; "daily" within 24 h
     assert decisions(report)["db.daily"] == SKIPPED_CADENCE
     assert report.status == "completed_with_errors" and "db.hourly" in report.error
     assert store.orchestrator_runs(limit=1)[0].error == report.error
