@@ -1,7 +1,7 @@
 """Flush: turn a dataset's pending WAL rows into one delta blob, publish it, and mark the rows Applied.
 
 Order of the steps, and why each crash point is safe (re-running gives the same final state):
-1. Read the manifest (version V) and re-read WAL rows V+1..last with consistent BatchGetItems; rows <= V are
+1. Read the manifest (version V) and re-read WAL rows V+1..last with consistent reads; rows <= V are
    already applied and skipped. Verify every row's checksum; a mismatch or a missing seq raises
    WalIntegrityError naming the dataset and seq, before anything is written.
 2. Encode the rows as a deterministic Parquet delta and PutObject it to a deterministic key
@@ -33,6 +33,8 @@ from runstate.wal.errors import WalContentionError, WalIntegrityError
 from runstate.wal.producer import get_rows
 
 MAX_MANIFEST_ATTEMPTS = 20
+# Up to this many rows, BatchGetItem (O(rows)); beyond, a Query (1 MB pages; moto sorts the table per Query).
+SMALL_RANGE = 200
 
 
 @dataclass(frozen=True)
@@ -134,8 +136,11 @@ def _put_delta(s3: Any, bucket: str, prefix: str, dataset_id: str, rows: list[Wa
 
 
 def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[WalRow]:
-    """WAL rows first..last (consistent BatchGetItem), checksums verified, every seq present."""
-    items = get_rows(dynamodb, table, dataset_id, range(first_seq, last_seq + 1))
+    """WAL rows first..last (consistent reads), checksums verified, every seq present."""
+    if last_seq - first_seq < SMALL_RANGE:
+        items = get_rows(dynamodb, table, dataset_id, range(first_seq, last_seq + 1))
+    else:
+        items = _query_range(dynamodb, table, dataset_id, first_seq, last_seq)
     rows = [_verified_row(dataset_id, item) for item in items]
     present = {row.seq for row in rows}
     for seq in range(first_seq, last_seq + 1):
@@ -144,6 +149,25 @@ def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_s
                 f"dataset {dataset_id!r}: WAL row seq {seq} is missing (needed to apply {first_seq}..{last_seq})"
             )
     return rows
+
+
+def _query_range(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
+        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
+        "ExpressionAttributeValues": {
+            ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
+        },
+        "ConsistentRead": True,
+    }
+    items: list[dict[str, Any]] = []
+    while True:
+        page = dynamodb.query(**request)
+        items.extend(page.get("Items", []))
+        if "LastEvaluatedKey" not in page:
+            return items
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
 def _verified_row(dataset_id: str, item: dict[str, Any]) -> WalRow:

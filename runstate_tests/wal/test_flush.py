@@ -192,3 +192,19 @@ def test_seqs_beyond_the_log_are_refused_and_nothing_is_written(wal):
 def test_bad_seqs_are_refused(wal, seqs):
     with pytest.raises(ValueError, match="orders"):
         _flush(wal, "orders", seqs)
+
+
+@pytest.mark.parametrize("small_range", [0, 1000], ids=["query", "batch-get"])
+def test_both_read_paths_give_the_same_blob_and_catch_a_missing_seq(wal, monkeypatch, small_range):
+    import runstate.wal.flush as flush_module
+
+    monkeypatch.setattr(flush_module, "SMALL_RANGE", small_range)
+    changes = _append(wal, "orders", 5)
+
+    with pytest.raises(WalIntegrityError, match="seq 6 is missing"):
+        _flush(wal, "orders", [6])
+    result = _flush(wal, "orders", [5])
+
+    assert result.blob_bytes == len(encode_delta(
+        (seq, [change]) for seq, change in enumerate(changes, start=1))[0])
+    assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (5, fold({}, changes))
