@@ -137,7 +137,7 @@ def create_table(spark: Any, name: str, files: int) -> None:
     spark.sql(
         f"CREATE TABLE {full} (id BIGINT, kind STRING, amount DOUBLE) USING iceberg TBLPROPERTIES ("
         "'format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
-        "'runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='1')"
+        "'runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='0')"
     )
     frame = spark.range(0, files * 50).selectExpr("id", "CASE WHEN id % 3 = 0 THEN 'view' ELSE 'click' END AS kind",
                                                    "CAST(id % 97 AS DOUBLE) AS amount")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,12 @@ def test_core_packages_never_import_dagster():
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
-def test_dagster_definitions_validate_passes():
+def test_dagster_definitions_validate_passes(tmp_path):
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}  # an empty home: validation needs no storage
     result = subprocess.run(
         [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,

@@ -44,6 +44,6 @@ def test_demo_runs_end_to_end_twice(fresh_database: str, moto_endpoint: str, tmp
         assert f"{dataset:<12} version 8 " in first and f"{dataset:<12} version 8 " in second
     for table in ("demo.page_views", "demo.orders"):
         line = next(line for line in second.splitlines() if table in line)
-        assert "12 -> 1" in line and line.rstrip().endswith("True"), line
+        assert "12 -> 1 " in line and line.rstrip().endswith("True"), line
     assert "FAILED RUNS" not in first + second
     assert "runstate dev" in second

@@ -96,4 +96,5 @@ run_snapshots_job = dg.define_asset_job(
     "run_snapshots_job",
     selection=[run_snapshots],
     tags={"runstate/domain": "eventstore"},
+    description="Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch).",
 )
