@@ -77,6 +77,10 @@ def seed(world: World, dataset_id: str, rows: int, threads: int) -> list[int]:
     producer = WalProducer(world.dynamodb, world.table)
     with ThreadPoolExecutor(max_workers=threads) as pool:
         seqs = list(pool.map(lambda i: producer.append(dataset_id, [Change.upsert(f"k{i}", {"i": i})]), range(rows)))
+    # Concurrent appends must get distinct seqs: a repeated seq would be a lost change.
+    repeated = sorted({seq for seq in seqs if seqs.count(seq) > 1}) if len(set(seqs)) != len(seqs) else []
+    if repeated:
+        raise SystemExit(f"seeding: {len(seqs)} appends returned {len(set(seqs))} distinct seqs; repeated: {repeated[:10]}")
     return sorted(seqs)
 
 
