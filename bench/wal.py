@@ -46,7 +46,7 @@ from runstate.wal import tables as t  # noqa: E402
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=5000, help="WAL rows in the measured flush (default 5000)")
-    parser.add_argument("--seed-threads", type=int, default=4, help="appending threads while seeding")
+    parser.add_argument("--seed-threads", type=int, default=1, help="appending threads while seeding (moto does not serialise concurrent conditional puts: keep 1)")
     parser.add_argument("--timer-seconds", type=float, default=30.0, help="sensor tick interval (deployed: 30)")
     parser.add_argument("--lag-rounds", type=int, default=2, help="timer periods during which rows are appended")
     parser.add_argument("--lag-rows", type=int, default=60, help="rows appended during the lag phase")
