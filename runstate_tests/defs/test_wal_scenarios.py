@@ -262,3 +262,41 @@ def test_timer_drift_skipped_and_late_ticks_lose_nothing(world: WalWorld, instan
 def test_the_sensor_is_the_30_second_flush_timer() -> None:
     assert wal_sensor.minimum_interval_seconds == 30
     assert wal_sensor.job_name == "flush_wal"
+
+
+def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_plain_fold(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    """Shell-level model check (the core's own runs 5,000 changes): random appends over 5 datasets, retried
+    appends with the same client token, S3 faults that sometimes outlast a run's retries, ticks in between."""
+    import random
+
+    rng = random.Random(20261126)
+    fault_key = unique_name("fault")
+    defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key, max_batch_size=25))
+    producer = world.producer()
+    expected: dict[str, list[Change]] = {}
+    for step in range(240):
+        dataset_id = f"ds{rng.randrange(5)}"
+        key = f"k{rng.randrange(30)}"
+        change = Change.delete(key) if rng.random() < 0.2 else Change.upsert(key, rng.randrange(1000))
+        token = f"t{step}"
+        producer.append(dataset_id, [change], client_token=token)
+        if rng.random() < 0.2:
+            producer.append(dataset_id, [change], client_token=token)  # a retried append: no second row
+        expected.setdefault(dataset_id, []).append(change)
+        if step % 60 == 59:
+            PUT_FAILURES[fault_key] = rng.choice([0, 2, 6])  # 6 outlasts a run's 3 retries
+            tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    PUT_FAILURES[fault_key] = 0
+    for _ in range(10):  # the fault has cleared: later ticks drain everything
+        if tick_sensor("wal_sensor", defs=defs, instance=instance).requested == 0:
+            break
+
+    failed_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
+    assert failed_runs  # the faults really outlasted some runs' retries
+    for dataset_id, changes in expected.items():
+        assert len(world.statuses(dataset_id)) == len(changes)  # duplicates wrote no extra row
+        assert all_applied(world, dataset_id)
+        assert reader_state(world, dataset_id) == (len(changes), fold({}, changes))
