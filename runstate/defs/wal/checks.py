@@ -21,4 +21,8 @@ def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
 
 
 # The check runs on its own every 10 minutes, not only after a materialization.
-wal_lag_job = dg.define_asset_job("wal_lag_check", selection=dg.AssetSelection.checks(wal_lag))
+wal_lag_job = dg.define_asset_job(
+    "wal_lag_check",
+    selection=dg.AssetSelection.checks(wal_lag),
+    description="Evaluate the wal_lag check: fail when the oldest Pending WAL row is older than 1 h.",
+)
