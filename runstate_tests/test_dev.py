@@ -10,35 +10,17 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import dagster
 import pytest
 
+from runstate_tests.devserver import free_port, graphql_version, wait_for_graphql
+
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 SERVICE_VARS = ("RUNSTATE_PG_URL", "DAGSTER_PG_URL", "RUNSTATE_AWS_ENDPOINT_URL", "RUNSTATE_HOME", "DAGSTER_HOME")
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _graphql_version(port: int) -> str | None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.load(response)["data"]["version"]
-    except (urllib.error.URLError, OSError, KeyError, ValueError):
-        return None
 
 
 def _descendants(pid: int) -> set[int]:
@@ -85,7 +67,7 @@ def dev_home():
 
 
 def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, dev_home):
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and not k.startswith("SNOWFLAKE_")}
     env.update(RUNSTATE_HOME=str(dev_home), RUNSTATE_PG_URL=fresh_database,
                DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1))
@@ -94,12 +76,7 @@ def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, de
         dev = subprocess.Popen([RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
                                preexec_fn=_ignore_int_and_term)
     try:
-        deadline = time.monotonic() + 180
-        version = None
-        while version is None and time.monotonic() < deadline and dev.poll() is None:
-            version = _graphql_version(port)
-            if version is None:
-                time.sleep(0.5)  # readiness poll of a server in another process; no tick to drive here
+        version = wait_for_graphql(port, dev)
         assert version == dagster.__version__, log.read_text()[-3000:]
         services = json.loads((dev_home / ".runstate" / "services.json").read_text())
         service_pids = {r["pid"] for r in services.values() if r["pid"]}  # they outlive dev, by design
@@ -110,7 +87,7 @@ def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, de
         code = dev.wait(timeout=120)
 
         assert code == 0, log.read_text()[-3000:]
-        assert _graphql_version(port) is None
+        assert graphql_version(port) is None
         assert {pid: cmd for pid, cmd in dagster_processes.items() if _alive(pid)} == {}
         assert all(_alive(pid) for pid in service_pids)
         assert "Dagster services shut down" in log.read_text()

@@ -12,8 +12,7 @@ from typing import Mapping
 from runstate import migrations
 from runstate.services.http import http_answers
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, find_binary, free_port, is_running, logs_dir,
-    port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
+    EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, find_binary, port_answers,
 )
 
 # Not "RUNSTATE": fakesnow (duckdb) finds RUNSTATE.RUNSTATE ambiguous once the schema shares the name.
@@ -42,21 +41,9 @@ def ensure_fakesnow(caller_env: Mapping[str, str], previous: ServiceRecord | Non
             raise ServiceError(f"fakesnow: SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
                                "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow.")
         return ServiceRecord("fakesnow", EXTERNAL, f"{protocol}://{host}:{remote_port}")
-    if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
-        return previous
-    if port:
-        require_free_port("fakesnow", port, "--fakesnow-port")
-    elif previous and previous.port and port_is_free(previous.port):
-        port = previous.port
-    else:
-        port = free_port()
     _require_fakesnow_installed()
-    log = logs_dir() / "fakesnow.log"
-    process = spawn_detached(fakesnow_argv(port), log_path=log)
-    url = f"http://{LOOPBACK}:{port}"
-    wait_until(lambda: healthy(url), timeout=60, process=process, what="fakesnow", log=log)
-    return ServiceRecord("fakesnow", EMBEDDED, url, port=port, pid=process.pid,
-                         pid_start=process_start_time(process.pid), log=str(log))
+    return embedded_service("fakesnow", previous, port=port, port_option="--fakesnow-port", argv=fakesnow_argv,
+                            healthy=healthy)
 
 
 def _require_fakesnow_installed() -> None:

@@ -6,10 +6,7 @@ import sys
 from typing import Mapping
 
 from runstate.services.http import http_answers
-from runstate.services.state import (
-    EMBEDDED, EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, find_binary, free_port, is_running, logs_dir,
-    port_is_free, process_start_time, require_free_port, spawn_detached, wait_until,
-)
+from runstate.services.state import EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, find_binary
 
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -37,21 +34,8 @@ def ensure_moto(caller_env: Mapping[str, str], previous: ServiceRecord | None, *
             raise ServiceError(f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
                                "or unset it to let `runstate services up` start moto.")
         return ServiceRecord("moto", EXTERNAL, url)
-    if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
-        return previous
-    if port:
-        require_free_port("moto", port, "--moto-port")
-    elif previous and previous.port and port_is_free(previous.port):
-        port = previous.port
-    else:
-        port = free_port()
     _require_moto_installed()
-    log = logs_dir() / "moto.log"
-    process = spawn_detached(moto_argv(port), log_path=log)
-    url = f"http://{LOOPBACK}:{port}"
-    wait_until(lambda: healthy(url), timeout=60, process=process, what="moto_server", log=log)
-    return ServiceRecord("moto", EMBEDDED, url, port=port, pid=process.pid,
-                         pid_start=process_start_time(process.pid), log=str(log))
+    return embedded_service("moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy)
 
 
 def _require_moto_installed() -> None:

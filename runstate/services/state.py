@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from runstate.config import state_dir
 
@@ -244,3 +244,29 @@ def wait_until(check, *, timeout: float, process: subprocess.Popen | None = None
                                f"{log_tail(log)}")
         time.sleep(0.2)
     raise ServiceError(f"{what} did not become ready within {timeout:.0f}s; last log lines:\n{log_tail(log)}")
+
+
+def embedded_service(
+    name: str,
+    previous: ServiceRecord | None,
+    *,
+    port: int | None,
+    port_option: str,
+    argv: Callable[[int], list[str]],
+    healthy: Callable[[str], bool],
+) -> ServiceRecord:
+    """Reuse a healthy embedded server of ours, else start one detached on the asked, previous or a free port."""
+    if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
+        return previous
+    if port:
+        require_free_port(name, port, port_option)
+    elif previous and previous.port and port_is_free(previous.port):
+        port = previous.port
+    else:
+        port = free_port()
+    log = logs_dir() / f"{name}.log"
+    process = spawn_detached(argv(port), log_path=log)
+    url = f"http://{LOOPBACK}:{port}"
+    wait_until(lambda: healthy(url), timeout=60, process=process, what=name, log=log)
+    return ServiceRecord(name, EMBEDDED, url, port=port, pid=process.pid,
+                         pid_start=process_start_time(process.pid), log=str(log))
