@@ -22,18 +22,17 @@ import json
 import logging
 import queue
 import random
-import threading
-from collections import OrderedDict
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import psycopg
 from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
@@ -41,14 +40,11 @@ from runstate.eventstore.contract import (
     ConcurrencyConflict,
     EventStoreError,
     EventType,
-    InvalidEvent,
     NewEvent,
-    ProjectionReport,
     Resume,
     RunSnapshot,
     StoredEvent,
     ValidEvent,
-    validate_batch,
 )
 from runstate.eventstore.rows import as_stored as _as_stored, validate_imported as _validate_imported
 from runstate.eventstore.projection import fold
@@ -56,8 +52,6 @@ from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
     ChosenSnapshot,
-    SnapshotMetrics,
-    SnapshotPolicy,
     StoredSnapshot,
     canonical_json,
     choose_valid,
@@ -70,7 +64,6 @@ T = TypeVar("T")
 
 _RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 _MAX_ATTEMPTS = 20
-_PAGE = 10_000
 
 EVENT_COLUMNS = (
     "run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,"
@@ -117,7 +110,7 @@ class _Stream:
     archived: bool
 
 
-class PostgresEventStore:
+class PostgresEventStore(_EventStoreBase):
     """The event store on Postgres; thread-safe (a small internal connection pool)."""
 
     def __init__(
@@ -138,35 +131,14 @@ class PostgresEventStore:
         if int(max_event_bytes) < 1:
             raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes!r}")
         self.partitions = int(partitions)
-        self.max_event_bytes = int(max_event_bytes)
-        self.policy = SnapshotPolicy(
-            interval=int(snapshot_interval), keep=int(keep_snapshots),
-            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+        self._init_policy(
+            max_event_bytes=max_event_bytes, snapshot_interval=snapshot_interval,
+            keep_snapshots=keep_snapshots, large_snapshot_bytes=large_snapshot_bytes,
         )
-        self.snapshot_interval = self.policy.interval
-        self.metrics = SnapshotMetrics()
         self._dsn = dsn
         self._conninfo = _with_search_path(dsn, self.schema)
-        self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
-        self._closed = False
-        # The last projection snapshot this store committed per run: the next interval snapshot
-        # folds only the new batch onto it instead of re-reading and decoding from the database.
-        self._recent: OrderedDict[str, RunSnapshot] = OrderedDict()
-        self._recent_lock = threading.Lock()
-
-    def _remember(self, snapshot: RunSnapshot | None) -> None:
-        if snapshot is None:
-            return
-        with self._recent_lock:
-            self._recent[snapshot.run_id] = snapshot
-            self._recent.move_to_end(snapshot.run_id)
-            while len(self._recent) > 4096:
-                self._recent.popitem(last=False)
-
-    def _recalled(self, run_id: str) -> RunSnapshot | None:
-        with self._recent_lock:
-            return self._recent.get(run_id)
+        self._init_pool(pool_size)
+        self._init_recent()
 
     # -- connections --------------------------------------------------------------------------
 
@@ -223,12 +195,6 @@ class PostgresEventStore:
             except queue.Empty:
                 return
 
-    def __enter__(self) -> "PostgresEventStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- schema -------------------------------------------------------------------------------
 
     def ensure_schema(self) -> None:
@@ -249,16 +215,9 @@ class PostgresEventStore:
 
     # -- append -------------------------------------------------------------------------------
 
-    def append(self, event: NewEvent) -> AppendResult:
-        if not isinstance(event, NewEvent):
-            raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
-        return self.append_batch(event.run_id, [event])[0]
-
     def append_batch(self, run_id: str, events: Sequence[NewEvent], state: Any = None) -> list[AppendResult]:
         """Append atomically; duplicates (stored or within the batch) return the existing run_seq."""
-        valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
-        if state is not None:
-            canonical_json(run_id, state)  # bad state is bad input: reject before any write
+        valid = self._validate_append(run_id, events, state)
         if not valid:
             return []
         projected: list[RunSnapshot] = []
@@ -299,17 +258,7 @@ class PostgresEventStore:
     ) -> list[AppendResult]:
         stream = self._lock_stream(conn, run_id)
         known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
-        results: list[AppendResult] = []
-        new: list[tuple[int, ValidEvent]] = []
-        next_seq = stream.last_seq
-        for event in valid:
-            if event.idempotency_key in known:
-                results.append(AppendResult(known[event.idempotency_key], idempotent=True, persisted=False))
-                continue
-            next_seq += 1
-            known[event.idempotency_key] = next_seq
-            new.append((next_seq, event))
-            results.append(AppendResult(next_seq, idempotent=False, persisted=True))
+        results, new, next_seq = self._assign_seqs(valid, known, stream.last_seq)
         if not new:
             return results
         conn.execute(_INSERT_BATCH, _batch_params(run_id, new, next_seq))
@@ -431,15 +380,6 @@ class PostgresEventStore:
             ).fetchall()
         return [_row_to_event(row) for row in rows]
 
-    def _fetch_all(self, conn: psycopg.Connection, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
-        events: list[StoredEvent] = []
-        while True:
-            page = self._fetch(conn, run_id, after_seq, _PAGE, upto)
-            events.extend(page)
-            if len(page) < _PAGE:
-                return events
-            after_seq = page[-1].run_seq
-
     def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
         with self._connection() as conn:
             rows = conn.execute(
@@ -489,47 +429,20 @@ class PostgresEventStore:
 
     # -- projection ---------------------------------------------------------------------------
 
-    def project(self, run_id: str) -> RunSnapshot:
-        """Fold only the events above the stored watermark; optimistic on `version`."""
-        return self._project(run_id)[0]
-
-    def rebuild(self, run_id: str) -> RunSnapshot:
-        """Replay every event from scratch and store the result (the version moves only on change)."""
-        return self._rebuild(run_id)[0]
-
-    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
-        """project (or rebuild) each run; counts for the Dagster asset's metadata."""
-        runs = changed = applied = 0
-        for run_id in run_ids:
-            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
-            runs, changed, applied = runs + 1, changed + moved, applied + folded
-        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
-
     def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         for _ in range(_MAX_ATTEMPTS):
             with self._connection() as conn:
-                stored = self._stored_projection(conn, run_id)
-                base = stored or RunSnapshot.empty(run_id)
-                events = self._fetch_all(conn, run_id, base.last_event_seq)
-                if not events:
-                    return base, False, 0
-                updated = fold(base, events)
-                if self._save_projection(conn, run_id, updated, stored):
-                    return updated.with_version(base.version + 1), True, len(events)
+                done = self._project_once(conn, run_id)
+                if done is not None:
+                    return done
         raise ConcurrencyConflict(f"project run {run_id!r}: the stored snapshot kept changing")
 
     def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         for _ in range(_MAX_ATTEMPTS):
             with self._connection() as conn:
-                stored = self._stored_projection(conn, run_id)
-                events = self._fetch_all(conn, run_id, 0)
-                fresh = fold(RunSnapshot.empty(run_id), events)
-                if fresh.last_event_seq == 0 and stored is None:
-                    return fresh, False, 0
-                if stored is not None and stored.same_state(fresh):
-                    return stored, False, len(events)
-                if self._save_projection(conn, run_id, fresh, stored):
-                    return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
+                done = self._rebuild_once(conn, run_id)
+                if done is not None:
+                    return done
         raise ConcurrencyConflict(f"rebuild run {run_id!r}: the stored snapshot kept changing")
 
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
@@ -569,10 +482,7 @@ class PostgresEventStore:
                 run_id, [StoredSnapshot(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows], self.metrics
             )
             events = self._fetch_all(conn, run_id, chosen.seq)
-        if chosen.seq == 0 and not chosen.fallbacks and len(events) >= self.policy.interval:
-            self.metrics.record_missing(run_id, len(events), self.policy.interval)
-        self.metrics.record_resume(chosen.seq, len(events), time.perf_counter() - started)
-        return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
+        return self._record_resume(run_id, Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks), started)
 
     # -- archival and import ------------------------------------------------------------------
 
@@ -582,12 +492,7 @@ class PostgresEventStore:
         Each chunk of runs moves in one transaction (DELETE ... RETURNING feeding the INSERT), so an
         event is in exactly one of the two tables; a second call finds nothing left to move.
         """
-        if not isinstance(older_than_days, int) or older_than_days < 0:
-            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
-        now = now or datetime.now(timezone.utc)
-        if now.tzinfo is None:
-            raise ValueError("now must be timezone-aware")
-        cutoff = now - timedelta(days=older_than_days)
+        cutoff = self._archive_cutoff(older_than_days, now)
 
         def chunk(conn: psycopg.Connection) -> tuple[int, int]:
             runs = [r[0] for r in conn.execute(
@@ -612,20 +517,12 @@ class PostgresEventStore:
             )
             return len(runs), moved
 
-        total = 0
-        while True:
-            runs, moved = self._run("archive", chunk)
-            total += moved
-            if runs < batch_runs:
-                return total
+        return self._archive_chunks(chunk, batch_runs)
 
     def import_events(self, events: Iterable[StoredEvent]) -> int:
         """Insert stored events keeping their run_seq (migration); already-present keys are skipped."""
-        by_run: dict[str, list[StoredEvent]] = {}
-        for event in events:
-            by_run.setdefault(event.run_id, []).append(event)
         written = 0
-        for run_id, run_events in by_run.items():
+        for run_id, run_events in self._by_run(events).items():
             valid = _validate_imported(run_id, run_events, self.max_event_bytes)
             written += self._run(f"import into run {run_id!r}", lambda conn: self._import_tx(conn, run_id, valid))
         return written
@@ -636,18 +533,7 @@ class PostgresEventStore:
         taken = {r[0] for r in conn.execute(
             "SELECT run_seq FROM run_events WHERE run_id = %s AND run_seq = ANY(%s)", (run_id, [s for s, _ in valid])
         ).fetchall()}
-        fresh = []
-        for seq, event in valid:
-            if event.idempotency_key in keys:
-                if keys[event.idempotency_key] != seq:
-                    raise EventStoreError(
-                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
-                        f"{keys[event.idempotency_key]}, the import has it at {seq}"
-                    )
-                continue
-            if seq in taken:
-                raise EventStoreError(f"run {run_id!r}: run_seq {seq} is already taken by a different event")
-            fresh.append((seq, event))
+        fresh = self._fresh_imports(run_id, valid, keys, taken)
         if fresh:
             top = max(stream.last_seq, max(seq for seq, _ in fresh))
             conn.execute(_INSERT_BATCH, _batch_params(run_id, fresh, top))

@@ -26,11 +26,11 @@ import queue
 import random
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
+from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
@@ -38,22 +38,17 @@ from runstate.eventstore.contract import (
     ConcurrencyConflict,
     EventStoreError,
     EventType,
-    InvalidEvent,
     NewEvent,
-    ProjectionReport,
     Resume,
     RunSnapshot,
     StoredEvent,
     ValidEvent,
-    validate_batch,
 )
 from runstate.eventstore.projection import fold
 from runstate.eventstore.rows import as_stored, validate_imported
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
-    SnapshotMetrics,
-    SnapshotPolicy,
     StoredSnapshot,
     canonical_json,
     choose_valid,
@@ -65,7 +60,6 @@ log = logging.getLogger("runstate.eventstore.snowflake")
 T = TypeVar("T")
 
 _MAX_ATTEMPTS = 80
-_PAGE = 10_000
 _COLUMNS = (
     "RUN_ID, RUN_SEQ, EVENT_ID, STEP_ID, ENGINE_ATTEMPT_ID, LOGICAL_ATTEMPT_ID, PLAN_VERSION, EVENT_TYPE,"
     " EVENT_DATA, IDEMPOTENCY_KEY, CAUSED_BY_SIGNAL_ID, PARENT_EVENT_ID, EMITTED_AT, PERSISTED_AT,"
@@ -84,7 +78,7 @@ _SOURCE_SELECT = (
 )
 
 
-class SnowflakeEventStore:
+class SnowflakeEventStore(_EventStoreBase):
     """The event store on Snowflake through snowflake-connector-python; thread-safe."""
 
     def __init__(
@@ -112,34 +106,14 @@ class SnowflakeEventStore:
                 return snowflake.connector.connect(**kwargs)
 
         self._factory = connection_factory
-        self.max_event_bytes = int(max_event_bytes)
-        self.policy = SnapshotPolicy(
-            interval=int(snapshot_interval), keep=int(keep_snapshots),
-            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+        self._init_policy(
+            max_event_bytes=max_event_bytes, snapshot_interval=snapshot_interval,
+            keep_snapshots=keep_snapshots, large_snapshot_bytes=large_snapshot_bytes,
         )
-        self.snapshot_interval = self.policy.interval
-        self.metrics = SnapshotMetrics()
-        self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
-        self._closed = False
+        self._init_pool(pool_size)
         self._merge_in_tx = merge_in_transactions
         self._probe_lock = threading.Lock()
-        # The last projection snapshot committed per run (see PostgresEventStore._recent).
-        self._recent: OrderedDict[str, RunSnapshot] = OrderedDict()
-        self._recent_lock = threading.Lock()
-
-    def _remember(self, snapshot: RunSnapshot | None) -> None:
-        if snapshot is None:
-            return
-        with self._recent_lock:
-            self._recent[snapshot.run_id] = snapshot
-            self._recent.move_to_end(snapshot.run_id)
-            while len(self._recent) > 4096:
-                self._recent.popitem(last=False)
-
-    def _recalled(self, run_id: str) -> RunSnapshot | None:
-        with self._recent_lock:
-            return self._recent.get(run_id)
+        self._init_recent()
 
     def _t(self, table: str) -> str:
         return f"{self.schema}.{table}"
@@ -207,12 +181,6 @@ class SnowflakeEventStore:
             except queue.Empty:
                 return
 
-    def __enter__(self) -> "SnowflakeEventStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- schema -------------------------------------------------------------------------------
 
     def ensure_schema(self) -> None:
@@ -253,15 +221,8 @@ class SnowflakeEventStore:
 
     # -- append -------------------------------------------------------------------------------
 
-    def append(self, event: NewEvent) -> AppendResult:
-        if not isinstance(event, NewEvent):
-            raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
-        return self.append_batch(event.run_id, [event])[0]
-
     def append_batch(self, run_id: str, events: Sequence[NewEvent], state: Any = None) -> list[AppendResult]:
-        valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
-        if state is not None:
-            canonical_json(run_id, state)
+        valid = self._validate_append(run_id, events, state)
         if not valid:
             return []
         self._merge_usable()
@@ -342,17 +303,7 @@ class SnowflakeEventStore:
         last_seq, count, archived = self._lock_stream(cur, run_id)
         keys = sorted({v.idempotency_key for v in valid})
         known = self._existing_keys(cur, run_id, keys, archived) if (count or archived) else {}
-        results: list[AppendResult] = []
-        new: list[tuple[int, ValidEvent]] = []
-        next_seq = last_seq
-        for event in valid:
-            if event.idempotency_key in known:
-                results.append(AppendResult(known[event.idempotency_key], idempotent=True, persisted=False))
-                continue
-            next_seq += 1
-            known[event.idempotency_key] = next_seq
-            new.append((next_seq, event))
-            results.append(AppendResult(next_seq, idempotent=False, persisted=True))
+        results, new, next_seq = self._assign_seqs(valid, known, last_seq)
         if not new:
             return results
         inserted = self._merge_events(cur, run_id, new, persisted_at=None)
@@ -466,7 +417,7 @@ class SnowflakeEventStore:
             return fold(fold(recalled, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
         chosen = choose_valid(run_id, self._snapshots(cur, run_id, upto=stored_upto, kind=KIND_PROJECTION), self.metrics)
         base = RunSnapshot.from_dict(chosen.state) if chosen.kind == KIND_PROJECTION else RunSnapshot.empty(run_id)
-        stored = self._projection_row(cur, run_id)
+        stored = self._stored_projection(cur, run_id)
         if stored is not None and base.last_event_seq < stored.last_event_seq <= stored_upto:
             base = stored
         events = self._fetch_all(cur, run_id, base.last_event_seq, upto=stored_upto)
@@ -506,15 +457,6 @@ class SnowflakeEventStore:
             params.append(upto)
         cur.execute(query + " ORDER BY RUN_SEQ LIMIT %s", params + [limit])
         return [_row_to_event(row) for row in cur.fetchall()]
-
-    def _fetch_all(self, cur: Any, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
-        events: list[StoredEvent] = []
-        while True:
-            page = self._fetch(cur, run_id, after_seq, _PAGE, upto)
-            events.extend(page)
-            if len(page) < _PAGE:
-                return events
-            after_seq = page[-1].run_seq
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple]:
         def work(cur: Any) -> list[tuple]:
@@ -566,52 +508,26 @@ class SnowflakeEventStore:
 
     # -- projection ---------------------------------------------------------------------------
 
-    def _projection_row(self, cur: Any, run_id: str) -> RunSnapshot | None:
+    def _stored_projection(self, cur: Any, run_id: str) -> RunSnapshot | None:
         cur.execute(f"SELECT SNAPSHOT_DATA, VERSION FROM {self._t('RUN_SNAPSHOTS')} WHERE RUN_ID = %s", (run_id,))
         row = cur.fetchone()
         return RunSnapshot.from_dict(_json(row[0]), version=int(row[1])) if row else None
 
-    def project(self, run_id: str) -> RunSnapshot:
-        """Fold only the events above the stored watermark; optimistic on VERSION."""
-        return self._project(run_id)[0]
-
-    def rebuild(self, run_id: str) -> RunSnapshot:
-        """Replay every event from scratch and store the result (the version moves only on change)."""
-        return self._rebuild(run_id)[0]
-
-    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
-        runs = changed = applied = 0
-        for run_id in run_ids:
-            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
-            runs, changed, applied = runs + 1, changed + moved, applied + folded
-        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
-
     def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            stored = self._projection_row(cur, run_id)
-            base = stored or RunSnapshot.empty(run_id)
-            events = self._fetch_all(cur, run_id, base.last_event_seq)
-            if not events:
-                return base, False, 0
-            updated = fold(base, events)
-            if not self._save_projection(cur, run_id, updated, stored):
+            done = self._project_once(cur, run_id)
+            if done is None:
                 raise _Retry("projection version moved")
-            return updated.with_version(base.version + 1), True, len(events)
+            return done
 
         return self._run(f"project run {run_id!r}", work, transactional=False)
 
     def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
         def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            stored = self._projection_row(cur, run_id)
-            events = self._fetch_all(cur, run_id, 0)
-            fresh = fold(RunSnapshot.empty(run_id), events)
-            if fresh.last_event_seq == 0 and stored is None:
-                return fresh, False, 0
-            if stored is not None and stored.same_state(fresh):
-                return stored, False, len(events)
-            if not self._save_projection(cur, run_id, fresh, stored):
+            done = self._rebuild_once(cur, run_id)
+            if done is None:
                 raise _Retry("projection version moved")
-            return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
+            return done
 
         return self._run(f"rebuild run {run_id!r}", work, transactional=False)
 
@@ -645,22 +561,13 @@ class SnowflakeEventStore:
             events = self._fetch_all(cur, run_id, chosen.seq)
             return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
 
-        result = self._run(f"resume run {run_id!r}", work, transactional=False)
-        if result.snapshot_seq == 0 and not result.fallbacks and len(result.events) >= self.policy.interval:
-            self.metrics.record_missing(run_id, len(result.events), self.policy.interval)
-        self.metrics.record_resume(result.snapshot_seq, len(result.events), time.perf_counter() - started)
-        return result
+        return self._record_resume(run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started)
 
     # -- archival and import ------------------------------------------------------------------
 
     def archive(self, older_than_days: int, now: datetime | None = None, *, batch_runs: int = 200) -> int:
         """Move events of runs finished > N days ago into RUN_EVENTS_ARCHIVE, a transaction per chunk."""
-        if not isinstance(older_than_days, int) or older_than_days < 0:
-            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
-        now = now or datetime.now(timezone.utc)
-        if now.tzinfo is None:
-            raise ValueError("now must be timezone-aware")
-        cutoff = (now - timedelta(days=older_than_days)).isoformat()
+        cutoff = self._archive_cutoff(older_than_days, now).isoformat()
 
         def chunk(cur: Any) -> tuple[int, int]:
             cur.execute(
@@ -686,18 +593,11 @@ class SnowflakeEventStore:
             cur.execute(f"DELETE FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID IN (%s)", (runs,))
             return len(runs), moved
 
-        total = 0
-        while True:
-            runs, moved = self._run("archive", chunk)
-            total += moved
-            if runs < batch_runs:
-                return total
+        return self._archive_chunks(chunk, batch_runs)
 
     def import_events(self, events: Iterable[StoredEvent]) -> int:
         """Insert stored events keeping run_seq and persisted_at; keys already present are skipped."""
-        by_run: dict[str, list[StoredEvent]] = {}
-        for event in events:
-            by_run.setdefault(event.run_id, []).append(event)
+        by_run = self._by_run(events)
         written = 0
         if by_run:
             self._merge_usable()
@@ -728,18 +628,7 @@ class SnowflakeEventStore:
                 f"SELECT RUN_SEQ FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s AND RUN_SEQ IN (%s)", (run_id, tuple(chunk))
             )
             taken.update(int(r[0]) for r in cur.fetchall())
-        fresh = []
-        for seq, event in valid:
-            if event.idempotency_key in keys:
-                if keys[event.idempotency_key] != seq:
-                    raise EventStoreError(
-                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
-                        f"{keys[event.idempotency_key]}, the import has it at {seq}"
-                    )
-                continue
-            if seq in taken:
-                raise EventStoreError(f"run {run_id!r}: run_seq {seq} is already taken by a different event")
-            fresh.append((seq, event))
+        fresh = self._fresh_imports(run_id, valid, keys, taken)
         if not fresh:
             return 0
         inserted = self._merge_events(cur, run_id, fresh, persisted_at=[stamps.get(s) for s, _ in fresh])

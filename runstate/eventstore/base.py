@@ -1,0 +1,226 @@
+"""_EventStoreBase: the backend-independent parts shared by PostgresEventStore and SnowflakeEventStore.
+
+A subclass supplies the storage specifics this class calls: `_run(what, work)` (a retried
+transaction), `_fetch(conn, run_id, after_seq, limit, upto)`, `_stored_projection(conn, run_id)`,
+`_save_projection(conn, run_id, snap, stored)`, `append_batch`, `_project`, `_rebuild` and `close`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import OrderedDict
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+from runstate.eventstore.contract import (
+    AppendResult,
+    EventStoreError,
+    InvalidEvent,
+    NewEvent,
+    ProjectionReport,
+    Resume,
+    RunSnapshot,
+    StoredEvent,
+    ValidEvent,
+    validate_batch,
+)
+from runstate.eventstore.projection import fold
+from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy, canonical_json
+
+_PAGE = 10_000
+_RECENT_RUNS = 4096
+
+_S = TypeVar("_S", bound="_EventStoreBase")
+
+
+class _EventStoreBase:
+    """Snapshot policy and metrics, the connection pool's slots, the recent-projection cache, and
+    the parts of append/projection/resume/archive/import that do not touch SQL."""
+
+    max_event_bytes: int
+    policy: SnapshotPolicy
+    snapshot_interval: int
+    metrics: SnapshotMetrics
+
+    def _init_policy(
+        self, *, max_event_bytes: int, snapshot_interval: int, keep_snapshots: int, large_snapshot_bytes: int
+    ) -> None:
+        self.max_event_bytes = int(max_event_bytes)
+        self.policy = SnapshotPolicy(
+            interval=int(snapshot_interval), keep=int(keep_snapshots),
+            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+        )
+        self.snapshot_interval = self.policy.interval
+        self.metrics = SnapshotMetrics()
+
+    def _init_pool(self, pool_size: int) -> None:
+        self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
+        self._closed = False
+
+    def _init_recent(self) -> None:
+        # The last projection snapshot this store committed per run: the next interval snapshot
+        # folds only the new batch onto it instead of re-reading and decoding from the database.
+        self._recent: OrderedDict[str, RunSnapshot] = OrderedDict()
+        self._recent_lock = threading.Lock()
+
+    def _remember(self, snapshot: RunSnapshot | None) -> None:
+        if snapshot is None:
+            return
+        with self._recent_lock:
+            self._recent[snapshot.run_id] = snapshot
+            self._recent.move_to_end(snapshot.run_id)
+            while len(self._recent) > _RECENT_RUNS:
+                self._recent.popitem(last=False)
+
+    def _recalled(self, run_id: str) -> RunSnapshot | None:
+        with self._recent_lock:
+            return self._recent.get(run_id)
+
+    def __enter__(self: _S) -> _S:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- append -------------------------------------------------------------------------------
+
+    def append(self, event: NewEvent) -> AppendResult:
+        if not isinstance(event, NewEvent):
+            raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
+        return self.append_batch(event.run_id, [event])[0]
+
+    def _validate_append(self, run_id: str, events: Sequence[NewEvent], state: Any) -> list[ValidEvent]:
+        valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
+        if state is not None:
+            canonical_json(run_id, state)  # bad state is bad input: reject before any write
+        return valid
+
+    @staticmethod
+    def _assign_seqs(
+        valid: list[ValidEvent], known: dict[str, int], last_seq: int
+    ) -> tuple[list[AppendResult], list[tuple[int, ValidEvent]], int]:
+        """(results, new (run_seq, event) rows, the new last_seq): a key already stored or earlier in
+        the batch keeps its run_seq; new events take the next ones after `last_seq` (adds to `known`)."""
+        results: list[AppendResult] = []
+        new: list[tuple[int, ValidEvent]] = []
+        next_seq = last_seq
+        for event in valid:
+            if event.idempotency_key in known:
+                results.append(AppendResult(known[event.idempotency_key], idempotent=True, persisted=False))
+                continue
+            next_seq += 1
+            known[event.idempotency_key] = next_seq
+            new.append((next_seq, event))
+            results.append(AppendResult(next_seq, idempotent=False, persisted=True))
+        return results, new, next_seq
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _fetch_all(self, conn: Any, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
+        events: list[StoredEvent] = []
+        while True:
+            page = self._fetch(conn, run_id, after_seq, _PAGE, upto)
+            events.extend(page)
+            if len(page) < _PAGE:
+                return events
+            after_seq = page[-1].run_seq
+
+    # -- projection ---------------------------------------------------------------------------
+
+    def project(self, run_id: str) -> RunSnapshot:
+        """Fold only the events above the stored watermark; optimistic on `version`."""
+        return self._project(run_id)[0]
+
+    def rebuild(self, run_id: str) -> RunSnapshot:
+        """Replay every event from scratch and store the result (the version moves only on change)."""
+        return self._rebuild(run_id)[0]
+
+    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
+        """project (or rebuild) each run; counts for the Dagster asset's metadata."""
+        runs = changed = applied = 0
+        for run_id in run_ids:
+            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
+            runs, changed, applied = runs + 1, changed + moved, applied + folded
+        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
+
+    def _project_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
+        """One optimistic projection attempt; None when another projector moved the version."""
+        stored = self._stored_projection(conn, run_id)
+        base = stored or RunSnapshot.empty(run_id)
+        events = self._fetch_all(conn, run_id, base.last_event_seq)
+        if not events:
+            return base, False, 0
+        updated = fold(base, events)
+        if not self._save_projection(conn, run_id, updated, stored):
+            return None
+        return updated.with_version(base.version + 1), True, len(events)
+
+    def _rebuild_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
+        """One optimistic rebuild attempt; None when another projector moved the version."""
+        stored = self._stored_projection(conn, run_id)
+        events = self._fetch_all(conn, run_id, 0)
+        fresh = fold(RunSnapshot.empty(run_id), events)
+        if fresh.last_event_seq == 0 and stored is None:
+            return fresh, False, 0
+        if stored is not None and stored.same_state(fresh):
+            return stored, False, len(events)
+        if not self._save_projection(conn, run_id, fresh, stored):
+            return None
+        return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
+
+    def _record_resume(self, run_id: str, result: Resume, started: float) -> Resume:
+        """Count the resume (and a missing snapshot when the full replay was long) in the metrics."""
+        if result.snapshot_seq == 0 and not result.fallbacks and len(result.events) >= self.policy.interval:
+            self.metrics.record_missing(run_id, len(result.events), self.policy.interval)
+        self.metrics.record_resume(result.snapshot_seq, len(result.events), time.perf_counter() - started)
+        return result
+
+    # -- archival and import ------------------------------------------------------------------
+
+    @staticmethod
+    def _archive_cutoff(older_than_days: int, now: datetime | None) -> datetime:
+        if not isinstance(older_than_days, int) or older_than_days < 0:
+            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
+        now = now or datetime.now(timezone.utc)
+        if now.tzinfo is None:
+            raise ValueError("now must be timezone-aware")
+        return now - timedelta(days=older_than_days)
+
+    def _archive_chunks(self, chunk: Callable[[Any], tuple[int, int]], batch_runs: int) -> int:
+        """Run `chunk` (one transaction: returns runs, events moved) until a chunk is not full."""
+        total = 0
+        while True:
+            runs, moved = self._run("archive", chunk)
+            total += moved
+            if runs < batch_runs:
+                return total
+
+    @staticmethod
+    def _by_run(events: Iterable[StoredEvent]) -> dict[str, list[StoredEvent]]:
+        by_run: dict[str, list[StoredEvent]] = {}
+        for event in events:
+            by_run.setdefault(event.run_id, []).append(event)
+        return by_run
+
+    @staticmethod
+    def _fresh_imports(
+        run_id: str, valid: list[tuple[int, ValidEvent]], keys: dict[str, int], taken: set[int]
+    ) -> list[tuple[int, ValidEvent]]:
+        """The imported (run_seq, event) rows not stored yet; a stored key at another run_seq, or a
+        run_seq taken by another event, is an EventStoreError."""
+        fresh = []
+        for seq, event in valid:
+            if event.idempotency_key in keys:
+                if keys[event.idempotency_key] != seq:
+                    raise EventStoreError(
+                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
+                        f"{keys[event.idempotency_key]}, the import has it at {seq}"
+                    )
+                continue
+            if seq in taken:
+                raise EventStoreError(f"run {run_id!r}: run_seq {seq} is already taken by a different event")
+            fresh.append((seq, event))
+        return fresh
