@@ -18,7 +18,7 @@ from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
-from runstate.wal.tables import APPLIED_PREFIX, PENDING
+from runstate.wal.tables import APPLIED_PREFIX, PENDING, ensure_wal_table
 
 from wal_fixtures import PUT_FAILURES, FlakyS3WalResource, WalWorld, instance, unique_name, world  # noqa: F401
 
@@ -300,3 +300,30 @@ def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_pl
         assert len(world.statuses(dataset_id)) == len(changes)  # duplicates wrote no extra row
         assert all_applied(world, dataset_id)
         assert reader_state(world, dataset_id) == (len(changes), fold({}, changes))
+
+
+def _recreate_wal_storage(world: WalWorld) -> None:
+    """What a restarted moto does: the WAL table and the bucket come back empty, the Dagster DB stays."""
+    world.dynamodb.delete_table(TableName=world.table)
+    for obj in world.s3.list_objects_v2(Bucket=world.bucket).get("Contents", []):
+        world.s3.delete_object(Bucket=world.bucket, Key=obj["Key"])
+    ensure_wal_table(world.dynamodb, world.table)
+
+
+def test_recreated_wal_table_is_flushed_again_under_a_kept_dagster_instance(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    defs = world.defs()
+    changes = [Change.upsert(f"k{i}", {"n": i}) for i in range(3)]
+    for change in changes:
+        world.producer().append("orders", [change])
+    tick_sensor("wal_sensor", defs=defs, instance=instance)
+    _recreate_wal_storage(world)
+    for change in changes:
+        world.producer().append("orders", [change])
+
+    tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert (tick.requested, tick.succeeded, tick.skipped_run_keys) == (1, 1, [])
+    assert all_applied(world, "orders")
+    assert reader_state(world, "orders") == (3, fold({}, changes))

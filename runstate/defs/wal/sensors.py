@@ -9,8 +9,10 @@ longer than `stale_run_seconds` (a worker killed outright never reports failure;
 monitoring fails it at the same moment through the run's `dagster/max_runtime` tag). While a run of the
 batch is alive (including the daemon's auto-retry of a failed run, which carries the same tags) the
 tick requests nothing for it; once every run of it is dead the next tick requests generation + 1 (its
-key is new, so the daemon launches it). A succeeded batch is never planned again (its rows are no longer
-Pending), and even a duplicate run is harmless: the flush skips rows already Applied.
+key is new, so the daemon launches it). A succeeded batch is not planned again while its rows stay
+Applied; if the same seqs turn up Pending again (the WAL table was recreated under a kept Dagster
+database), finished runs count towards the generation, so they are flushed too. A duplicate run is
+harmless: the flush skips rows already Applied.
 """
 
 import json
@@ -129,7 +131,9 @@ def evaluate_wal_tick(
         if runs.alive:
             held += 1
             continue
-        requests.append(flush_run_request(batch, runs.dead, wal))
+        # A batch planned again after a run of it succeeded is a new incarnation of those seqs (the WAL
+        # table was recreated, e.g. moto restarted beside a kept Dagster database): it needs a new key too.
+        requests.append(flush_run_request(batch, runs.dead + runs.succeeded, wal))
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
     new_datasets = sorted(({b.dataset_id for b in batches} | set(applied)) - known)
     next_cursor = WalSensorCursor(
