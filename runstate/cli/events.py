@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -223,14 +224,42 @@ def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 @events.command()
-@click.argument("run_id")
+@click.argument("run_id", required=False)
+@click.option("--all", "all_runs", is_flag=True, help="Every run with new events (with --rebuild: every run).")
 @click.option("--rebuild", is_flag=True, help="Fold from scratch instead of from the stored watermark.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (for logs and scripts).")
 @friendly_errors
-def project(run_id: str, rebuild: bool) -> None:
-    """Project a run's snapshot (incrementally) and print it as JSON."""
+def project(run_id: str | None, all_runs: bool, rebuild: bool, no_progress: bool) -> None:
+    """Project a run's snapshot and print it as JSON; with --all, backfill run_snapshots."""
+    if bool(run_id) == all_runs:
+        raise click.UsageError("give a RUN_ID or --all")
     with open_store() as store:
+        if all_runs:
+            click.echo(json.dumps(_project_all(store, rebuild, no_progress), sort_keys=True))
+            return
         snapshot = store.rebuild(run_id) if rebuild else store.project(run_id)
     click.echo(json.dumps({**snapshot.to_dict(), "version": snapshot.version}, indent=2, sort_keys=True))
+
+
+def _all_run_ids(store: Any, page: int = 1000) -> Iterator[str]:
+    after = ""
+    while run_ids := store.run_ids(after=after, limit=page):
+        yield from run_ids
+        after = run_ids[-1]
+
+
+def _project_all(store: Any, rebuild: bool, no_progress: bool) -> dict[str, int]:
+    from tqdm import tqdm
+
+    run_ids = list(_all_run_ids(store)) if rebuild else store.stale_runs(limit=1_000_000)
+    totals = {"runs_projected": 0, "runs_changed": 0, "events_applied": 0}
+    with tqdm(run_ids, unit="run", desc="rebuild" if rebuild else "project", disable=no_progress, file=sys.stderr) as bar:
+        for run_id in bar:
+            report = store.project_runs([run_id], rebuild=rebuild)
+            totals["runs_projected"] += report.runs_projected
+            totals["runs_changed"] += report.runs_changed
+            totals["events_applied"] += report.events_applied
+    return totals
 
 
 @events.command()

@@ -177,3 +177,23 @@ def test_an_unreachable_database_is_a_clear_error(cli_env, monkeypatch):
 
     assert result.exit_code == 1
     assert "127.0.0.1" in result.output and "Traceback" not in result.output
+
+
+def test_project_all_backfills_every_stale_run_then_finds_nothing(store):
+    for run_id in ("b1", "b2"):
+        assert run("append", "--run-id", run_id, "--type", "RunStarted").exit_code == 0
+
+    first = run("project", "--all", "--no-progress")
+    second = run("project", "--all", "--no-progress")
+    rebuilt = run("project", "--all", "--rebuild", "--no-progress")
+
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.output)["runs_projected"] == 2
+    assert json.loads(second.output)["runs_projected"] == 0
+    assert json.loads(rebuilt.output) == {"events_applied": 2, "runs_changed": 0, "runs_projected": 2}
+
+
+def test_project_needs_a_run_or_all(store):
+    result = run("project")
+
+    assert result.exit_code == 2 and "RUN_ID or --all" in result.output
