@@ -214,7 +214,7 @@ def health(table: str, cached: bool, no_record: bool) -> None:
         return
     report = HealthAnalyzer(_spark(), resource.thresholds()).analyze(ref)
     if not no_record:
-        resource.get_store().insert_health_snapshot(report.as_row())
+        resource.get_store().insert_health_snapshot(report)
     _echo_json(report)
 
 

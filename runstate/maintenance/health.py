@@ -8,12 +8,13 @@ the rest of the report is still filled; only a missing table is fatal.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from runstate.maintenance.catalog import CADENCE_PROPERTY, CATALOG, ENABLED_PROPERTY, parse_cadence_hours, parse_enabled
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
+from runstate.maintenance.store import HealthSnapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,41 +45,7 @@ class TableNotFound(LookupError):
     pass
 
 
-@dataclass
-class TableHealth:
-    """One health_snapshots row (every column but id)."""
-
-    database_name: str
-    table_name: str
-    total_data_files: int = 0
-    total_delete_files: int = 0
-    total_size_bytes: int = 0
-    avg_file_size_bytes: float = 0.0
-    small_file_count: int = 0
-    small_file_pct: float = 0.0
-    snapshot_count: int = 0
-    manifest_count: int = 0
-    needs_maintenance: bool = False
-    maintenance_enabled: bool | None = None
-    maintenance_cadence_hours: int | None = None
-    recommended_actions: list[str] = field(default_factory=list)
-    error: str | None = None
-    total_records: int = 0
-    snapshot_id: int = 0
-    health_status: str = UNKNOWN
-    hours_since_last_snapshot: float = 0.0
-    oldest_snapshot_age_hours: float = 0.0
-    checked_at: datetime | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.database_name}.{self.table_name}"
-
-    def as_row(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def recommend(health: TableHealth, thresholds: HealthThresholds) -> list[str]:
+def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]:
     """Ordered actions (in ACTIONS order) that the metrics ask for."""
     wanted = set()
     if health.small_file_count >= max(thresholds.min_small_files, 1):
@@ -93,20 +60,19 @@ def recommend(health: TableHealth, thresholds: HealthThresholds) -> list[str]:
     return [action for action in ACTIONS if action in wanted]
 
 
-def apply_verdict(health: TableHealth, thresholds: HealthThresholds, metrics_complete: bool) -> TableHealth:
-    """Fill recommended_actions, needs_maintenance and health_status from the metrics."""
-    health.recommended_actions = recommend(health, thresholds)
-    health.needs_maintenance = bool(health.recommended_actions)
-    if health.needs_maintenance:
-        health.health_status = NEEDS_MAINTENANCE
+def apply_verdict(health: HealthSnapshot, thresholds: HealthThresholds, metrics_complete: bool) -> HealthSnapshot:
+    """The report with recommended_actions, needs_maintenance and health_status set from its metrics."""
+    actions = recommend(health, thresholds)
+    if actions:
+        status = NEEDS_MAINTENANCE
     else:
         # A partial report that found nothing wrong is not evidence of health.
-        health.health_status = HEALTHY if metrics_complete else UNKNOWN
-    return health
+        status = HEALTHY if metrics_complete else UNKNOWN
+    return replace(health, recommended_actions=actions, needs_maintenance=bool(actions), health_status=status)
 
 
 class HealthAnalyzer:
-    """Computes TableHealth for tables of the `lake` catalog through one Spark session."""
+    """Computes the HealthSnapshot of tables of the `lake` catalog through one Spark session."""
 
     def __init__(self, spark: "SparkSession", thresholds: HealthThresholds | None = None, *, catalog: str = CATALOG,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
@@ -127,28 +93,30 @@ class HealthAnalyzer:
             raise
         return {row["key"]: row["value"] for row in rows}
 
-    def analyze(self, ref: TableRef) -> TableHealth:
+    def analyze(self, ref: TableRef) -> HealthSnapshot:
         checked_at = self.now()
         properties = self.properties(ref)
-        health = TableHealth(
-            ref.database, ref.table, checked_at=checked_at,
-            maintenance_enabled=parse_enabled(properties.get(ENABLED_PROPERTY)),
-            maintenance_cadence_hours=parse_cadence_hours(properties.get(CADENCE_PROPERTY)),
-        )
+        snapshot_id = max(int(properties.get("current-snapshot-id") or 0), 0)
+        metrics: dict[str, Any] = {}
         errors: list[str] = []
-        current = int(properties.get("current-snapshot-id") or 0)
-        health.snapshot_id = max(current, 0)
         for step in (self._data_files, self._delete_files, self._snapshots, self._manifests):
             try:
-                step(ref, health, checked_at)
+                metrics.update(step(ref, snapshot_id, checked_at))
             except Exception as exc:  # noqa: BLE001 - non-fatal: recorded, the other metrics still count
                 message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 errors.append(f"{step.__name__.strip('_')}: {message}")
                 log.warning("health of %s: %s failed: %s", ref.key, step.__name__, message)
-        health.error = "; ".join(errors) or None
+        health = HealthSnapshot(
+            ref.database, ref.table, needs_maintenance=False, checked_at=checked_at, snapshot_id=snapshot_id,
+            maintenance_enabled=parse_enabled(properties.get(ENABLED_PROPERTY)),
+            maintenance_cadence_hours=parse_cadence_hours(properties.get(CADENCE_PROPERTY)),
+            error="; ".join(errors) or None, **metrics,
+        )
         return apply_verdict(health, self.thresholds, metrics_complete=not errors)
 
-    def _data_files(self, ref: TableRef, health: TableHealth, _: datetime) -> None:
+    # Each step returns the columns it measures; a step that raises leaves its columns at their defaults.
+
+    def _data_files(self, ref: TableRef, *_: Any) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
         row = self._metadata(ref, "data_files").agg(
@@ -157,33 +125,34 @@ class HealthAnalyzer:
             F.coalesce(F.sum("record_count"), F.lit(0)).alias("records"),
             F.count(F.when(F.col("file_size_in_bytes") < F.lit(self.thresholds.small_file_bytes), True)).alias("small"),
         ).first()
-        health.total_data_files = int(row["files"])
-        health.total_size_bytes = int(row["bytes"])
-        health.total_records = int(row["records"])
-        health.small_file_count = int(row["small"])
-        if health.total_data_files:
-            health.avg_file_size_bytes = health.total_size_bytes / health.total_data_files
-            health.small_file_pct = 100.0 * health.small_file_count / health.total_data_files
+        files, size, small = int(row["files"]), int(row["bytes"]), int(row["small"])
+        metrics = {"total_data_files": files, "total_size_bytes": size, "total_records": int(row["records"]),
+                   "small_file_count": small}
+        if files:
+            metrics.update(avg_file_size_bytes=size / files, small_file_pct=100.0 * small / files)
+        return metrics
 
-    def _delete_files(self, ref: TableRef, health: TableHealth, _: datetime) -> None:
-        health.total_delete_files = self._metadata(ref, "delete_files").count()
+    def _delete_files(self, ref: TableRef, *_: Any) -> dict[str, Any]:
+        return {"total_delete_files": self._metadata(ref, "delete_files").count()}
 
-    def _snapshots(self, ref: TableRef, health: TableHealth, checked_at: datetime) -> None:
+    def _snapshots(self, ref: TableRef, snapshot_id: int, checked_at: datetime) -> dict[str, Any]:
         # committed_at comes back in the session time zone; unix_timestamp keeps the arithmetic zone-free.
         from pyspark.sql import functions as F
 
         rows = self._metadata(ref, "snapshots").select(
             "snapshot_id", F.unix_timestamp("committed_at").alias("epoch")
         ).collect()
-        health.snapshot_count = len(rows)
         if not rows:
-            return
+            return {"snapshot_count": 0}
         now_epoch = checked_at.timestamp()
         by_id = {row["snapshot_id"]: row["epoch"] for row in rows}
         newest = max(row["epoch"] for row in rows)
-        current_epoch = by_id.get(health.snapshot_id, newest)
-        health.hours_since_last_snapshot = max(0.0, (now_epoch - current_epoch) / 3600)
-        health.oldest_snapshot_age_hours = max(0.0, (now_epoch - min(by_id.values())) / 3600)
+        current_epoch = by_id.get(snapshot_id, newest)
+        return {
+            "snapshot_count": len(rows),
+            "hours_since_last_snapshot": max(0.0, (now_epoch - current_epoch) / 3600),
+            "oldest_snapshot_age_hours": max(0.0, (now_epoch - min(by_id.values())) / 3600),
+        }
 
-    def _manifests(self, ref: TableRef, health: TableHealth, _: datetime) -> None:
-        health.manifest_count = self._metadata(ref, "manifests").count()
+    def _manifests(self, ref: TableRef, *_: Any) -> dict[str, Any]:
+        return {"manifest_count": self._metadata(ref, "manifests").count()}

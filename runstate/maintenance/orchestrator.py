@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from runstate.maintenance.health import TableHealth, TableNotFound
+from runstate.maintenance.health import TableNotFound
 from runstate.maintenance.identifiers import InvalidIdentifier, TableRef
-from runstate.maintenance.store import MaintenanceStore, OrchestratorRun
+from runstate.maintenance.store import HealthSnapshot, MaintenanceStore, OrchestratorRun
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _cadence_hours(entry: Any, default: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, store: MaintenanceStore, analyze: Callable[[TableRef], TableHealth],
+    def __init__(self, store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
                  settings: OrchestratorSettings | None = None, *,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.store = store
@@ -156,7 +156,7 @@ class Orchestrator:
         key = ref.key
         health = self.analyze(ref)
         if self.settings.record_health:
-            self.store.insert_health_snapshot(health.as_row())
+            self.store.insert_health_snapshot(health)
         if not health.needs_maintenance and health.error:
             # Nothing found wrong, but not everything could be measured: not evidence of health.
             return TableDecision(key, ERROR, f"health incomplete: {health.error}")
@@ -180,6 +180,6 @@ class Orchestrator:
                 report.jobs_failed += 1
 
 
-def run_orchestrator(store: MaintenanceStore, analyze: Callable[[TableRef], TableHealth],
+def run_orchestrator(store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
                      settings: OrchestratorSettings | None = None) -> OrchestratorReport:
     return Orchestrator(store, analyze, settings).run()

@@ -141,7 +141,10 @@ class CachedTable:
 
 @dataclass(frozen=True)
 class HealthSnapshot:
-    """One row of health_snapshots; field names are the column names (database/table shortened)."""
+    """One row of health_snapshots; field names are the column names (database/table shortened).
+
+    HealthAnalyzer.analyze() builds it (id None until stored); latest_health() reads it back.
+    """
 
     database: str
     table: str
@@ -156,7 +159,7 @@ class HealthSnapshot:
     manifest_count: int = 0
     maintenance_enabled: bool | None = None
     maintenance_cadence_hours: int | None = None
-    recommended_actions: tuple[str, ...] = ()
+    recommended_actions: Sequence[str] = field(default=(), hash=False)  # the analyzer's is a list
     error: str | None = None
     total_records: int = 0
     snapshot_id: int = 0

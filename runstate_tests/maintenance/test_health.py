@@ -9,21 +9,22 @@ from pathlib import Path
 import pytest
 
 from runstate.maintenance.health import (
-    HEALTHY, NEEDS_MAINTENANCE, UNKNOWN, HealthAnalyzer, HealthThresholds, TableHealth, TableNotFound, apply_verdict,
+    HEALTHY, NEEDS_MAINTENANCE, UNKNOWN, HealthAnalyzer, HealthThresholds, TableNotFound, apply_verdict,
 )
 from runstate.maintenance.identifiers import TableRef
-from runstate.maintenance.store import MaintenanceStore
+from runstate.maintenance.store import HealthSnapshot, MaintenanceStore
 
 MB = 1024 * 1024
 
 
-def healthy_metrics(**changes) -> TableHealth:
-    base = TableHealth("db", "t", total_data_files=4, total_size_bytes=4 * 200 * MB, small_file_count=0,
-                       snapshot_count=3, manifest_count=2, oldest_snapshot_age_hours=10)
+def healthy_metrics(**changes) -> HealthSnapshot:
+    base = HealthSnapshot("db", "t", needs_maintenance=False, total_data_files=4, total_size_bytes=4 * 200 * MB,
+                          small_file_count=0, snapshot_count=3, manifest_count=2, oldest_snapshot_age_hours=10)
     return dataclasses.replace(base, **changes)
 
 
-def verdict(health: TableHealth, thresholds: HealthThresholds | None = None, complete: bool = True) -> TableHealth:
+def verdict(health: HealthSnapshot, thresholds: HealthThresholds | None = None,
+            complete: bool = True) -> HealthSnapshot:
     return apply_verdict(health, thresholds or HealthThresholds(), metrics_complete=complete)
 
 
@@ -100,7 +101,7 @@ def test_the_analyzer_fills_every_column_and_the_row_round_trips(spark, iceberg_
     assert health.health_status == NEEDS_MAINTENANCE and health.error is None and health.checked_at is not None
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
-        store.insert_health_snapshot(health.as_row())
+        store.insert_health_snapshot(health)
         stored = store.latest_health(ref.key)
     assert stored.total_data_files == 8 and stored.snapshot_id == current
     assert list(stored.recommended_actions) == health.recommended_actions

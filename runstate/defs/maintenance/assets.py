@@ -53,7 +53,7 @@ def table_health(
 ) -> dg.MaterializeResult:
     ref = parse_table_ref(context.partition_key)
     health = HealthAnalyzer(spark.get_session(), maintenance.thresholds()).analyze(ref)
-    snapshot_id = maintenance.get_store().insert_health_snapshot(health.as_row())
+    snapshot_id = maintenance.get_store().insert_health_snapshot(health)
     return dg.MaterializeResult(
         metadata={
             "health_snapshot_id": snapshot_id,

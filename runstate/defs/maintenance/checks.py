@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from runstate.maintenance.health import HEALTHY, TableHealth
+from runstate.maintenance.health import HEALTHY
+from runstate.maintenance.store import HealthSnapshot
 
 TABLE_IS_HEALTHY = dg.AssetCheckSpec(
     name="table_is_healthy",
@@ -13,14 +14,14 @@ TABLE_IS_HEALTHY = dg.AssetCheckSpec(
 )
 
 
-def table_is_healthy(health: TableHealth) -> dg.AssetCheckResult:
+def table_is_healthy(health: HealthSnapshot) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name=TABLE_IS_HEALTHY.name,
         asset_key=TABLE_IS_HEALTHY.asset_key,
         passed=health.health_status == HEALTHY and not health.error,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={
-            "table": health.key,
+            "table": health.table_key,
             "health_status": health.health_status,
             "recommended_actions": ", ".join(health.recommended_actions) or "none",
             "error": health.error or "",
