@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import psycopg
 from psycopg import sql
@@ -20,6 +22,7 @@ from psycopg import sql
 SQL_ROOT = Path(__file__).resolve().parent.parent / "sql"
 _FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+SNOWFLAKE_LOCK_TABLE = "SCHEMA_MIGRATIONS_LOCK"
 
 
 class MigrationError(RuntimeError):
@@ -129,12 +132,38 @@ def _check_unchanged(migration: Migration, recorded_checksum: str) -> None:
         )
 
 
-def upgrade_snowflake(conn: Any, schema: str = "RUNSTATE") -> list[Migration]:
+def upgrade_snowflake(conn: Any, schema: str = "RUNSTATE", *, lock_timeout_s: float = 300.0) -> list[Migration]:
     """Apply pending Snowflake migrations through a DB-API connection from snowflake-connector."""
     check_schema_name(schema)
     cur = conn.cursor()
     cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
     cur.execute(f"USE SCHEMA {schema}")
+    with _snowflake_lock(cur, schema, lock_timeout_s):
+        return _upgrade_snowflake_locked(cur)
+
+
+@contextmanager
+def _snowflake_lock(cur: Any, schema: str, timeout_s: float = 300.0) -> Iterator[None]:
+    """Snowflake has no advisory locks: creating a table that must not exist yet is the mutex."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            cur.execute(f"CREATE TABLE {SNOWFLAKE_LOCK_TABLE} (TAKEN_AT TIMESTAMP_TZ)")
+            break
+        except Exception as exc:  # the connector's ProgrammingError; only "already exists" means "held"
+            if "already exists" not in str(exc) or time.monotonic() > deadline:
+                raise MigrationError(
+                    f"snowflake {schema}: the migration lock is held ({exc}); if no upgrade is running, "
+                    f"DROP TABLE {schema}.{SNOWFLAKE_LOCK_TABLE}"
+                ) from exc
+            time.sleep(0.5)
+    try:
+        yield
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {SNOWFLAKE_LOCK_TABLE}")
+
+
+def _upgrade_snowflake_locked(cur: Any) -> list[Migration]:
     cur.execute(
         "CREATE TABLE IF NOT EXISTS SCHEMA_MIGRATIONS ("
         " VERSION VARCHAR PRIMARY KEY, NAME VARCHAR NOT NULL, CHECKSUM VARCHAR NOT NULL,"

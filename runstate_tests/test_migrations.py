@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from pathlib import Path
 
 import psycopg
@@ -152,3 +153,41 @@ def test_db_status_lists_pending_then_applied(cli_env):
     assert after.output.count("applied") == len(every) and "PENDING" not in after.output
     for migration in every:
         assert f"{migration.version}_{migration.name}" in after.output
+
+
+def _snowflake_connection(kwargs: dict):
+    import snowflake.connector
+
+    return snowflake.connector.connect(**kwargs)
+
+
+def test_concurrent_snowflake_upgrades_apply_each_file_once(snowflake_schema):
+    from concurrent.futures import ThreadPoolExecutor
+
+    kwargs, schema = snowflake_schema
+    barrier = threading.Barrier(4)
+
+    def upgrade() -> int:
+        conn = _snowflake_connection(kwargs)
+        barrier.wait()
+        try:
+            return len(migrations.upgrade_snowflake(conn, schema))
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(4) as pool:
+        applied = list(pool.map(lambda _: upgrade(), range(4)))
+
+    assert sorted(applied) == [0, 0, 0, len(migrations.discover("snowflake"))]
+    statuses = migrations.status_snowflake(_snowflake_connection(kwargs), schema)
+    assert all(row.applied for row in statuses)
+
+
+def test_a_held_snowflake_lock_gives_a_clear_error(snowflake_schema):
+    kwargs, schema = snowflake_schema
+    conn = _snowflake_connection(kwargs)
+    conn.cursor().execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    conn.cursor().execute(f"CREATE TABLE {schema}.{migrations.SNOWFLAKE_LOCK_TABLE} (TAKEN_AT TIMESTAMP_TZ)")
+
+    with pytest.raises(migrations.MigrationError, match="lock is held.*DROP TABLE"):
+        migrations.upgrade_snowflake(conn, schema, lock_timeout_s=1)
