@@ -111,13 +111,15 @@ def seed_wal(wal: Any, summary: DemoSummary, progress: Progress, rows_per_datase
             progress("WAL changes", 1)
 
 
-def drain_wal(defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> None:
+def tick_until_idle(sensor: str, defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> int:
+    """Tick a sensor, as the daemon would every interval, until a tick launches nothing; returns the runs."""
+    runs = 0
     for _ in range(MAX_TICKS):
-        result = _note(tick_sensor("wal_sensor", defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL),
-                       summary)
-        summary.flush_runs += len(result.results)
+        result = _note(tick_sensor(sensor, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary)
+        runs += len(result.results)
         if not result.results:
             break
+    return runs
 
 
 def read_datasets(wal: Any, summary: DemoSummary) -> None:
@@ -161,14 +163,27 @@ def table_rows(spark: Any, name: str) -> list[tuple]:
 def run_maintenance(defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> None:
     for schedule in ("table_inventory_sync", "maintenance_orchestrator"):
         _note(tick_schedule(schedule, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary)
-    for _ in range(MAX_TICKS):
-        result = _note(
-            tick_sensor("maintenance_queue_sensor", defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL),
-            summary,
-        )
-        summary.jobs_run += len(result.results)
-        if not result.results:
-            break
+    summary.jobs_run += tick_until_idle("maintenance_queue_sensor", defs, instance, summary)
+
+
+def seed_tables(spark: Any, summary: DemoSummary, progress: Progress, files: int) -> dict[str, list[tuple]]:
+    """Create the demo tables and record their figures; returns each table's rows for the comparison."""
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{DEMO_NAMESPACE}")
+    rows = {}
+    for name in DEMO_TABLES:
+        create_table(spark, name, files)
+        figures = TableFigures(f"{DEMO_NAMESPACE}.{name}")
+        figures.files_before, figures.snapshots_before, figures.delete_files_before = table_figures(spark, name)
+        rows[name] = table_rows(spark, name)
+        summary.tables.append(figures)
+        progress("Iceberg tables", 1)
+    return rows
+
+
+def measure_tables(spark: Any, summary: DemoSummary, rows_before: dict[str, list[tuple]]) -> None:
+    for figures, name in zip(summary.tables, DEMO_TABLES):
+        figures.files_after, figures.snapshots_after, figures.delete_files_after = table_figures(spark, name)
+        figures.rows_equal = table_rows(spark, name) == rows_before[name]
 
 
 # --- the whole demo ---------------------------------------------------------------------------------
@@ -188,29 +203,26 @@ def run_demo(
     return summary
 
 
-def _run_demo(defs, instance, resources, summary, progress, rows_per_dataset, files_per_table) -> None:
+def _run_demo(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    resources: Any,
+    summary: DemoSummary,
+    progress: Progress,
+    rows_per_dataset: int,
+    files_per_table: int,
+) -> None:
     store = resources.event_store.get_store()
-    wal = resources.wal
     spark = resources.spark.get_session()
 
     seed_runs(store, summary, progress)
-    seed_wal(wal, summary, progress, rows_per_dataset)
-    drain_wal(defs, instance, summary)
-    read_datasets(wal, summary)
+    seed_wal(resources.wal, summary, progress, rows_per_dataset)
+    summary.flush_runs += tick_until_idle("wal_sensor", defs, instance, summary)
+    read_datasets(resources.wal, summary)
 
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{DEMO_NAMESPACE}")
-    before_rows = {}
-    for name in DEMO_TABLES:
-        create_table(spark, name, files_per_table)
-        figures = TableFigures(f"{DEMO_NAMESPACE}.{name}")
-        figures.files_before, figures.snapshots_before, figures.delete_files_before = table_figures(spark, name)
-        before_rows[name] = table_rows(spark, name)
-        summary.tables.append(figures)
-        progress("Iceberg tables", 1)
+    rows_before = seed_tables(spark, summary, progress, files_per_table)
     run_maintenance(defs, instance, summary)
-    for figures, name in zip(summary.tables, DEMO_TABLES):
-        figures.files_after, figures.snapshots_after, figures.delete_files_after = table_figures(spark, name)
-        figures.rows_equal = table_rows(spark, name) == before_rows[name]
+    measure_tables(spark, summary, rows_before)
 
     _note(tick_sensor("run_recorder", defs=defs, instance=instance), summary)
     seeded = {f"{workflow}-demo" for workflow in WORKFLOWS}
