@@ -28,16 +28,16 @@ import statistics
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scratch import create_database, drop_database  # noqa: E402  (bench/ is the script's folder)
 
 from runstate.eventstore import (  # noqa: E402
     NewEvent,
@@ -92,19 +92,6 @@ def raw_rows(events: list[NewEvent], first_seq: int) -> list[tuple]:
             )
         )
     return rows
-
-
-def create_database(admin_url: str) -> tuple[str, str]:
-    name = f"rs_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = admin_url.rpartition("/")
-    return name, f"{base}/{name}"
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def timed(work: Callable[[], Any]) -> float:

@@ -17,31 +17,19 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scratch import create_database, drop_database  # noqa: E402  (bench/ is the script's folder)
 
 from runstate.maintenance.actions import run_job  # noqa: E402
 from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCHEMA = "bench"
-
-
-def create_database(admin_url: str) -> tuple[str, str]:
-    name = f"rs_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return name, admin_url.rpartition("/")[0] + f"/{name}"
-
-
-def drop_database(admin_url: str, name: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def fill_queue(store: MaintenanceStore, tables: int) -> None:
