@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -428,13 +429,20 @@ def _uuid_text(value: Any, field_name: str, bad, *, required: bool = False) -> s
         return str(value)
     if not isinstance(value, str):
         raise bad(field_name, f"must be a UUID, got {type(value).__name__}")
+    if _CANONICAL_UUID.fullmatch(value):
+        return value  # already str(uuid.UUID(value)) (NewEvent's default): skip parsing it per event
     try:
         return str(uuid.UUID(value))
     except ValueError:
         raise bad(field_name, f"{value[:64]!r} is not a valid UUID") from None
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def _utf8(text: str) -> bool:
+    if text.isascii():  # the common case, and ASCII always encodes
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

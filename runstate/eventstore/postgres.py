@@ -47,7 +47,7 @@ from runstate.eventstore.contract import (
     ValidEvent,
 )
 from runstate.eventstore.rows import as_stored as _as_stored, validate_imported as _validate_imported
-from runstate.eventstore.projection import fold
+from runstate.eventstore.projection import READS_DATA, fold
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
@@ -89,6 +89,7 @@ WITH rows AS (
   SELECT %(run_id)s, seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
          event_type, data::jsonb, key, caused_by, parent, emitted_at, adapter_version, ref::jsonb
   FROM rows
+  {on_conflict}
   RETURNING 1
 )
 UPDATE run_streams
@@ -99,8 +100,19 @@ UPDATE run_streams
        completed_at = COALESCE(completed_at, %(completed_at)s),
        updated_at = now()
  WHERE run_id = %(run_id)s
-RETURNING event_count
+RETURNING event_count, (SELECT count(*) FROM inserted)
 """
+# append_batch inserts optimistically: a key already stored is skipped here (and counted as missing
+# from `inserted`) instead of probed for beforehand, which saves a statement (~0.75 ms of the ~8 ms
+# a 100-event batch took) on every batch; a short count sends the batch down the probing path
+# (see _KeyTaken).
+_INSERT_NEW = _INSERT_BATCH.replace("{on_conflict}", "ON CONFLICT (run_id, idempotency_key) DO NOTHING")
+# import_events probes keys and run_seqs first; a key inserted by a racing writer is a UniqueViolation (retried).
+_INSERT_BATCH = _INSERT_BATCH.replace("{on_conflict}", "")
+
+
+class _KeyTaken(Exception):
+    """The optimistic insert found an idempotency key already stored: roll back, append with the probe."""
 
 
 @dataclass(frozen=True)
@@ -222,11 +234,15 @@ class PostgresEventStore(_EventStoreBase):
             return []
         projected: list[RunSnapshot] = []
 
-        def work(conn: psycopg.Connection) -> list[AppendResult]:
+        def work(conn: psycopg.Connection, probe: bool) -> list[AppendResult]:
             projected.clear()
-            return self._append_tx(conn, run_id, valid, state, projected)
+            return self._append_tx(conn, run_id, valid, state, projected, probe=probe)
 
-        results = self._run(f"append to run {run_id!r}", work)
+        what = f"append to run {run_id!r}"
+        try:
+            results = self._run(what, lambda conn: work(conn, False))
+        except _KeyTaken:  # a retried batch: the rollback undid everything, look the stored keys up first
+            results = self._run(what, lambda conn: work(conn, True))
         self._remember(projected[-1] if projected else None)  # only once the transaction committed
         return results
 
@@ -254,14 +270,20 @@ class PostgresEventStore(_EventStoreBase):
 
     def _append_tx(
         self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any,
-        projected: list[RunSnapshot] | None = None,
+        projected: list[RunSnapshot] | None = None, *, probe: bool = False,
     ) -> list[AppendResult]:
         stream = self._lock_stream(conn, run_id)
-        known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
+        # Archived keys live in run_events_archive, which the insert's ON CONFLICT cannot see: probe those.
+        known: dict[str, int] = {}
+        if probe or stream.archived:
+            known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
         results, new, next_seq = self._assign_seqs(valid, known, stream.last_seq)
         if not new:
             return results
-        conn.execute(_INSERT_BATCH, _batch_params(run_id, new, next_seq))
+        _, inserted = conn.execute(_INSERT_NEW, _batch_params(run_id, new, next_seq)).fetchone()
+        if inserted != len(new):
+            # Only possible without the probe (the stream row lock keeps racing writers out of this run).
+            raise _KeyTaken()
         reason = self.policy.reason(stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new))
         if reason:
             made = self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new)
@@ -318,11 +340,10 @@ class PostgresEventStore(_EventStoreBase):
             base = recalled
         else:
             base = self._latest_projection_base(conn, run_id, stored_upto)
-        if base.last_event_seq == stored_upto:
-            return fold(base, (_as_stored(run_id, seq, ev, datetime.now(timezone.utc)) for seq, ev in pending))
-        stored = self._fetch_all(conn, run_id, base.last_event_seq, upto=stored_upto)
         now = datetime.now(timezone.utc)
-        return fold(fold(base, stored), (_as_stored(run_id, seq, ev, now) for seq, ev in pending))
+        if base.last_event_seq != stored_upto:
+            base = fold(base, self._fetch_all(conn, run_id, base.last_event_seq, upto=stored_upto))
+        return fold(base, (_pending_for_fold(run_id, seq, ev, now) for seq, ev in pending))
 
     def _latest_projection_base(self, conn: psycopg.Connection, run_id: str, upto: int) -> RunSnapshot:
         rows = conn.execute(
@@ -582,6 +603,20 @@ def _batch_params(run_id: str, new: Sequence[tuple[int, ValidEvent]], last_seq: 
         "started_at": _first(events, frozenset({EventType.RUN_STARTED})),
         "completed_at": _first(events, TERMINAL_EVENT_TYPES),
     }
+
+
+def _pending_for_fold(run_id: str, seq: int, event: ValidEvent, now: datetime) -> StoredEvent:
+    """The event as `fold` sees it; `data` is decoded only for the types whose handler reads it
+    (JSON-decoding every event of a batch was a large part of an interval snapshot's cost)."""
+    if event.event_type in READS_DATA:
+        return _as_stored(run_id, seq, event, now)
+    return StoredEvent(
+        run_id=run_id, run_seq=seq, event_type=event.event_type, emitted_at=event.emitted_at, persisted_at=now,
+        idempotency_key=event.idempotency_key, event_id=event.event_id, data=None, step_id=event.step_id,
+        engine_attempt_id=event.engine_attempt_id, logical_attempt_id=event.logical_attempt_id,
+        plan_version=event.plan_version, caused_by_signal_id=event.caused_by_signal_id,
+        parent_event_id=event.parent_event_id, adapter_version=event.adapter_version, engine_run_ref=None,
+    )
 
 
 def _row_to_event(row: Sequence[Any]) -> StoredEvent:

@@ -131,6 +131,10 @@ def _finisher(status: str) -> Callable[[_Mutable, StoredEvent], None]:
     return finish
 
 
+# The event types whose handler reads `data`: for the rest a caller folding freshly appended events
+# may skip decoding it (the append path's inline snapshot does).
+READS_DATA = frozenset({EventType.STEP_FAILED, EventType.STEP_RETRYING, EventType.ARTIFACT_EMITTED})
+
 _HANDLERS: dict[str, Callable[[_Mutable, StoredEvent], None]] = {
     EventType.RUN_STARTED: _run_started,
     EventType.STEP_STARTED: _step_started,
