@@ -30,7 +30,7 @@ from runstate.wal import tables as t
 from runstate.wal.blobs import BlobRef, Manifest, delta_key, encode_delta, put_blob, read_manifest, write_manifest
 from runstate.wal.changes import Change, decode_changes, sha256_hex, validate_dataset_id
 from runstate.wal.errors import WalContentionError, WalIntegrityError
-from runstate.wal.producer import get_rows
+from runstate.wal.producer import get_rows, query_rows
 
 MAX_MANIFEST_ATTEMPTS = 20
 # Up to this many rows, BatchGetItem (O(rows)); beyond, a Query (1 MB pages; moto sorts the table per Query).
@@ -140,7 +140,7 @@ def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_s
     if last_seq - first_seq < SMALL_RANGE:
         items = get_rows(dynamodb, table, dataset_id, range(first_seq, last_seq + 1))
     else:
-        items = _query_range(dynamodb, table, dataset_id, first_seq, last_seq)
+        items = query_rows(dynamodb, table, dataset_id, first_seq, last_seq)
     rows = [_verified_row(dataset_id, item) for item in items]
     present = {row.seq for row in rows}
     for seq in range(first_seq, last_seq + 1):
@@ -149,25 +149,6 @@ def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_s
                 f"dataset {dataset_id!r}: WAL row seq {seq} is missing (needed to apply {first_seq}..{last_seq})"
             )
     return rows
-
-
-def _query_range(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[dict[str, Any]]:
-    request: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
-        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-        "ExpressionAttributeValues": {
-            ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
-        },
-        "ConsistentRead": True,
-    }
-    items: list[dict[str, Any]] = []
-    while True:
-        page = dynamodb.query(**request)
-        items.extend(page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            return items
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
 def _verified_row(dataset_id: str, item: dict[str, Any]) -> WalRow:

@@ -52,6 +52,7 @@ ROW_TYPE_DELTA = "DELTA"
 ROW_TYPE_SNAPSHOT = "SNAPSHOT"
 MAX_ATTEMPTS = 200
 log = logging.getLogger(__name__)
+MAX_SEQ = 2**63 - 1  # DynamoDB numbers hold it; the open end of a seq range
 
 
 class WalProducer:
@@ -263,6 +264,28 @@ def get_rows(
         else:
             raise WalContentionError(f"dataset {dataset_id!r}: BatchGetItem kept returning unprocessed keys")
     return sorted(found, key=lambda item: int(item[t.SEQ_NO]["N"]))
+
+
+def query_rows(
+    dynamodb: Any, table: str, dataset_id: str, first_seq: int = 1, last_seq: int = MAX_SEQ
+) -> list[dict[str, Any]]:
+    """The rows with first_seq <= SeqNo <= last_seq (seq 0 is the meta row), consistent Query, seq order."""
+    request: dict[str, Any] = {
+        "TableName": table,
+        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :first AND :last",
+        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
+        "ExpressionAttributeValues": {
+            ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
+        },
+        "ConsistentRead": True,
+    }
+    items: list[dict[str, Any]] = []
+    while True:
+        page = dynamodb.query(**request)
+        items.extend(page.get("Items", []))
+        if "LastEvaluatedKey" not in page:
+            return items
+        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
 class _Row:

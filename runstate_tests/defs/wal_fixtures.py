@@ -27,6 +27,7 @@ from runstate.defs.wal.jobs import build_flush_job
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Change, WalProducer, ensure_blob_bucket, ensure_wal_table
 from runstate.wal import tables as t
+from runstate.wal.producer import query_rows
 
 # Fast retries so a fault-then-recover run takes milliseconds; the production policy is tested on its own.
 FAST_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=0.01, backoff=dg.Backoff.EXPONENTIAL)
@@ -64,20 +65,7 @@ class WalWorld:
 
     def rows(self, dataset_id: str) -> list[dict[str, Any]]:
         """Every WAL row (seq >= 1) of a dataset, strongly consistent."""
-        items: list[dict[str, Any]] = []
-        request: dict[str, Any] = dict(
-            TableName=self.table,
-            KeyConditionExpression="#ds = :ds AND #seq > :zero",
-            ExpressionAttributeNames={"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-            ExpressionAttributeValues={":ds": {"S": dataset_id}, ":zero": {"N": "0"}},
-            ConsistentRead=True,
-        )
-        while True:
-            page = self.dynamodb.query(**request)
-            items.extend(page["Items"])
-            if "LastEvaluatedKey" not in page:
-                return items
-            request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return query_rows(self.dynamodb, self.table, dataset_id)
 
     def statuses(self, dataset_id: str) -> dict[int, str]:
         return {int(item[t.SEQ_NO]["N"]): item[t.STATUS_IDX]["S"] for item in self.rows(dataset_id)}

@@ -5,24 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from runstate.wal import tables as t
+from runstate.wal.producer import query_rows
 
 
 def wal_rows(dynamodb: Any, table: str, dataset_id: str) -> list[dict[str, Any]]:
     """Every WAL row (seq >= 1) of a dataset, consistent read, seq order."""
-    request: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "#ds = :ds AND #seq >= :one",
-        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-        "ExpressionAttributeValues": {":ds": {"S": dataset_id}, ":one": {"N": "1"}},
-        "ConsistentRead": True,
-    }
-    items: list[dict[str, Any]] = []
-    while True:
-        page = dynamodb.query(**request)
-        items.extend(page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            return items
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    return query_rows(dynamodb, table, dataset_id)
 
 
 def statuses(dynamodb: Any, table: str, dataset_id: str) -> dict[int, str]:
