@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scratch import create_database, drop_database  # noqa: E402  (bench/ is the script's folder)
+from common import create_database, drop_database, timed_threads  # noqa: E402  (bench/ is the script's folder)
 
 from runstate.eventstore import (  # noqa: E402
     NewEvent,
@@ -137,25 +137,17 @@ def bench_batched_vs_raw(store: PostgresEventStore, dsn: str, batches: int, roun
 
 def bench_concurrent(store: PostgresEventStore, writers: int, per_writer: int) -> float:
     plans = [make_events(f"concurrent-{w}", per_writer) for w in range(writers)]
-    barrier = threading.Barrier(writers + 1)
     errors: list[BaseException] = []
 
-    def writer(events: list[NewEvent]) -> None:
-        barrier.wait()
+    def writer(index: int, start: threading.Barrier) -> None:
+        start.wait()
         try:
-            for event in events:
+            for event in plans[index]:
                 store.append(event)
         except BaseException as exc:  # surfaced below: a bench must not hide a failed writer
             errors.append(exc)
 
-    threads = [threading.Thread(target=writer, args=(events,)) for events in plans]
-    for thread in threads:
-        thread.start()
-    barrier.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - started
+    seconds = timed_threads(writers, writer)
     if errors:
         raise RuntimeError(f"concurrent writer failed: {errors[0]!r}")
     return writers * per_writer / seconds

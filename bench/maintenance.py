@@ -23,7 +23,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scratch import create_database, drop_database  # noqa: E402  (bench/ is the script's folder)
+from common import create_database, drop_database, timed_threads  # noqa: E402  (bench/ is the script's folder)
 
 from runstate.maintenance.actions import run_job  # noqa: E402
 from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
@@ -40,22 +40,15 @@ def fill_queue(store: MaintenanceStore, tables: int) -> None:
 def drain(store: MaintenanceStore, workers: int) -> tuple[int, float]:
     """Claim + complete until the queue is empty; returns (jobs, seconds)."""
     done = [0] * workers
-    start = threading.Barrier(workers + 1)
 
-    def worker(index: int) -> None:
+    def worker(index: int, start: threading.Barrier) -> None:
         start.wait()
         while (claim := store.claim(f"bench-{index}", lease_seconds=60)) is not None:
             if store.complete(claim, "completed"):
                 done[index] += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    start.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
-    return sum(done), time.perf_counter() - began
+    seconds = timed_threads(workers, worker)
+    return sum(done), seconds
 
 
 def queue_rate(store: MaintenanceStore, tables: int, workers: int) -> float:
@@ -77,24 +70,17 @@ def raw_skip_locked_rate(dsn: str, jobs: int, workers: int) -> float:
         conn.execute("CREATE TABLE raw_queue (id BIGSERIAL PRIMARY KEY, claimed_by TEXT, payload TEXT)")
         conn.execute("INSERT INTO raw_queue (payload) SELECT 'job ' || g FROM generate_series(1, %s) g", (jobs,))
     done = [0] * workers
-    start = threading.Barrier(workers + 1)
 
-    def worker(index: int) -> None:
+    def worker(index: int, start: threading.Barrier) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             start.wait()
             while (row := conn.execute(RAW_CLAIM, (f"raw-{index}",)).fetchone()) is not None:
                 conn.execute("DELETE FROM raw_queue WHERE id = %s", (row[0],))
                 done[index] += 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    start.wait()
-    began = time.perf_counter()
-    for t in threads:
-        t.join()
+    seconds = timed_threads(workers, worker)
     assert sum(done) == jobs
-    return jobs / (time.perf_counter() - began)
+    return jobs / seconds
 
 
 def small_file_table(spark, name: str, files: int) -> None:

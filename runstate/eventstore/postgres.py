@@ -451,20 +451,21 @@ class PostgresEventStore(_EventStoreBase):
     # -- projection ---------------------------------------------------------------------------
 
     def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        for _ in range(_MAX_ATTEMPTS):
-            with self._connection() as conn:
-                done = self._project_once(conn, run_id)
-                if done is not None:
-                    return done
-        raise ConcurrencyConflict(f"project run {run_id!r}: the stored snapshot kept changing")
+        return self._until_saved("project", self._project_once, run_id)
 
     def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("rebuild", self._rebuild_once, run_id)
+
+    def _until_saved(
+        self, what: str, attempt: Callable[[psycopg.Connection, str], tuple[RunSnapshot, bool, int] | None], run_id: str
+    ) -> tuple[RunSnapshot, bool, int]:
+        """Retry a compare-and-set projection step on a fresh read until it wins."""
         for _ in range(_MAX_ATTEMPTS):
             with self._connection() as conn:
-                done = self._rebuild_once(conn, run_id)
+                done = attempt(conn, run_id)
                 if done is not None:
                     return done
-        raise ConcurrencyConflict(f"rebuild run {run_id!r}: the stored snapshot kept changing")
+        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
 
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
         row = conn.execute("SELECT snapshot_data, version FROM run_snapshots WHERE run_id = %s", (run_id,)).fetchone()

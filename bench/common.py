@@ -1,0 +1,38 @@
+"""Shared by the Postgres benchmarks: a scratch database per run, and timed worker threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Callable
+
+import psycopg
+from psycopg import sql
+
+
+def create_database(admin_url: str) -> tuple[str, str]:
+    """Create `rs_bench_<random>`; returns (name, DSN)."""
+    name = f"rs_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return name, f"{admin_url.rpartition('/')[0]}/{name}"
+
+
+def drop_database(admin_url: str, name: str) -> None:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def timed_threads(workers: int, work: Callable[[int, threading.Barrier], None]) -> float:
+    """Run work(index, start) on `workers` threads; each waits on `start` once it is ready, so the
+    clock covers only the work. Returns the seconds from the common start until the last one ends."""
+    start = threading.Barrier(workers + 1)
+    threads = [threading.Thread(target=work, args=(i, start)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - began
