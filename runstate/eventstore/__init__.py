@@ -16,20 +16,19 @@ from runstate.eventstore.contract import (
     MigrationReport,
     NewEvent,
     ProjectionReport,
-    Resume,
     RunSnapshot,
     SnapshotCorrupt,
     StepState,
     StoredEvent,
     idempotency_key,
-    validate_batch,
-    validate_event,
 )
 from runstate.eventstore.migrate import migrate_events, verify_migration
 from runstate.eventstore.postgres import PostgresEventStore
 from runstate.eventstore.projection import fold
+from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
 from runstate.eventstore.snowflake import SnowflakeEventStore
+from runstate.eventstore.validation import MAX_JSON_DEPTH, ValidEvent, validate_batch, validate_event
 
 __all__ = [
     "CANONICAL_EVENT_TYPES",
@@ -41,6 +40,7 @@ __all__ = [
     "EventStoreError",
     "EventType",
     "InvalidEvent",
+    "MAX_JSON_DEPTH",
     "MigrationReport",
     "NewEvent",
     "PostgresEventStore",
@@ -53,6 +53,7 @@ __all__ = [
     "SnowflakeEventStore",
     "StepState",
     "StoredEvent",
+    "ValidEvent",
     "fold",
     "idempotency_key",
     "migrate_events",

@@ -6,7 +6,8 @@ import json
 from datetime import datetime
 from typing import Sequence
 
-from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent, ValidEvent, validate_batch
+from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent
+from runstate.eventstore.validation import ValidEvent, validate_batch
 
 
 def as_stored(run_id: str, seq: int, event: ValidEvent, persisted_at: datetime) -> StoredEvent:

@@ -433,12 +433,31 @@ def test_archive_moves_only_old_finished_runs(backend):
 
     archive = "run_events_archive" if backend.name == "postgres" else "RUN_EVENTS_ARCHIVE"
     assert moved == 2
-    assert store.fetch("old") == []
+    assert count_rows(backend, events_table(backend), "old") == 0
     assert count_rows(backend, archive, "old") == 2
     assert len(store.fetch("recent")) == 2 and len(store.fetch("running")) == 1
     assert store.archive(7, now=now) == 0  # idempotent
     assert count_rows(backend, archive, "old") == 2
     assert store.append(ev("old", EventType.RUN_COMPLETED, 60)).idempotent  # keys still known
+
+
+def test_archived_run_stays_readable_and_restore_moves_it_back(backend):
+    store = backend.make(snapshot_interval=2)
+    store.append_batch("old", [ev("old", EventType.RUN_STARTED), ev("old", EventType.STEP_STARTED, 1, step_id="a"),
+                               ev("old", EventType.RUN_COMPLETED, 60)])
+    before = store.fetch("old")
+    store.archive(7, now=T0 + timedelta(days=30))
+
+    fetched, resumed, projected = store.fetch("old"), store.resume("old"), store.project("old")
+    restored = store.restore("old")
+
+    assert [e.event_id for e in fetched] == [e.event_id for e in before]
+    assert resumed.run_snapshot("old").status == "COMPLETED" and len(resumed.events) == 3
+    assert projected.status == "COMPLETED" and projected.last_event_seq == 3
+    assert restored == 3 and store.restore("old") == 0
+    assert count_rows(backend, events_table(backend), "old") == 3
+    assert [e.event_id for e in store.fetch("old")] == [e.event_id for e in before]
+    assert store.archive(7, now=T0 + timedelta(days=30)) == 0  # a restored run is not archived again at once
 
 
 def test_archive_rejects_bad_arguments(store):
