@@ -1,8 +1,10 @@
 """The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/002_event_feed.sql).
 
-A read returns only events whose position is below (xmin of its own snapshot << 20): every
-transaction with a lower id has ended, so no event can appear later below what was returned. The
-price: a transaction held open holds the feed back until it ends (it never makes it skip).
+A read returns only events whose position is below (horizon << 20), the horizon being the oldest
+transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no
+event can appear later below what was returned. Transactions of other databases cannot write these
+tables and do not count. The price: a transaction held open in this database holds the feed back
+until it ends (it never makes it skip).
 LISTEN runstate_feed wakes subscribers at each commit; they also poll, so a lost notification (or
 a LISTEN connection that cannot be had) only delays them by `poll_seconds`.
 """
@@ -22,8 +24,18 @@ from runstate.eventstore.pg_sql import EVENT_COLUMNS, row_to_event
 log = logging.getLogger("runstate.eventstore.postgres")
 
 FEED_CHANNEL = "runstate_feed"
+# The horizon: the snapshot's xmax, or its oldest in-progress xid that is not known to belong to
+# another database (pg_stat_activity gives 32-bit xids; one that ended meanwhile, or is hidden from
+# this role, is not known, so it still counts: that delays the reader by one poll, never skips).
+_HORIZON = (
+    "snap AS (SELECT pg_current_snapshot() AS s),"
+    " horizon AS (SELECT LEAST(pg_snapshot_xmax(snap.s), (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x"
+    "   WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname <> current_database()"
+    "     AND a.backend_xid::text::bigint = x::text::bigint %% 4294967296)))::text::bigint << 20 AS below"
+    "   FROM snap)"
+)
 _FEED = (
-    "WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint << 20 AS below)"
+    f"WITH {_HORIZON}"
     f" SELECT * FROM ("
     f"  SELECT {EVENT_COLUMNS} FROM run_events, horizon WHERE position > %(after)s AND position < horizon.below"
     f"  UNION ALL"
