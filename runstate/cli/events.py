@@ -32,7 +32,7 @@ EVENT_FIELDS = (
     "adapter_version",
     "engine_run_ref",
 )
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  # seed 000: runs finished more than 90 days ago move to the archive
+DEFAULT_ARCHIVE_AFTER_DAYS = 90  # the core's DEFAULT_ARCHIVE_AFTER_DAYS (seed 000), without importing it at load
 
 
 @contextmanager

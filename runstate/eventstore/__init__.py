@@ -5,6 +5,7 @@
 
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
+    DEFAULT_ARCHIVE_AFTER_DAYS,
     DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
     AppendResult,
@@ -32,6 +33,7 @@ from runstate.eventstore.validation import MAX_JSON_DEPTH, ValidEvent, validate_
 
 __all__ = [
     "CANONICAL_EVENT_TYPES",
+    "DEFAULT_ARCHIVE_AFTER_DAYS",
     "DEFAULT_MAX_EVENT_BYTES",
     "TERMINAL_EVENT_TYPES",
     "AppendResult",

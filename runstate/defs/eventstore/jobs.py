@@ -12,12 +12,11 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.eventstore.resources import EventStoreResource
-from runstate.eventstore import InvalidEvent, NewEvent
+from runstate.eventstore import DEFAULT_ARCHIVE_AFTER_DAYS, ConcurrencyConflict, InvalidEvent, NewEvent
 
 RUN_EVENTS_ASSET = dg.AssetKey("run_events")
 # Transient database errors are retried; appends are idempotent (deterministic idempotency keys).
 STORE_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=1.0, backoff=dg.Backoff.EXPONENTIAL)
-DEFAULT_ARCHIVE_AFTER_DAYS = 30
 
 
 class EventConfig(dg.Config):
@@ -43,6 +42,10 @@ class AppendEventsConfig(dg.Config):
 
     run_id: str = Field(description="The workflow run the events belong to (1..256 characters).")
     events: list[EventConfig] = Field(description="The events, in order.")
+    expected_last_seq: Optional[int] = Field(
+        default=None,
+        description="Optimistic concurrency: append only if the run's last seq is this (else the run fails).",
+    )
 
 
 class ArchiveConfig(dg.Config):
@@ -88,6 +91,15 @@ def invalid_input_failure(exc: InvalidEvent) -> dg.Failure:
     )
 
 
+def conflict_failure(exc: ConcurrencyConflict) -> dg.Failure:
+    """Another writer moved the run: retrying the same expectation cannot win, so no retries."""
+    return dg.Failure(
+        description=f"nothing written: {exc}",
+        metadata={"expected_last_seq": exc.expected, "actual_last_seq": exc.actual},
+        allow_retries=False,
+    )
+
+
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
 def append_events_op(
     context: dg.OpExecutionContext, config: AppendEventsConfig, event_store: EventStoreResource
@@ -95,9 +107,15 @@ def append_events_op(
     """Append the configured events to their run in one transaction; returns their run_seqs."""
     try:
         events = to_new_events(config)
-        results = event_store.get_store().append_batch(config.run_id, events)
+        results = event_store.get_store().append_batch(
+            config.run_id, events, expected_last_seq=config.expected_last_seq
+        )
     except InvalidEvent as exc:
         raise invalid_input_failure(exc) from exc
+    except ConcurrencyConflict as exc:
+        if exc.expected is None:
+            raise  # lost races only: transient, the retry policy tries again
+        raise conflict_failure(exc) from exc
     seqs = [result.run_seq for result in results]
     written = sum(1 for result in results if result.persisted)
     metadata = {
