@@ -10,125 +10,22 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
 import click
 
-EVENT_FIELDS = (
-    "event_type",
-    "step_id",
-    "data",
-    "emitted_at",
-    "logical_attempt_id",
-    "engine_attempt_id",
-    "plan_version",
-    "idempotency_key",
-    "event_id",
-    "caused_by_signal_id",
-    "parent_event_id",
-    "adapter_version",
-    "engine_run_ref",
+from runstate.cli.events_io import (
+    DEFAULT_ARCHIVE_AFTER_DAYS,
+    event_to_json,
+    format_table,
+    load_json,
+    open_store,
+    parse_time,
+    read_jsonl,
+    short_json,
+    validate_all,
 )
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  # the core's DEFAULT_ARCHIVE_AFTER_DAYS (seed 000), without importing it at load
-
-
-@contextmanager
-def open_store(backend: str | None = None) -> Iterator[Any]:
-    """The configured store (RUNSTATE_EVENTSTORE, or `backend`), schema ensured, closed afterwards."""
-    from runstate.config import settings
-    from runstate.eventstore import EventStoreError, PostgresEventStore, SnowflakeEventStore
-
-    try:
-        s = settings()
-    except ValueError as exc:  # a bad setting is the user's input too: one line, not a traceback
-        raise EventStoreError(str(exc)) from None
-    backend = backend or s.eventstore
-    if backend == "postgres":
-        store: Any = PostgresEventStore(s.pg_url, schema=s.schema)
-    else:
-        store = SnowflakeEventStore(connect_kwargs=snowflake_kwargs(s.snowflake),
-                                    schema=(s.snowflake.get("schema") or "RUNSTATE").upper())
-    try:
-        store.ensure_schema()
-        yield store
-    finally:
-        store.close()
-
-
-def snowflake_kwargs(values: Any) -> dict[str, Any]:
-    """snowflake.connector.connect() arguments from the SNOWFLAKE_* settings."""
-    from runstate.eventstore import EventStoreError
-
-    if not values.get("account"):
-        raise EventStoreError("event store backend 'snowflake' needs SNOWFLAKE_ACCOUNT (and user, password, ...)")
-    keys = ("account", "user", "password", "database", "warehouse", "role", "host", "port", "protocol")
-    kwargs: dict[str, Any] = {key: values[key] for key in keys if values.get(key)}
-    if "port" in kwargs:
-        kwargs["port"] = int(kwargs["port"])
-    # The local emulator answers a failed statement with HTTP 500, which the connector retries until
-    # network_timeout (unset: for ever); the Dagster resource makes the same choice.
-    if values.get("network_timeout"):
-        kwargs["network_timeout"] = int(values["network_timeout"])
-    elif kwargs.get("protocol") == "http":
-        kwargs["network_timeout"] = 1
-    kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
-    return kwargs
-
-
-def parse_time(value: str | None, run_id: str, index: int | None = None) -> datetime:
-    from runstate.eventstore import InvalidEvent
-
-    if value is None:
-        return datetime.now(timezone.utc)
-    try:
-        return datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise InvalidEvent("emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index) from None
-
-
-def event_from_mapping(doc: Any, default_run_id: str | None, where: str) -> Any:
-    """A NewEvent from one JSON object (a JSONL line); unknown keys are an error, not silently dropped."""
-    from runstate.eventstore import NewEvent
-
-    if not isinstance(doc, dict):
-        raise click.ClickException(f"{where}: expected a JSON object, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(EVENT_FIELDS) - {"run_id"})
-    if unknown:
-        raise click.ClickException(f"{where}: unknown field(s) {ascii(', '.join(unknown))[1:-1]}")
-    run_id = doc.get("run_id", default_run_id)
-    if not run_id:
-        raise click.ClickException(f"{where}: no run_id (give --run-id or a run_id field)")
-    if "event_type" not in doc:
-        raise click.ClickException(f"{where}: missing field 'event_type'")
-    fields = {key: doc[key] for key in EVENT_FIELDS if key in doc}
-    fields["emitted_at"] = parse_time(doc.get("emitted_at"), run_id)
-    return NewEvent(run_id=run_id, **fields)
-
-
-def read_jsonl(path: Path, default_run_id: str | None) -> list[Any]:
-    events = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        events.append(event_from_mapping(load_json(line, f"{path}:{number}"), default_run_id, f"{path}:{number}"))
-    return events
-
-
-def load_json(text: str | None, where: str) -> Any:
-    """JSON text to a value; malformed or absurdly nested JSON is one line of error."""
-    from runstate.eventstore import MAX_JSON_DEPTH
-
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.ClickException(f"{where} is not JSON ({exc.msg} at column {exc.colno})") from None
-    except RecursionError:
-        raise click.ClickException(f"{where} is nested more than {MAX_JSON_DEPTH} levels deep") from None
 
 
 @click.group()
@@ -143,8 +40,11 @@ def events() -> None:
 @click.option("--data", help="Event payload as JSON.")
 @click.option("--emitted-at", help="ISO 8601 timestamp with a UTC offset (default: now).")
 @click.option("--attempt", "logical_attempt_id", help="Logical attempt id.")
-@click.option("--expected-last-seq", type=click.IntRange(min=0),
-              help="Optimistic concurrency: refuse unless the run is at this seq (one run only).")
+@click.option(
+    "--expected-last-seq",
+    type=click.IntRange(min=0),
+    help="Optimistic concurrency: refuse unless the run is at this seq (one run only).",
+)
 @click.option(
     "--file",
     "jsonl",
@@ -196,18 +96,6 @@ def append(
         append_runs(store, by_run, expected_last_seq)
 
 
-def validate_all(by_run: dict[str, list[Any]]) -> None:
-    """Every run's batch, before anything is written (a store validates only its own batch)."""
-    from runstate.eventstore import InvalidEvent, validate_batch
-
-    for rid, run_events in by_run.items():
-        try:
-            validate_batch(rid, run_events)
-        except InvalidEvent as exc:
-            raise InvalidEvent(exc.field, f"{str(exc).split(': ', 1)[-1]}; nothing written", run_id=rid,
-                               index=exc.index) from None
-
-
 def append_runs(store: Any, by_run: dict[str, list[Any]], expected_last_seq: int | None) -> None:
     from runstate.eventstore import EventStoreError
 
@@ -246,25 +134,50 @@ def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
             click.echo(json.dumps(event_to_json(event), sort_keys=True))
         return
     rows = [
-        (str(e.run_seq), e.event_type, e.step_id or "", e.emitted_at.isoformat(timespec="seconds"), short_json(e.data))
+        (
+            str(e.run_seq),
+            e.event_type,
+            e.step_id or "",
+            e.emitted_at.isoformat(timespec="seconds"),
+            short_json(e.data),
+        )
         for e in stored
     ]
     click.echo(format_table(("SEQ", "TYPE", "STEP", "EMITTED_AT", "DATA"), rows))
 
 
 @events.command()
-@click.option("--after", "after_position", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Start after this feed position.")
+@click.option(
+    "--after",
+    "after_position",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Start after this feed position.",
+)
 @click.option("--follow", is_flag=True, help="Keep waiting for new events (Ctrl-C to stop).")
-@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True,
-              help="Without --follow: at most this many events.")
-@click.option("--poll-seconds", type=click.FloatRange(min=0.05), default=1.0, show_default=True,
-              help="With --follow: the longest wait between reads (notifications wake it sooner).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Without --follow: at most this many events.",
+)
+@click.option(
+    "--poll-seconds",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="With --follow: the longest wait between reads (notifications wake it sooner).",
+)
 def tail(after_position: int, follow: bool, limit: int, poll_seconds: float) -> None:
     """Print the global feed: every run's events in commit order, one JSON object per line."""
     with open_store() as store:
-        events_out = store.subscribe(after_position, poll_seconds=poll_seconds) if follow \
+        events_out = (
+            store.subscribe(after_position, poll_seconds=poll_seconds)
+            if follow
             else store.fetch_all(after_position, limit)
+        )
         try:
             for event in events_out:
                 click.echo(json.dumps(event_to_json(event), sort_keys=True))
@@ -272,27 +185,11 @@ def tail(after_position: int, follow: bool, limit: int, poll_seconds: float) -> 
             pass
 
 
-def event_to_json(event: Any) -> dict[str, Any]:
-    doc = {name: getattr(event, name) for name in event.__dataclass_fields__}
-    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in doc.items()}
-
-
-def short_json(value: Any, width: int = 60) -> str:
-    if value is None:
-        return ""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
-    return "\n".join(lines)
-
-
 @events.command()
 @click.argument("run_id", required=False)
-@click.option("--all", "all_runs", is_flag=True, help="Every run with new events (with --rebuild: every run).")
+@click.option(
+    "--all", "all_runs", is_flag=True, help="Every run with new events (with --rebuild: every run)."
+)
 @click.option("--rebuild", is_flag=True, help="Fold from scratch instead of from the stored watermark.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and scripts).")
 def project(run_id: str | None, all_runs: bool, rebuild: bool, no_progress: bool) -> None:
@@ -322,7 +219,9 @@ def _all_run_ids(store: Any, page: int = 1000) -> Iterator[str]:
         after = run_ids[-1]
 
 
-def _project_all(store: Any, rebuild: bool, no_progress: bool) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def _project_all(
+    store: Any, rebuild: bool, no_progress: bool
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from tqdm import tqdm
 
     run_ids = list(_all_run_ids(store)) if rebuild else store.stale_runs(limit=1_000_000)
@@ -347,20 +246,29 @@ def resume(run_id: str) -> None:
     """Show where a run resumes from: the latest valid snapshot and the events after it."""
     with open_store() as store:
         point = store.resume(run_id)
-    click.echo(f"run {run_id!r}: snapshot at seq {point.snapshot_seq} ({point.kind}), "
-               f"{len(point.events)} event(s) to replay")
+    click.echo(
+        f"run {run_id!r}: snapshot at seq {point.snapshot_seq} ({point.kind}), "
+        f"{len(point.events)} event(s) to replay"
+    )
     if point.fallbacks:
         click.echo(f"warning: {point.fallbacks} corrupt snapshot(s) skipped", err=True)
     if point.events:
         click.echo(f"replay seqs {point.events[0].run_seq}..{point.events[-1].run_seq}")
     if point.kind in ("projection", "none"):
         summary = point.run_snapshot(run_id)
-        click.echo(f"status {summary.status}, {len(summary.steps)} step(s), last seq {summary.last_event_seq}")
+        click.echo(
+            f"status {summary.status}, {len(summary.steps)} step(s), last seq {summary.last_event_seq}"
+        )
 
 
 @events.command()
-@click.option("--older-than-days", type=click.IntRange(min=0), default=DEFAULT_ARCHIVE_AFTER_DAYS,
-              show_default=True, help="Archive runs completed before.")
+@click.option(
+    "--older-than-days",
+    type=click.IntRange(min=0),
+    default=DEFAULT_ARCHIVE_AFTER_DAYS,
+    show_default=True,
+    help="Archive runs completed before.",
+)
 def archive(older_than_days: int) -> None:
     """Move the events of completed runs older than N days to the archive table (still readable)."""
     with open_store() as store:
@@ -381,7 +289,8 @@ def restore(run_id: str) -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs).")
 def migrate(batch_size: int, no_progress: bool) -> None:
-    """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and checksums."""
+    """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and
+    checksums."""
     from tqdm import tqdm
 
     from runstate.eventstore import migrate_events

@@ -1,6 +1,6 @@
 """Run state store: an append-only, idempotent event log of workflow runs (core, no dagster).
 
-    from runstate.eventstore import PostgresEventStore, NewEvent, EventType
+from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
 from runstate.eventstore.contract import (
@@ -29,7 +29,12 @@ from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
 from runstate.eventstore.snowflake import SnowflakeEventStore
-from runstate.eventstore.validation import MAX_JSON_DEPTH, ValidEvent, validate_batch, validate_event
+from runstate.eventstore.validation import (
+    MAX_JSON_DEPTH,
+    ValidEvent,
+    validate_batch,
+    validate_event,
+)
 
 __all__ = [
     "CANONICAL_EVENT_TYPES",

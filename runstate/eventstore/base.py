@@ -26,7 +26,11 @@ from runstate.eventstore.contract import (
 )
 from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
-from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy, canonical_json
+from runstate.eventstore.snapshots import (
+    SnapshotMetrics,
+    SnapshotPolicy,
+    canonical_json,
+)
 from runstate.eventstore.validation import ValidEvent, validate_batch
 
 log = logging.getLogger("runstate.eventstore")
@@ -51,8 +55,10 @@ class _EventStoreBase(ABC):
     ) -> None:
         self.max_event_bytes = int(max_event_bytes)
         self.policy = SnapshotPolicy(
-            interval=int(snapshot_interval), keep=int(keep_snapshots),
-            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+            interval=int(snapshot_interval),
+            keep=int(keep_snapshots),
+            warn_bytes=large_snapshot_bytes,
+            compress_over=large_snapshot_bytes,
         )
         self.snapshot_interval = self.policy.interval
         self.metrics = SnapshotMetrics()
@@ -65,7 +71,9 @@ class _EventStoreBase(ABC):
         leave as EventStoreError."""
 
     @abstractmethod
-    def _fetch(self, conn: Any, run_id: str, after_seq: int, limit: int, upto: int | None = None) -> list[StoredEvent]:
+    def _fetch(
+        self, conn: Any, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> list[StoredEvent]:
         """A page of the run's events (live and archived) with after_seq < run_seq <= upto."""
 
     @abstractmethod
@@ -77,7 +85,12 @@ class _EventStoreBase(ABC):
 
     @abstractmethod
     def append_batch(
-        self, run_id: str, events: Sequence[NewEvent], state: Any = None, *, expected_last_seq: int | None = None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        state: Any = None,
+        *,
+        expected_last_seq: int | None = None,
     ) -> list[AppendResult]: ...
 
     @abstractmethod
@@ -128,10 +141,15 @@ class _EventStoreBase(ABC):
         if state is not None:
             canonical_json(run_id, state)  # bad state is bad input: reject before any write
         if expected_last_seq is not None and (
-            not isinstance(expected_last_seq, int) or isinstance(expected_last_seq, bool) or expected_last_seq < 0
+            not isinstance(expected_last_seq, int)
+            or isinstance(expected_last_seq, bool)
+            or expected_last_seq < 0
         ):
-            raise InvalidEvent("expected_last_seq", f"must be a non-negative integer, got {expected_last_seq!r}",
-                               run_id=run_id)
+            raise InvalidEvent(
+                "expected_last_seq",
+                f"must be a non-negative integer, got {expected_last_seq!r}",
+                run_id=run_id,
+            )
         return valid
 
     @staticmethod
@@ -167,7 +185,9 @@ class _EventStoreBase(ABC):
 
     # -- reads --------------------------------------------------------------------------------
 
-    def _fetch_run(self, conn: Any, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
+    def _fetch_run(
+        self, conn: Any, run_id: str, after_seq: int, upto: int | None = None
+    ) -> list[StoredEvent]:
         events: list[StoredEvent] = []
         while True:
             page = self._fetch(conn, run_id, after_seq, _PAGE, upto)
@@ -199,8 +219,9 @@ class _EventStoreBase(ABC):
                 failed.append((run_id, str(exc)))
                 continue
             runs, changed, applied = runs + 1, changed + moved, applied + folded
-        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied,
-                                failed=tuple(failed))
+        return ProjectionReport(
+            runs_projected=runs, runs_changed=changed, events_applied=applied, failed=tuple(failed)
+        )
 
     def _project_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
         """One optimistic projection attempt; None when another projector moved the version."""
@@ -239,10 +260,10 @@ class _EventStoreBase(ABC):
     @staticmethod
     def _archive_cutoff(older_than_days: int, now: datetime | None) -> datetime:
         if not isinstance(older_than_days, int) or older_than_days < 0:
-            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
+            raise InvalidEvent("older_than_days", f"must be a non-negative integer, got {older_than_days!r}")
         now = now or datetime.now(timezone.utc)
         if now.tzinfo is None:
-            raise ValueError("now must be timezone-aware")
+            raise InvalidEvent("now", "must be timezone-aware")
         return now - timedelta(days=older_than_days)
 
     def _archive_chunks(self, chunk: Callable[[Any], tuple[int, int]], batch_runs: int) -> int:
@@ -272,7 +293,8 @@ class _EventStoreBase(ABC):
             if event.idempotency_key in keys:
                 if keys[event.idempotency_key] != seq:
                     raise EventStoreError(
-                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
+                        f"run {run_id!r}: idempotency key"
+                        f" {event.idempotency_key[:12]}.. is stored at run_seq "
                         f"{keys[event.idempotency_key]}, the import has it at {seq}"
                     )
                 continue

@@ -9,13 +9,23 @@ import hashlib
 import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Protocol,
+    Sequence,
+    runtime_checkable,
+)
 
 if TYPE_CHECKING:  # resume.py folds with projection.py, which imports this module
     from runstate.eventstore.resume import Resume
 
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  # seed 000: runs finished more than 90 days ago move to the archive
+DEFAULT_ARCHIVE_AFTER_DAYS = 90  # runs finished more than 90 days ago move to the archive
 MAX_RUN_ID_CHARS = 256
 
 
@@ -73,8 +83,14 @@ class ConcurrencyConflict(EventStoreError):
     """Another writer won: `append(..., expected_last_seq=N)` found the run at another seq
     (`run_id`, `expected` and `actual` are set), or a retried transaction kept losing races."""
 
-    def __init__(self, message: str, *, run_id: str | None = None, expected: int | None = None,
-                 actual: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        expected: int | None = None,
+        actual: int | None = None,
+    ):
         super().__init__(message)
         self.run_id = run_id
         self.expected = expected
@@ -84,7 +100,9 @@ class ConcurrencyConflict(EventStoreError):
     def stale(cls, run_id: str, expected: int, actual: int) -> "ConcurrencyConflict":
         return cls(
             f"run {run_id[:80]!r}: expected last seq {expected}, but the run is at seq {actual}",
-            run_id=run_id, expected=expected, actual=actual,
+            run_id=run_id,
+            expected=expected,
+            actual=actual,
         )
 
 
@@ -273,7 +291,12 @@ class EventStore(Protocol):
     def append(self, event: NewEvent, *, expected_last_seq: int | None = None) -> AppendResult: ...
 
     def append_batch(
-        self, run_id: str, events: Sequence[NewEvent], state: Any = None, *, expected_last_seq: int | None = None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        state: Any = None,
+        *,
+        expected_last_seq: int | None = None,
     ) -> list[AppendResult]: ...
 
     def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]: ...

@@ -36,10 +36,14 @@ class _PgArchive:
         cutoff = self._archive_cutoff(older_than_days, now)
 
         def chunk(conn: psycopg.Connection) -> tuple[int, int]:
-            runs = [r[0] for r in conn.execute(_ARCHIVABLE, {"cutoff": cutoff, "limit": batch_runs}).fetchall()]
+            runs = [
+                r[0] for r in conn.execute(_ARCHIVABLE, {"cutoff": cutoff, "limit": batch_runs}).fetchall()
+            ]
             if not runs:
                 return 0, 0
-            moved = conn.execute(_MOVE.format(source="run_events", target="run_events_archive"), (runs,)).fetchone()[0]
+            moved = conn.execute(
+                _MOVE.format(source="run_events", target="run_events_archive"), (runs,)
+            ).fetchone()[0]
             conn.execute("DELETE FROM run_state_snapshots WHERE run_id = ANY(%s)", (runs,))
             conn.execute("UPDATE run_streams SET archived_at = now() WHERE run_id = ANY(%s)", (runs,))
             return len(runs), moved
@@ -55,7 +59,9 @@ class _PgArchive:
             if row is None:
                 return 0
             moved = conn.execute(_MOVE.format(source="run_events_archive", target="run_events"), ([run_id],))
-            conn.execute("UPDATE run_streams SET archived_at = NULL, restored_at = now() WHERE run_id = %s", (run_id,))
+            conn.execute(
+                "UPDATE run_streams SET archived_at = NULL, restored_at = now() WHERE run_id = %s", (run_id,)
+            )
             return moved.fetchone()[0]
 
         return self._run(f"restore run {run_id!r}", work)
@@ -65,15 +71,21 @@ class _PgArchive:
         written = 0
         for run_id, run_events in self._by_run(events).items():
             valid = validate_imported(run_id, run_events, self.max_event_bytes)
-            written += self._run(f"import into run {run_id!r}", lambda conn: self._import_tx(conn, run_id, valid))
+            written += self._run(
+                f"import into run {run_id!r}", lambda conn: self._import_tx(conn, run_id, valid)
+            )
         return written
 
     def _import_tx(self, conn: psycopg.Connection, run_id: str, valid: list[tuple[int, ValidEvent]]) -> int:
         stream = self._lock_stream(conn, run_id)
         keys = self._existing_keys(conn, run_id, [v.idempotency_key for _, v in valid], stream)
-        taken = {r[0] for r in conn.execute(
-            "SELECT run_seq FROM run_events WHERE run_id = %s AND run_seq = ANY(%s)", (run_id, [s for s, _ in valid])
-        ).fetchall()}
+        taken = {
+            r[0]
+            for r in conn.execute(
+                "SELECT run_seq FROM run_events WHERE run_id = %s AND run_seq = ANY(%s)",
+                (run_id, [s for s, _ in valid]),
+            ).fetchall()
+        }
         fresh = self._fresh_imports(run_id, valid, keys, taken)
         if fresh:
             top = max(stream.last_seq, max(seq for seq, _ in fresh))

@@ -37,7 +37,8 @@ _HORIZON = (
 _FEED = (
     f"WITH {_HORIZON}"
     f" SELECT * FROM ("
-    f"  SELECT {EVENT_COLUMNS} FROM run_events, horizon WHERE position > %(after)s AND position < horizon.below"
+    f"  SELECT {EVENT_COLUMNS} FROM run_events, horizon WHERE"
+    " position > %(after)s AND position < horizon.below"
     f"  UNION ALL"
     f"  SELECT {EVENT_COLUMNS} FROM run_events_archive, horizon"
     f"  WHERE position > %(after)s AND position < horizon.below"
@@ -65,8 +66,9 @@ class _PgFeed:
         check_position(after_position, 1)
         listener = self._listener()
         try:
-            yield from follow(self.fetch_all, lambda seconds: _wait(listener, seconds), after_position,
-                              poll_seconds, stop)
+            yield from follow(
+                self.fetch_all, lambda seconds: _wait(listener, seconds), after_position, poll_seconds, stop
+            )
         finally:
             if listener is not None:
                 listener.close()

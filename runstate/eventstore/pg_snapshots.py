@@ -62,18 +62,33 @@ class _PgSnapshots:
         encoded = encode_snapshot(run_id, seq, state, self.policy)
         conn.execute(
             _WRITE_SNAPSHOT,
-            {"run_id": run_id, "seq": seq, "kind": kind, "encoding": encoded.encoding, "payload": encoded.payload,
-             "checksum": encoded.checksum, "raw": encoded.raw_bytes, "stored": encoded.stored_bytes,
-             "reason": reason, "older": self.policy.keep - 1},
+            {
+                "run_id": run_id,
+                "seq": seq,
+                "kind": kind,
+                "encoding": encoded.encoding,
+                "payload": encoded.payload,
+                "checksum": encoded.checksum,
+                "raw": encoded.raw_bytes,
+                "stored": encoded.stored_bytes,
+                "reason": reason,
+                "older": self.policy.keep - 1,
+            },
         )
         return projection, encoded
 
     def _projection_in_tx(
-        self, conn: psycopg.Connection, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]],
     ) -> RunSnapshot:
         """The run's projection through the stored events up to `stored_upto` plus `pending` ones."""
         recalled = self._recalled(run_id)
-        if recalled is not None and recalled.last_event_seq <= stored_upto:
+        if stored_upto == 0:  # a new run: nothing stored to start from (and no round trip to find that out)
+            base = RunSnapshot.empty(run_id)
+        elif recalled is not None and recalled.last_event_seq <= stored_upto:
             base = recalled
         else:
             base = self._latest_projection_base(conn, run_id, stored_upto)
@@ -89,9 +104,14 @@ class _PgSnapshots:
             (run_id, upto),
         ).fetchall()
         chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
-        best = RunSnapshot.from_dict(chosen.state) if chosen.kind == KIND_PROJECTION else RunSnapshot.empty(run_id)
+        best = (
+            RunSnapshot.from_dict(chosen.state)
+            if chosen.kind == KIND_PROJECTION
+            else RunSnapshot.empty(run_id)
+        )
         row = conn.execute(
-            "SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s", (run_id, upto)
+            "SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s",
+            (run_id, upto),
         ).fetchone()
         if row is not None:
             projected = RunSnapshot.from_dict(row[0])
@@ -105,7 +125,9 @@ class _PgSnapshots:
             canonical_json(run_id, state)
 
         def work(conn: psycopg.Connection) -> tuple[int, RunSnapshot | None, EncodedSnapshot | None]:
-            row = conn.execute("SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
+            row = conn.execute(
+                "SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)
+            ).fetchone()
             if row is None or row[0] == 0:
                 return 0, None, None
             made, encoded = self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
@@ -128,9 +150,20 @@ def _pending_for_fold(run_id: str, seq: int, event: ValidEvent, now: datetime) -
     if event.event_type in READS_DATA:
         return as_stored(run_id, seq, event, now)
     return StoredEvent(
-        run_id=run_id, run_seq=seq, event_type=event.event_type, emitted_at=event.emitted_at, persisted_at=now,
-        idempotency_key=event.idempotency_key, event_id=event.event_id, data=None, step_id=event.step_id,
-        engine_attempt_id=event.engine_attempt_id, logical_attempt_id=event.logical_attempt_id,
-        plan_version=event.plan_version, caused_by_signal_id=event.caused_by_signal_id,
-        parent_event_id=event.parent_event_id, adapter_version=event.adapter_version, engine_run_ref=None,
+        run_id=run_id,
+        run_seq=seq,
+        event_type=event.event_type,
+        emitted_at=event.emitted_at,
+        persisted_at=now,
+        idempotency_key=event.idempotency_key,
+        event_id=event.event_id,
+        data=None,
+        step_id=event.step_id,
+        engine_attempt_id=event.engine_attempt_id,
+        logical_attempt_id=event.logical_attempt_id,
+        plan_version=event.plan_version,
+        caused_by_signal_id=event.caused_by_signal_id,
+        parent_event_id=event.parent_event_id,
+        adapter_version=event.adapter_version,
+        engine_run_ref=None,
     )

@@ -54,11 +54,14 @@ RETURNING event_count, {inserted}
 """
 # append_batch inserts optimistically: a key already stored is skipped by ON CONFLICT, and the short
 # count aborts the transaction (RSK01) so that the append can retry with the probe for stored keys.
-INSERT_NEW = _INSERT_BATCH.replace("{on_conflict}", "ON CONFLICT (run_id, idempotency_key) DO NOTHING").replace(
-    "{inserted}", "runstate_expect_inserted((SELECT count(*) FROM inserted), %(new)s)"
+INSERT_NEW = _INSERT_BATCH.replace(
+    "{on_conflict}", "ON CONFLICT (run_id, idempotency_key) DO NOTHING"
+).replace("{inserted}", "runstate_expect_inserted((SELECT count(*) FROM inserted), %(new)s)")
+# import_events probes keys and run_seqs first; a key inserted by a racing writer is a UniqueViolation
+# (retried).
+INSERT_IMPORTED = _INSERT_BATCH.replace("{on_conflict}", "").replace(
+    "{inserted}", "(SELECT count(*) FROM inserted)"
 )
-# import_events probes keys and run_seqs first; a key inserted by a racing writer is a UniqueViolation (retried).
-INSERT_IMPORTED = _INSERT_BATCH.replace("{on_conflict}", "").replace("{inserted}", "(SELECT count(*) FROM inserted)")
 
 
 @dataclass(frozen=True)
@@ -102,12 +105,41 @@ def _first(events: Iterable[ValidEvent], types: frozenset[str]) -> datetime | No
 
 
 def row_to_event(row: Sequence[Any]) -> StoredEvent:
-    (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,
-     data, key, caused_by, parent, emitted_at, persisted_at, adapter_version, ref, position) = row
+    (
+        run_id,
+        run_seq,
+        event_id,
+        step_id,
+        engine_attempt_id,
+        logical_attempt_id,
+        plan_version,
+        event_type,
+        data,
+        key,
+        caused_by,
+        parent,
+        emitted_at,
+        persisted_at,
+        adapter_version,
+        ref,
+        position,
+    ) = row
     return StoredEvent(
-        run_id=run_id, run_seq=run_seq, event_type=event_type, emitted_at=emitted_at, persisted_at=persisted_at,
-        idempotency_key=key, event_id=str(event_id), data=data, step_id=step_id,
-        engine_attempt_id=engine_attempt_id, logical_attempt_id=logical_attempt_id, plan_version=plan_version,
-        caused_by_signal_id=str(caused_by) if caused_by else None, parent_event_id=str(parent) if parent else None,
-        adapter_version=adapter_version, engine_run_ref=ref, position=position,
+        run_id=run_id,
+        run_seq=run_seq,
+        event_type=event_type,
+        emitted_at=emitted_at,
+        persisted_at=persisted_at,
+        idempotency_key=key,
+        event_id=str(event_id),
+        data=data,
+        step_id=step_id,
+        engine_attempt_id=engine_attempt_id,
+        logical_attempt_id=logical_attempt_id,
+        plan_version=plan_version,
+        caused_by_signal_id=str(caused_by) if caused_by else None,
+        parent_event_id=str(parent) if parent else None,
+        adapter_version=adapter_version,
+        engine_run_ref=ref,
+        position=position,
     )

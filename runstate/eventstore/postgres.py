@@ -1,4 +1,4 @@
-"""PostgresEventStore: the run state store on PostgreSQL (seed 001).
+"""PostgresEventStore: the run state store on PostgreSQL.
 
 - run_seq comes from the run's row in `run_streams`, locked by an upsert in the append
   transaction: writers to one run serialise on that row only, writers to other runs never wait.
@@ -43,7 +43,12 @@ from runstate.eventstore.contract import (
 from runstate.eventstore.pg_archive import _PgArchive
 from runstate.eventstore.pg_reads import _PgReads
 from runstate.eventstore.pg_snapshots import _PgSnapshots
-from runstate.eventstore.pg_sql import INSERT_NEW, KEY_TAKEN_SQLSTATE, Stream, batch_params
+from runstate.eventstore.pg_sql import (
+    INSERT_NEW,
+    KEY_TAKEN_SQLSTATE,
+    Stream,
+    batch_params,
+)
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 from runstate.migrations import MigrationError, check_schema_name, upgrade_postgres
@@ -86,8 +91,10 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
             raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes!r}")
         self.partitions = int(partitions)
         self._init_policy(
-            max_event_bytes=max_event_bytes, snapshot_interval=snapshot_interval,
-            keep_snapshots=keep_snapshots, large_snapshot_bytes=large_snapshot_bytes,
+            max_event_bytes=max_event_bytes,
+            snapshot_interval=snapshot_interval,
+            keep_snapshots=keep_snapshots,
+            large_snapshot_bytes=large_snapshot_bytes,
         )
         self._dsn = dsn
         self._conninfo = _add_options(dsn, f"-c search_path={self.schema},public")
@@ -106,8 +113,13 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
                 raise EventStoreError("the event store is closed")
             if self._pool is None:
                 self._pool = ConnectionPool(
-                    self._conninfo, min_size=0, max_size=self._pool_size, kwargs={"autocommit": True},
-                    timeout=self._connect_timeout, name=f"runstate-{self.schema}", open=True,
+                    self._conninfo,
+                    min_size=0,
+                    max_size=self._pool_size,
+                    kwargs={"autocommit": True},
+                    timeout=self._connect_timeout,
+                    name=f"runstate-{self.schema}",
+                    open=True,
                 )
             return self._pool
 
@@ -119,7 +131,11 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
             yield conn
 
     def _run(
-        self, what: str, work: Callable[[psycopg.Connection], T], *, transactional: bool = True,
+        self,
+        what: str,
+        work: Callable[[psycopg.Connection], T],
+        *,
+        transactional: bool = True,
         pipeline: bool = False,
     ) -> T:
         """Run `work` (in a transaction when transactional), retrying serialisation/deadlock/unique
@@ -170,9 +186,14 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
             self._check_partitions()
 
     def _check_partitions(self) -> None:
-        found = self._run("count partitions", lambda conn: conn.execute(
-            "SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s)", (f"{self.schema}.run_events",)
-        ).fetchone()[0], transactional=False)
+        found = self._run(
+            "count partitions",
+            lambda conn: conn.execute(
+                "SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s)",
+                (f"{self.schema}.run_events",),
+            ).fetchone()[0],
+            transactional=False,
+        )
         if found != self.partitions:
             raise EventStoreError(
                 f"schema {self.schema!r}: run_events already exists with {found} hash partitions, "
@@ -182,7 +203,12 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
     # -- append -------------------------------------------------------------------------------
 
     def append_batch(
-        self, run_id: str, events: Sequence[NewEvent], state: Any = None, *, expected_last_seq: int | None = None
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        state: Any = None,
+        *,
+        expected_last_seq: int | None = None,
     ) -> list[AppendResult]:
         """Append atomically; duplicates (stored or within the batch) return the existing run_seq.
         With `expected_last_seq`, ConcurrencyConflict unless the run is at that seq (or a pure retry)."""
@@ -211,8 +237,15 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
         return Stream(row[0], row[1], row[2])
 
     def _append_tx(
-        self, conn: psycopg.Connection, run_id: str, valid: list[ValidEvent], state: Any,
-        expected: int | None, written: list[tuple[RunSnapshot | None, EncodedSnapshot]], *, probe: bool = False,
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        valid: list[ValidEvent],
+        state: Any,
+        expected: int | None,
+        written: list[tuple[RunSnapshot | None, EncodedSnapshot]],
+        *,
+        probe: bool = False,
     ) -> list[AppendResult]:
         stream = self._lock_stream(conn, run_id)  # leaves with the BEGIN: the first round trip
         # Archived keys live in run_events_archive, which the insert's ON CONFLICT cannot see: probe those.
@@ -224,7 +257,9 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
         results, new, next_seq = self._assign_seqs(valid, known, stream.last_seq)
         if not new:
             return results
-        reason = self.policy.reason(stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new))
+        reason = self.policy.reason(
+            stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new)
+        )
         # The insert, the snapshot (folded while the insert is on its way) and the COMMIT: the second
         # round trip. A stored key makes the insert raise RSK01 (only possible without the probe: the
         # stream row lock keeps racing writers out of this run), which rolls everything back.
@@ -233,16 +268,22 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
             written.append(self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new))
         return results
 
-    def _existing_keys(self, conn: psycopg.Connection, run_id: str, keys: list[str], stream: Stream) -> dict[str, int]:
+    def _existing_keys(
+        self, conn: psycopg.Connection, run_id: str, keys: list[str], stream: Stream
+    ) -> dict[str, int]:
         if stream.event_count == 0 and not stream.archived:
             return {}
         # Probe the (run_id, idempotency_key) index once per key: `= ANY(array)` lets the planner
         # scan the whole run and filter, which grows with the run's length.
-        query = ("SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-                 " JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key")
+        query = (
+            "SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
+            " JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key"
+        )
         if stream.archived:
-            query += (" UNION ALL SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-                      " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key")
+            query += (
+                " UNION ALL SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
+                " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key"
+            )
         return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
 

@@ -32,6 +32,8 @@ class Resume:
             base = RunSnapshot.empty(run_id)
         else:
             raise InvalidEvent(
-                "state", f"snapshot at seq {self.snapshot_seq} holds caller state, not a projection", run_id=run_id
+                "state",
+                f"snapshot at seq {self.snapshot_seq} holds caller state, not a projection",
+                run_id=run_id,
             )
         return fold(base, self.events)

@@ -35,12 +35,15 @@ class _SfArchive:
                 return 0, 0
             # Touch the stream rows first: appenders to these runs now conflict with us, not interleave.
             cur.execute(
-                f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = CURRENT_TIMESTAMP() WHERE RUN_ID IN (%s)", (runs,)
+                f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = CURRENT_TIMESTAMP() WHERE RUN_ID IN (%s)",
+                (runs,),
             )
             cur.execute(
-                f"INSERT INTO {self._t('RUN_EVENTS_ARCHIVE')} ({COLUMNS}) SELECT {COLUMNS.replace('RUN_ID,', 'e.RUN_ID,', 1)}"
+                f"INSERT INTO {self._t('RUN_EVENTS_ARCHIVE')} ({COLUMNS}) SELECT"
+                f" {COLUMNS.replace('RUN_ID,', 'e.RUN_ID,', 1)}"
                 f" FROM {self._t('RUN_EVENTS')} e WHERE e.RUN_ID IN (%s) AND NOT EXISTS ("
-                f" SELECT 1 FROM {self._t('RUN_EVENTS_ARCHIVE')} a WHERE a.RUN_ID = e.RUN_ID AND a.RUN_SEQ = e.RUN_SEQ)",
+                f" SELECT 1 FROM {self._t('RUN_EVENTS_ARCHIVE')} a WHERE"
+                " a.RUN_ID = e.RUN_ID AND a.RUN_SEQ = e.RUN_SEQ)",
                 (runs,),
             )
             cur.execute(f"DELETE FROM {self._t('RUN_EVENTS')} WHERE RUN_ID IN (%s)", (runs,))
@@ -62,13 +65,15 @@ class _SfArchive:
             self._lock_stream(cur, run_id)
             cur.execute(
                 f"INSERT INTO {self._t('RUN_EVENTS')} ({COLUMNS}) SELECT {COLUMNS}"
-                f" FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s", (run_id,)
+                f" FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s",
+                (run_id,),
             )
             moved = cur.rowcount or 0
             cur.execute(f"DELETE FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s", (run_id,))
             cur.execute(
                 f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = NULL, RESTORED_AT = CURRENT_TIMESTAMP()"
-                " WHERE RUN_ID = %s", (run_id,)
+                " WHERE RUN_ID = %s",
+                (run_id,),
             )
             return moved
 
@@ -88,10 +93,14 @@ class _SfArchive:
             base = self._position_base()
             for _ in range(_MAX_ATTEMPTS):
                 written += self._run(
-                    f"import into run {run_id!r}", lambda cur: self._import_tx(cur, run_id, valid, stamps, base)
+                    f"import into run {run_id!r}",
+                    lambda cur: self._import_tx(cur, run_id, valid, stamps, base),
                 )
-                found = self._run("verify import", lambda cur: self._existing_keys(cur, run_id, sorted(expected), False),
-                                  transactional=False)
+                found = self._run(
+                    "verify import",
+                    lambda cur: self._existing_keys(cur, run_id, sorted(expected), False),
+                    transactional=False,
+                )
                 if found == expected:
                     break
                 log.warning("run %r: import not visible after COMMIT; retrying", run_id)
@@ -100,14 +109,20 @@ class _SfArchive:
         return written
 
     def _import_tx(
-        self, cur: Any, run_id: str, valid: list[tuple[int, ValidEvent]], stamps: dict[int, datetime], base: int
+        self,
+        cur: Any,
+        run_id: str,
+        valid: list[tuple[int, ValidEvent]],
+        stamps: dict[int, datetime],
+        base: int,
     ) -> int:
         last_seq, count, archived = self._lock_stream(cur, run_id)
         keys = self._existing_keys(cur, run_id, [v.idempotency_key for _, v in valid], archived)
         taken: set[int] = set()
         for chunk in chunks([s for s, _ in valid], 1000):
             cur.execute(
-                f"SELECT RUN_SEQ FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s AND RUN_SEQ IN (%s)", (run_id, tuple(chunk))
+                f"SELECT RUN_SEQ FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s AND RUN_SEQ IN (%s)",
+                (run_id, tuple(chunk)),
             )
             taken.update(int(r[0]) for r in cur.fetchall())
         fresh = self._fresh_imports(run_id, valid, keys, taken)
@@ -116,5 +131,7 @@ class _SfArchive:
         inserted = self._merge_events(cur, run_id, fresh, [stamps.get(s) for s, _ in fresh], base)
         if inserted != len(fresh):
             raise Retry(f"run {run_id!r}: merged {inserted} of {len(fresh)} imported rows")
-        self._advance_stream(cur, run_id, max(last_seq, max(s for s, _ in fresh)), count + len(fresh), [e for _, e in fresh])
+        self._advance_stream(
+            cur, run_id, max(last_seq, max(s for s, _ in fresh)), count + len(fresh), [e for _, e in fresh]
+        )
         return len(fresh)

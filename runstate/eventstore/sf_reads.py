@@ -7,7 +7,7 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Iterator, Sequence
 
-from runstate.eventstore.contract import RunSnapshot, StoredEvent
+from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
 from runstate.eventstore.feed import check_position, follow
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.sf_sql import COLUMNS, Retry, from_json, iso, row_to_event
@@ -19,10 +19,14 @@ class _SfReads:
 
     def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         if int(limit) < 1:
-            raise ValueError(f"limit must be >= 1, got {limit!r}")
-        return self._run("fetch", lambda cur: self._fetch(cur, run_id, int(after_seq), int(limit)), transactional=False)
+            raise InvalidEvent("limit", f"must be >= 1, got {limit!r}")
+        return self._run(
+            "fetch", lambda cur: self._fetch(cur, run_id, int(after_seq), int(limit)), transactional=False
+        )
 
-    def _fetch(self, cur: Any, run_id: str, after_seq: int, limit: int, upto: int | None = None) -> list[StoredEvent]:
+    def _fetch(
+        self, cur: Any, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> list[StoredEvent]:
         # An archived run is read from RUN_EVENTS_ARCHIVE (an event is in exactly one of the two tables).
         bounds = " WHERE RUN_ID = %s AND RUN_SEQ > %s" + (" AND RUN_SEQ <= %s" if upto is not None else "")
         params: list[Any] = [run_id, after_seq] + ([upto] if upto is not None else [])
@@ -60,7 +64,8 @@ class _SfReads:
 
     def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
         rows = self._query(
-            f"SELECT RUN_ID FROM {self._t('RUN_STREAMS')} WHERE RUN_ID > %s ORDER BY RUN_ID LIMIT %s", (after, limit)
+            f"SELECT RUN_ID FROM {self._t('RUN_STREAMS')} WHERE RUN_ID > %s ORDER BY RUN_ID LIMIT %s",
+            (after, limit),
         )
         return [r[0] for r in rows]
 
@@ -102,7 +107,9 @@ class _SfReads:
     # -- projection ---------------------------------------------------------------------------
 
     def _stored_projection(self, cur: Any, run_id: str) -> RunSnapshot | None:
-        cur.execute(f"SELECT SNAPSHOT_DATA, VERSION FROM {self._t('RUN_SNAPSHOTS')} WHERE RUN_ID = %s", (run_id,))
+        cur.execute(
+            f"SELECT SNAPSHOT_DATA, VERSION FROM {self._t('RUN_SNAPSHOTS')} WHERE RUN_ID = %s", (run_id,)
+        )
         row = cur.fetchone()
         return RunSnapshot.from_dict(from_json(row[0]), version=int(row[1])) if row else None
 
@@ -129,20 +136,40 @@ class _SfReads:
         if stored is None:
             # Outside a transaction, so MERGE runs on fakesnow too; the PK makes a racing insert fail there.
             cur.execute(
-                f"MERGE INTO {self._t('RUN_SNAPSHOTS')} t USING (SELECT %s AS RUN_ID, %s AS STATUS, %s AS LAST_EVENT_SEQ,"
-                " PARSE_JSON(%s) AS SNAPSHOT_DATA, %s::TIMESTAMP_TZ AS STARTED_AT, %s::TIMESTAMP_TZ AS COMPLETED_AT) s"
+                f"MERGE INTO {self._t('RUN_SNAPSHOTS')} t USING (SELECT %s AS"
+                " RUN_ID, %s AS STATUS, %s AS LAST_EVENT_SEQ,"
+                " PARSE_JSON(%s) AS SNAPSHOT_DATA, %s::TIMESTAMP_TZ AS"
+                " STARTED_AT, %s::TIMESTAMP_TZ AS COMPLETED_AT) s"
                 " ON t.RUN_ID = s.RUN_ID WHEN NOT MATCHED THEN INSERT"
                 " (RUN_ID, STATUS, LAST_EVENT_SEQ, SNAPSHOT_DATA, STARTED_AT, COMPLETED_AT, VERSION)"
-                " VALUES (s.RUN_ID, s.STATUS, s.LAST_EVENT_SEQ, s.SNAPSHOT_DATA, s.STARTED_AT, s.COMPLETED_AT, 1)",
-                (run_id, snap.status, snap.last_event_seq, data, iso(snap.started_at), iso(snap.completed_at)),
+                " VALUES (s.RUN_ID, s.STATUS, s.LAST_EVENT_SEQ,"
+                " s.SNAPSHOT_DATA, s.STARTED_AT, s.COMPLETED_AT, 1)",
+                (
+                    run_id,
+                    snap.status,
+                    snap.last_event_seq,
+                    data,
+                    iso(snap.started_at),
+                    iso(snap.completed_at),
+                ),
             )
             return cur.rowcount == 1
         cur.execute(
-            f"UPDATE {self._t('RUN_SNAPSHOTS')} SET STATUS = %s, LAST_EVENT_SEQ = %s, SNAPSHOT_DATA = PARSE_JSON(%s),"
-            " STARTED_AT = %s::TIMESTAMP_TZ, COMPLETED_AT = %s::TIMESTAMP_TZ, PROJECTED_AT = CURRENT_TIMESTAMP(),"
+            f"UPDATE {self._t('RUN_SNAPSHOTS')} SET STATUS = %s,"
+            " LAST_EVENT_SEQ = %s, SNAPSHOT_DATA = PARSE_JSON(%s),"
+            " STARTED_AT = %s::TIMESTAMP_TZ, COMPLETED_AT ="
+            " %s::TIMESTAMP_TZ, PROJECTED_AT = CURRENT_TIMESTAMP(),"
             " VERSION = %s WHERE RUN_ID = %s AND VERSION = %s",
-            (snap.status, snap.last_event_seq, data, iso(snap.started_at), iso(snap.completed_at),
-             stored.version + 1, run_id, stored.version),
+            (
+                snap.status,
+                snap.last_event_seq,
+                data,
+                iso(snap.started_at),
+                iso(snap.completed_at),
+                stored.version + 1,
+                run_id,
+                stored.version,
+            ),
         )
         return cur.rowcount == 1
 
@@ -154,4 +181,6 @@ class _SfReads:
             events = self._fetch_run(cur, run_id, chosen.seq)
             return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
 
-        return self._record_resume(run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started)
+        return self._record_resume(
+            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
+        )

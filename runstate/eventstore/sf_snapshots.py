@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.projection import fold
 from runstate.eventstore.rows import as_stored
+from runstate.eventstore.sf_sql import b64
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
@@ -17,7 +18,6 @@ from runstate.eventstore.snapshots import (
     choose_valid,
     encode_snapshot,
 )
-from runstate.eventstore.sf_sql import b64
 from runstate.eventstore.validation import ValidEvent
 
 
@@ -25,7 +25,13 @@ class _SfSnapshots:
     """Mixin of SnowflakeEventStore: state snapshots."""
 
     def _write_snapshot(
-        self, cur: Any, run_id: str, seq: int, state: Any, reason: str, stored_upto: int,
+        self,
+        cur: Any,
+        run_id: str,
+        seq: int,
+        state: Any,
+        reason: str,
+        stored_upto: int,
         pending: Sequence[tuple[int, ValidEvent]] = (),
     ) -> RunSnapshot | None:
         kind, projection = KIND_STATE, None
@@ -39,8 +45,19 @@ class _SfSnapshots:
             " (RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM, RAW_BYTES, STORED_BYTES, REASON)"
             " SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE NOT EXISTS ("
             f" SELECT 1 FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ = %s)",
-            (run_id, seq, kind, encoded.encoding, base64.b64encode(encoded.payload).decode("ascii"),
-             encoded.checksum, encoded.raw_bytes, encoded.stored_bytes, reason, run_id, seq),
+            (
+                run_id,
+                seq,
+                kind,
+                encoded.encoding,
+                base64.b64encode(encoded.payload).decode("ascii"),
+                encoded.checksum,
+                encoded.raw_bytes,
+                encoded.stored_bytes,
+                reason,
+                run_id,
+                seq,
+            ),
         )
         inserted = cur.rowcount
         cur.execute(
@@ -56,8 +73,13 @@ class _SfSnapshots:
             self.metrics.record_written(encoded)
         return projection
 
-    def _snapshots(self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None) -> list[StoredSnapshot]:
-        query = f"SELECT RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s"
+    def _snapshots(
+        self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None
+    ) -> list[StoredSnapshot]:
+        query = (
+            f"SELECT RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM FROM {self._t('RUN_STATE_SNAPSHOTS')}"
+            " WHERE RUN_ID = %s"
+        )
         params: list[Any] = [run_id]
         if upto is not None:
             query += " AND SEQ <= %s"
@@ -68,15 +90,26 @@ class _SfSnapshots:
         cur.execute(query + " ORDER BY SEQ DESC", params)
         return [StoredSnapshot(r[0], int(r[1]), r[2], r[3], b64(r[4]), r[5]) for r in cur.fetchall()]
 
-    def _projection_in_tx(self, cur: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]) -> RunSnapshot:
+    def _projection_in_tx(
+        self, cur: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
+    ) -> RunSnapshot:
         now = datetime.now(timezone.utc)
         recalled = self._recalled(run_id)
         if recalled is not None and recalled.last_event_seq <= stored_upto:
-            events = self._fetch_run(cur, run_id, recalled.last_event_seq, upto=stored_upto) \
-                if recalled.last_event_seq < stored_upto else []
+            events = (
+                self._fetch_run(cur, run_id, recalled.last_event_seq, upto=stored_upto)
+                if recalled.last_event_seq < stored_upto
+                else []
+            )
             return fold(fold(recalled, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
-        chosen = choose_valid(run_id, self._snapshots(cur, run_id, upto=stored_upto, kind=KIND_PROJECTION), self.metrics)
-        base = RunSnapshot.from_dict(chosen.state) if chosen.kind == KIND_PROJECTION else RunSnapshot.empty(run_id)
+        chosen = choose_valid(
+            run_id, self._snapshots(cur, run_id, upto=stored_upto, kind=KIND_PROJECTION), self.metrics
+        )
+        base = (
+            RunSnapshot.from_dict(chosen.state)
+            if chosen.kind == KIND_PROJECTION
+            else RunSnapshot.empty(run_id)
+        )
         stored = self._stored_projection(cur, run_id)
         if stored is not None and base.last_event_seq < stored.last_event_seq <= stored_upto:
             base = stored

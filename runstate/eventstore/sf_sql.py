@@ -41,7 +41,12 @@ def retryable(exc: BaseException) -> bool:
     HTTP 500 (how its server reports a DuckDB write-write conflict)."""
     from snowflake.connector import errors as sf_errors
 
-    transient = (Retry, sf_errors.InternalServerError, sf_errors.OperationalError, sf_errors.ServiceUnavailableError)
+    transient = (
+        Retry,
+        sf_errors.InternalServerError,
+        sf_errors.OperationalError,
+        sf_errors.ServiceUnavailableError,
+    )
     if isinstance(exc, transient):
         return True
     return any(word in str(exc).lower() for word in _RETRY_WORDS)
@@ -49,7 +54,7 @@ def retryable(exc: BaseException) -> bool:
 
 def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), size):
-        yield items[start:start + size]
+        yield items[start : start + size]
 
 
 def iso(value: datetime | None) -> str | None:
@@ -68,13 +73,41 @@ def b64(value: Any) -> bytes:
 
 
 def row_to_event(row: Sequence[Any]) -> StoredEvent:
-    (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,
-     data, key, caused_by, parent, emitted_at, persisted_at, adapter_version, ref, position) = row
+    (
+        run_id,
+        run_seq,
+        event_id,
+        step_id,
+        engine_attempt_id,
+        logical_attempt_id,
+        plan_version,
+        event_type,
+        data,
+        key,
+        caused_by,
+        parent,
+        emitted_at,
+        persisted_at,
+        adapter_version,
+        ref,
+        position,
+    ) = row
     return StoredEvent(
-        run_id=run_id, run_seq=int(run_seq), event_type=event_type, emitted_at=emitted_at, persisted_at=persisted_at,
-        idempotency_key=key, event_id=event_id, data=from_json(data) if data is not None else None, step_id=step_id,
-        engine_attempt_id=engine_attempt_id, logical_attempt_id=logical_attempt_id, plan_version=plan_version,
-        caused_by_signal_id=caused_by, parent_event_id=parent, adapter_version=adapter_version,
+        run_id=run_id,
+        run_seq=int(run_seq),
+        event_type=event_type,
+        emitted_at=emitted_at,
+        persisted_at=persisted_at,
+        idempotency_key=key,
+        event_id=event_id,
+        data=from_json(data) if data is not None else None,
+        step_id=step_id,
+        engine_attempt_id=engine_attempt_id,
+        logical_attempt_id=logical_attempt_id,
+        plan_version=plan_version,
+        caused_by_signal_id=caused_by,
+        parent_event_id=parent,
+        adapter_version=adapter_version,
         engine_run_ref=from_json(ref) if ref is not None else None,
         position=int(position) if position is not None else None,
     )

@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Sequence
 
-from runstate.eventstore.contract import DEFAULT_MAX_EVENT_BYTES, MAX_RUN_ID_CHARS, InvalidEvent, NewEvent
+from runstate.eventstore.contract import (
+    DEFAULT_MAX_EVENT_BYTES,
+    MAX_RUN_ID_CHARS,
+    InvalidEvent,
+    NewEvent,
+)
 
 MAX_TEXT_CHARS = 256
 MAX_KEY_CHARS = 512
@@ -102,13 +107,16 @@ def validate_batch(
     """Validate a whole batch before any write: one bad event rejects the batch."""
     check_run_id(run_id)
     if len(events) > MAX_BATCH_EVENTS:
-        raise InvalidEvent("events", f"a batch holds at most {MAX_BATCH_EVENTS} events, got {len(events)}",
-                           run_id=run_id)
+        raise InvalidEvent(
+            "events", f"a batch holds at most {MAX_BATCH_EVENTS} events, got {len(events)}", run_id=run_id
+        )
     valid = []
     for index, event in enumerate(events):
         checked = validate_event(event, max_event_bytes=max_event_bytes, index=index)
         if checked.run_id != run_id:
-            raise InvalidEvent("run_id", f"is {checked.run_id!r} but the batch is for run {run_id!r}", index=index)
+            raise InvalidEvent(
+                "run_id", f"is {checked.run_id!r} but the batch is for run {run_id!r}", index=index
+            )
         valid.append(checked)
     return valid
 

@@ -1,4 +1,5 @@
-"""`runstate events ...` through click's CliRunner against a real Postgres schema (and fakesnow for migrate)."""
+"""`runstate events ...` through click's CliRunner against a real Postgres schema (and fakesnow for
+migrate)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def run(*args: str) -> Result:
 
 def test_append_then_show_prints_a_table(store):
     appended = run("append", "--run-id", "r1", "--type", "RunStarted")
-    stepped = run("append", "--run-id", "r1", "--type", "StepStarted", "--step", "load", "--data", '{"rows": 3}')
+    stepped = run(
+        "append", "--run-id", "r1", "--type", "StepStarted", "--step", "load", "--data", '{"rows": 3}'
+    )
 
     shown = run("show", "r1")
 
@@ -168,10 +171,15 @@ def test_tail_prints_the_feed_across_runs(store):
 def test_a_jsonl_file_with_a_bad_later_run_writes_nothing(store, tmp_path: Path):
     """Issue 15 #1: runs earlier in the file were committed before a later run's bad event."""
     jsonl = tmp_path / "m.jsonl"
-    jsonl.write_text("\n".join([
-        '{"run_id":"f1","event_type":"A"}', '{"run_id":"f1","event_type":"B"}',
-        '{"run_id":"f2","event_type":"C","emitted_at":"2026-01-01T00:00:00"}',
-    ]))
+    jsonl.write_text(
+        "\n".join(
+            [
+                '{"run_id":"f1","event_type":"A"}',
+                '{"run_id":"f1","event_type":"B"}',
+                '{"run_id":"f2","event_type":"C","emitted_at":"2026-01-01T00:00:00"}',
+            ]
+        )
+    )
 
     result = run("append", "--file", str(jsonl))
 
@@ -210,8 +218,11 @@ def test_project_all_reports_an_unreadable_run_and_projects_the_rest(store, cli_
     for run_id in ("good", "poisoned"):
         store.append(NewEvent(run_id, "RunStarted", datetime.now(timezone.utc)))
     with psycopg.connect(cli_env["RUNSTATE_PG_URL"], autocommit=True) as conn:
-        conn.execute(f'UPDATE "{cli_env["RUNSTATE_SCHEMA"]}".run_events SET emitted_at = %s::timestamptz'
-                     " WHERE run_id = 'poisoned'", ("0001-01-01 00:00:00+01:00",))
+        conn.execute(
+            f'UPDATE "{cli_env["RUNSTATE_SCHEMA"]}".run_events SET emitted_at = %s::timestamptz'
+            " WHERE run_id = 'poisoned'",
+            ("0001-01-01 00:00:00+01:00",),
+        )
 
     result = run("project", "--all", "--no-progress")
 
@@ -229,7 +240,9 @@ def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowfla
     settings.cache_clear()
     at = datetime.now(timezone.utc)
     for run_id in ("m1", "m2"):
-        store.append_batch(run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")])
+        store.append_batch(
+            run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")]
+        )
 
     first = run("migrate", "--batch-size", "3")
     again = run("migrate", "--batch-size", "3")

@@ -13,7 +13,11 @@ from runstate.defs.eventstore.resources import EventStoreResource, event_store_r
 def test_eventstore_definitions_load_with_their_jobs_schedule_sensor_and_resource():
     dg.Definitions.validate_loadable(defs)
 
-    assert {job.name for job in defs.resolve_all_job_defs()} >= {"append_events", "archive_events", "run_snapshots_job"}
+    assert {job.name for job in defs.resolve_all_job_defs()} >= {
+        "append_events",
+        "archive_events",
+        "run_snapshots_job",
+    }
     assert defs.resolve_schedule_def("archive_events_schedule").cron_schedule == "30 3 * * *"
     assert defs.resolve_sensor_def("run_snapshots_sensor").job_name == "run_snapshots_job"
     assert isinstance(defs.resources["event_store"], EventStoreResource)
@@ -44,8 +48,10 @@ def test_loading_the_code_location_imports_no_heavy_driver():
     import subprocess
     import sys
 
-    probe = ("import sys, runstate.definitions; "
-             "print(sorted(m for m in ('snowflake.connector', 'pyspark', 'pyarrow') if m in sys.modules))")
+    probe = (
+        "import sys, runstate.definitions; "
+        "print(sorted(m for m in ('snowflake.connector', 'pyspark', 'pyarrow') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
 
     assert out.returncode == 0, out.stderr[-2000:]

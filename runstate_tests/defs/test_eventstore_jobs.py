@@ -95,7 +95,9 @@ def test_append_events_job_rejects_a_bad_event_and_writes_nothing(resource, stor
 
 def test_append_events_job_rejects_an_overlong_run_id(resource, store):
     result = append_events.execute_in_process(
-        run_config=append_config("r" * 257, RUN_EVENTS[:1]), resources={"event_store": resource}, raise_on_error=False
+        run_config=append_config("r" * 257, RUN_EVENTS[:1]),
+        resources={"event_store": resource},
+        raise_on_error=False,
     )
 
     assert not result.success
@@ -147,8 +149,12 @@ def test_archive_schedule_tick_archives_once_per_day(resource, store):
     from runstate.defs.ticking import tick_schedule
 
     long_ago = NOW - timedelta(days=400)
-    store.append_batch("ancient", [NewEvent("ancient", "RunStarted", long_ago), NewEvent("ancient", "RunFailed", long_ago)])
-    defs = dg.Definitions(jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource})
+    store.append_batch(
+        "ancient", [NewEvent("ancient", "RunStarted", long_ago), NewEvent("ancient", "RunFailed", long_ago)]
+    )
+    defs = dg.Definitions(
+        jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource}
+    )
     instance = dg.DagsterInstance.ephemeral()
     when = datetime(2026, 3, 4, 3, 30, tzinfo=timezone.utc)
 
@@ -164,8 +170,19 @@ def test_archive_schedule_tick_archives_once_per_day(resource, store):
 def test_append_events_job_on_the_snowflake_backend(snowflake_schema):
     conn_kwargs, schema = snowflake_schema
     snowflake = SnowflakeConnection(
-        **{key: conn_kwargs[key] for key in ("account", "user", "password", "database", "network_timeout",
-                                             "host", "port", "protocol")}
+        **{
+            key: conn_kwargs[key]
+            for key in (
+                "account",
+                "user",
+                "password",
+                "database",
+                "network_timeout",
+                "host",
+                "port",
+                "protocol",
+            )
+        }
     )
     resource = EventStoreResource(backend="snowflake", snowflake=snowflake, snowflake_schema=schema)
 
@@ -192,7 +209,9 @@ def test_append_events_job_with_a_stale_expected_last_seq_fails_without_retries(
         doc["ops"]["append_events_op"]["config"]["expected_last_seq"] = expected
         return doc
 
-    won = append_events.execute_in_process(run_config=config(RUN_EVENTS[:1], 0), resources={"event_store": resource})
+    won = append_events.execute_in_process(
+        run_config=config(RUN_EVENTS[:1], 0), resources={"event_store": resource}
+    )
     lost = append_events.execute_in_process(
         run_config=config(RUN_EVENTS[1:], 0), resources={"event_store": resource}, raise_on_error=False
     )

@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-from runstate.eventstore import ConcurrencyConflict, PostgresEventStore, SnowflakeEventStore
+from runstate.eventstore import (
+    ConcurrencyConflict,
+    PostgresEventStore,
+    SnowflakeEventStore,
+)
 from runstate_tests.eventstore.conftest import ev
 
 WRITERS = 12
@@ -68,14 +72,19 @@ def test_twelve_processes_race_and_exactly_one_wins_each_round(backend, request)
     rounds = 4 if backend.name == "postgres" else 2
     store = backend.make()  # migrations applied once, before the race
     if backend.name == "postgres":
-        config = {"dsn": request.getfixturevalue("pg_database"), "schema": request.getfixturevalue("pg_schema")}
+        config = {
+            "dsn": request.getfixturevalue("pg_database"),
+            "schema": request.getfixturevalue("pg_schema"),
+        }
     else:
         kwargs, schema = request.getfixturevalue("snowflake_schema")
         config = {"kwargs": kwargs, "schema": schema}
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(WRITERS), context.Queue()
-    workers = [context.Process(target=_race, args=(backend.name, config, w, rounds, barrier, results))
-               for w in range(WRITERS)]
+    workers = [
+        context.Process(target=_race, args=(backend.name, config, w, rounds, barrier, results))
+        for w in range(WRITERS)
+    ]
     for worker in workers:
         worker.start()
     outcomes = [results.get(timeout=600) for _ in range(WRITERS * rounds)]

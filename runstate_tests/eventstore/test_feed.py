@@ -21,8 +21,9 @@ def collect(store: Any, expected: int, deadline_s: float, poll: float = 0.5) -> 
     """Subscribe from 0 until `expected` events arrived or the deadline passed."""
     got: list[StoredEvent] = []
     deadline = time.monotonic() + deadline_s
-    for event in store.subscribe(0, poll_seconds=poll, stop=lambda: len(got) >= expected
-                                 or time.monotonic() > deadline):
+    for event in store.subscribe(
+        0, poll_seconds=poll, stop=lambda: len(got) >= expected or time.monotonic() > deadline
+    ):
         got.append(event)
     return got
 
@@ -60,7 +61,9 @@ def test_subscribe_follows_new_appends(store):
     assert [(e.run_id, e.event_type) for e in got] == [("r1", "A"), ("r2", "B")]
 
 
-def _raw_append(store: Any, conn: psycopg.Connection, run_id: str, events: list, written: list[tuple[int, Any]]) -> None:
+def _raw_append(
+    store: Any, conn: psycopg.Connection, run_id: str, events: list, written: list[tuple[int, Any]]
+) -> None:
     """One append transaction through the store's own insert path, on a connection the test owns."""
     from runstate.eventstore.validation import validate_batch
 
@@ -117,7 +120,9 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
 
     keys = [e.idempotency_key for e in got]
     assert len(keys) == len(set(keys)), "an event was delivered twice"
-    assert set(keys) == committed, f"missing {sorted(committed - set(keys))[:5]}, extra {sorted(set(keys) - committed)[:5]}"
+    assert set(keys) == committed, (
+        f"missing {sorted(committed - set(keys))[:5]}, extra {sorted(set(keys) - committed)[:5]}"
+    )
     assert all(a.position < b.position for a, b in zip(got, got[1:]))
     assert keys.index("long-0") < keys.index("long-1") < keys.index("long-2")
 

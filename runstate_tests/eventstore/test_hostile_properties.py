@@ -20,7 +20,9 @@ from runstate.cli import main
 from runstate.config import settings as runstate_settings
 from runstate.eventstore import InvalidEvent, NewEvent, PostgresEventStore
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 _counter = itertools.count()
 
 hostile_text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40) | st.sampled_from(
@@ -31,7 +33,9 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(hostile_text, children, max_size=4),
     max_leaves=20,
 )
-offsets = st.integers(min_value=-24 * 60 + 1, max_value=24 * 60 - 1).map(lambda m: timezone(timedelta(minutes=m)))
+offsets = st.integers(min_value=-24 * 60 + 1, max_value=24 * 60 - 1).map(
+    lambda m: timezone(timedelta(minutes=m))
+)
 aware_times = st.datetimes(timezones=offsets | st.just(timezone.utc)) | st.datetimes(
     timezones=st.just(timezone(timedelta(seconds=30)))
 )
@@ -55,8 +59,11 @@ def row_count(dsn: str, schema: str) -> int:
 
 @pytest.fixture
 def pg(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch):
-    for key, value in {"RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema,
-                       "RUNSTATE_EVENTSTORE": "postgres"}.items():
+    for key, value in {
+        "RUNSTATE_PG_URL": pg_database,
+        "RUNSTATE_SCHEMA": pg_schema,
+        "RUNSTATE_EVENTSTORE": "postgres",
+    }.items():
         monkeypatch.setenv(key, value)
     runstate_settings.cache_clear()
     with PostgresEventStore(pg_database, schema=pg_schema) as store:
@@ -66,17 +73,30 @@ def pg(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch):
 
 
 @PROPERTY
-@given(run_id=hostile_text, event_type=hostile_text,
-       data=json_values.map(lambda v: json.dumps(v, ensure_ascii=False)) | hostile_text
-       | st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
-       emitted_at=aware_times.map(datetime.isoformat) | hostile_text)
+@given(
+    run_id=hostile_text,
+    event_type=hostile_text,
+    data=json_values.map(lambda v: json.dumps(v, ensure_ascii=False))
+    | hostile_text
+    | st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
+    emitted_at=aware_times.map(datetime.isoformat) | hostile_text,
+)
 def test_cli_append_either_reads_back_or_fails_in_one_line(pg, run_id, event_type, data, emitted_at):
     store, dsn, schema = pg
     run_id = f"p{next(_counter)}-{run_id}"
     before = row_count(dsn, schema)
 
-    result = CliRunner().invoke(main, ["events", "append", f"--run-id={run_id}", f"--type={event_type}",
-                                       f"--data={data}", f"--emitted-at={emitted_at}"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "events",
+            "append",
+            f"--run-id={run_id}",
+            f"--type={event_type}",
+            f"--data={data}",
+            f"--emitted-at={emitted_at}",
+        ],
+    )
 
     if result.exit_code == 0:
         (stored,) = store.fetch(run_id)
@@ -90,9 +110,16 @@ def test_cli_append_either_reads_back_or_fails_in_one_line(pg, run_id, event_typ
 
 
 @PROPERTY
-@given(run_id=hostile_text, event_type=hostile_text, step_id=st.none() | hostile_text, data=json_values,
-       emitted_at=aware_times)
-def test_api_append_either_reads_back_or_raises_invalid_event(pg, run_id, event_type, step_id, data, emitted_at):
+@given(
+    run_id=hostile_text,
+    event_type=hostile_text,
+    step_id=st.none() | hostile_text,
+    data=json_values,
+    emitted_at=aware_times,
+)
+def test_api_append_either_reads_back_or_raises_invalid_event(
+    pg, run_id, event_type, step_id, data, emitted_at
+):
     store, dsn, schema = pg
     run_id = f"a{next(_counter)}-{run_id}"
     before = row_count(dsn, schema)

@@ -72,7 +72,8 @@ def test_killed_writer_leaves_a_consistent_log(pg_store, pg_database):
     seqs = [e.run_seq for e in events]
     with psycopg.connect(pg_database) as conn:
         last_seq, count = conn.execute(
-            f'SELECT last_seq, event_count FROM "{pg_store.schema}".run_streams WHERE run_id = %s', ("victim",)
+            f'SELECT last_seq, event_count FROM "{pg_store.schema}".run_streams WHERE run_id = %s',
+            ("victim",),
         ).fetchone()
     assert seqs == list(range(1, len(seqs) + 1))
     assert len(seqs) % 5 == 0  # whole batches only

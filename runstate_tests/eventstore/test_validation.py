@@ -8,8 +8,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from runstate.eventstore import MAX_JSON_DEPTH, EventStoreError, InvalidEvent, NewEvent, validate_event
-from runstate_tests.eventstore.conftest import T0, ev
+from runstate.eventstore import (
+    MAX_JSON_DEPTH,
+    EventStoreError,
+    InvalidEvent,
+    NewEvent,
+    validate_event,
+)
+from runstate_tests.eventstore.conftest import ev
 
 
 def nested(depth: int) -> object:

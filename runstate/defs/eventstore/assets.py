@@ -44,7 +44,9 @@ run_events = dg.AssetSpec(
 class RunSnapshotsConfig(dg.Config):
     rebuild: Optional[bool] = Field(
         default=None,
-        description="Fold every run of the window from scratch. Default: only when the run is part of a backfill.",
+        description=(
+            "Fold every run of the window from scratch. Default: only when the run is part of a backfill."
+        ),
     )
 
 
@@ -100,5 +102,7 @@ run_snapshots_job = dg.define_asset_job(
     "run_snapshots_job",
     selection=[run_snapshots],
     tags={"runstate/domain": "eventstore"},
-    description="Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch).",
+    description=(
+        "Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch)."
+    ),
 )

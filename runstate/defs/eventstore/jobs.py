@@ -12,7 +12,12 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.eventstore.resources import EventStoreResource
-from runstate.eventstore import DEFAULT_ARCHIVE_AFTER_DAYS, ConcurrencyConflict, InvalidEvent, NewEvent
+from runstate.eventstore import (
+    DEFAULT_ARCHIVE_AFTER_DAYS,
+    ConcurrencyConflict,
+    InvalidEvent,
+    NewEvent,
+)
 
 RUN_EVENTS_ASSET = dg.AssetKey("run_events")
 # Transient database errors are retried; appends are idempotent (deterministic idempotency keys).
@@ -22,7 +27,9 @@ STORE_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=1.0, backoff=dg.Backoff
 class EventConfig(dg.Config):
     """One event as typed into the launchpad."""
 
-    event_type: str = Field(description="RunStarted, StepStarted, StepCompleted, ... (other types are stored too).")
+    event_type: str = Field(
+        description="RunStarted, StepStarted, StepCompleted, ... (other types are stored too)."
+    )
     step_id: Optional[str] = Field(default=None, description="The step the event belongs to.")
     data: Optional[dict[str, Any]] = Field(default=None, description="The event payload (a JSON object).")
     emitted_at: Optional[str] = Field(
@@ -32,7 +39,8 @@ class EventConfig(dg.Config):
     engine_attempt_id: Optional[str] = None
     plan_version: Optional[str] = None
     idempotency_key: Optional[str] = Field(
-        default=None, description="Defaults to sha256(run_id|step_id|logical_attempt_id|event_type|plan_version)."
+        default=None,
+        description="Defaults to sha256(run_id|step_id|logical_attempt_id|event_type|plan_version).",
     )
     event_id: Optional[str] = Field(default=None, description="A UUID; a fresh one when empty.")
 
@@ -50,7 +58,8 @@ class AppendEventsConfig(dg.Config):
 
 class ArchiveConfig(dg.Config):
     older_than_days: int = Field(
-        default=DEFAULT_ARCHIVE_AFTER_DAYS, description="Archive completed runs that ended more than N days ago."
+        default=DEFAULT_ARCHIVE_AFTER_DAYS,
+        description="Archive completed runs that ended more than N days ago.",
     )
 
 
@@ -61,7 +70,9 @@ def parse_emitted_at(value: str | None, index: int, run_id: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidEvent("emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index) from None
+        raise InvalidEvent(
+            "emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index
+        ) from None
 
 
 def to_new_events(config: AppendEventsConfig) -> list[NewEvent]:
@@ -133,7 +144,9 @@ def append_events_op(
 
 
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
-def archive_events_op(context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource) -> int:
+def archive_events_op(
+    context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource
+) -> int:
     """Move the events of completed runs older than N days to the archive table (idempotent)."""
     if config.older_than_days < 0:
         raise dg.Failure(

@@ -33,7 +33,9 @@ class SnowflakeConnection(dg.ConfigurableResource):
     role: Optional[str] = None
     host: Optional[str] = Field(default=None, description="Endpoint host, when not the account's default.")
     port: Optional[int] = None
-    protocol: Optional[str] = Field(default=None, description="`https` (default) or `http` (a local endpoint).")
+    protocol: Optional[str] = Field(
+        default=None, description="`https` (default) or `http` (a local endpoint)."
+    )
     network_timeout: Optional[int] = Field(default=None, description="Seconds before the connector gives up.")
 
     def connect_kwargs(self) -> dict[str, Any]:
@@ -52,15 +54,20 @@ class EventStoreResource(dg.ConfigurableResource):
 
     backend: str = Field(default="postgres", description="`postgres` or `snowflake`.")
     pg_url: str = Field(
-        default="postgresql://postgres@127.0.0.1:5432/runstate", description="Postgres DSN (postgres backend)."
+        default="postgresql://postgres@127.0.0.1:5432/runstate",
+        description="Postgres DSN (postgres backend).",
     )
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the event tables.")
     snowflake: Optional[SnowflakeConnection] = Field(
         default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
     )
-    snowflake_schema: str = Field(default="RUNSTATE", description="Snowflake schema holding the event tables.")
+    snowflake_schema: str = Field(
+        default="RUNSTATE", description="Snowflake schema holding the event tables."
+    )
     snapshot_interval: int = Field(default=100, description="Write a state snapshot every N events of a run.")
-    ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
+    ensure_schema: bool = Field(
+        default=True, description="Apply pending migrations when the store is first opened."
+    )
 
     _stores: dict = PrivateAttr(default_factory=dict)
 
@@ -83,11 +90,14 @@ class EventStoreResource(dg.ConfigurableResource):
 
     def _open(self, backend: str) -> EventStoreBackend:
         if backend == "postgres":
-            return PostgresEventStore(self.pg_url, schema=self.pg_schema, snapshot_interval=self.snapshot_interval)
+            return PostgresEventStore(
+                self.pg_url, schema=self.pg_schema, snapshot_interval=self.snapshot_interval
+            )
         if backend == "snowflake":
             if self.snowflake is None:
                 raise ValueError(
-                    "event store backend 'snowflake' needs the `snowflake` resource (set SNOWFLAKE_ACCOUNT, ...)"
+                    "event store backend 'snowflake' needs the `snowflake`"
+                    " resource (set SNOWFLAKE_ACCOUNT, ...)"
                 )
             return SnowflakeEventStore(
                 connect_kwargs=self.snowflake.connect_kwargs(),
