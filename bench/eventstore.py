@@ -91,9 +91,10 @@ def timed(work: Callable[[], Any]) -> float:
 
 
 class RunstateWriter:
-    def __init__(self, dsn: str, schema: str, tag: str):
+    def __init__(self, dsn: str, schema: str, tag: str, create: bool = True):
         self.store = PostgresEventStore(dsn, schema=schema, pool_size=1)
-        self.store.ensure_schema()
+        if create:
+            self.store.ensure_schema()
         self.tag = tag
 
     def plan(self, shape: str, worker: int = 0) -> list[tuple[str, list[NewEvent]]]:
@@ -119,7 +120,7 @@ class RunstateWriter:
 
 
 class EventsourcingWriter:
-    def __init__(self, dsn: str, schema: str, tag: str):
+    def __init__(self, dsn: str, schema: str, tag: str, create: bool = True):
         from eventsourcing.postgres import (
             PostgresApplicationRecorder,
             PostgresDatastore,
@@ -135,7 +136,8 @@ class EventsourcingWriter:
             schema=schema,
         )
         self.recorder = PostgresApplicationRecorder(self.datastore, events_table_name="es_events")
-        self.recorder.create_table()
+        if create:  # its DDL (CREATE OR REPLACE FUNCTION ...) fails when processes race on it
+            self.recorder.create_table()
         self.tag = tag
 
     def plan(self, shape: str, worker: int = 0) -> list[list[Any]]:
@@ -182,7 +184,7 @@ def _concurrent_worker(
     writer = WRITERS[kind](dsn, schema, tag)
     try:
         plan = writer.plan("concurrent8", worker)
-        barrier.wait()
+        barrier.wait(timeout=300)
         started = time.perf_counter()
         writer.write(plan)
         out.put((started, time.perf_counter()))
@@ -192,6 +194,7 @@ def _concurrent_worker(
 
 def run_concurrent(kind: str, dsn: str, schema: str, tag: str, processes: int = 8) -> float:
     """Events per second of `processes` writer processes, from the common start to the last finish."""
+    WRITERS[kind](dsn, schema, tag).close()  # tables and functions, once, before the workers start
     context = multiprocessing.get_context("spawn")
     barrier, out = context.Barrier(processes), context.Queue()
     workers = [
@@ -200,9 +203,13 @@ def run_concurrent(kind: str, dsn: str, schema: str, tag: str, processes: int = 
     ]
     for worker in workers:
         worker.start()
-    spans = [out.get(timeout=900) for _ in workers]
-    for worker in workers:
-        worker.join()
+    try:
+        spans = [out.get(timeout=900) for _ in workers]
+    finally:  # a worker that failed leaves the others at the barrier: end them with the bench
+        for worker in workers:
+            worker.join(timeout=5 if worker.exitcode is not None else 60)
+            if worker.is_alive():
+                worker.kill()
     runs, per_run, size = SHAPES["concurrent8"]
     return (
         processes * runs * per_run * size / (max(end for _, end in spans) - min(start for start, _ in spans))
