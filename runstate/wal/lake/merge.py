@@ -65,7 +65,7 @@ def merge_dataset(
         if not plan.reads and not plan.full:
             return MergeResult(dataset_id, ident, plan.from_version, plan.from_version, 0, False, 0,
                                time.perf_counter() - started)
-        rows_written = _merge(spark, location, ident, plan)
+        rows_written = apply_plan(spark, location, ident, plan)
         set_version_property(spark, ident, plan.to_version)
     return MergeResult(dataset_id, ident, plan.from_version, plan.to_version, len(plan.reads), plan.full,
                        rows_written, time.perf_counter() - started)
@@ -118,7 +118,8 @@ def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
     return statement
 
 
-def _merge(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) -> int:
+def apply_plan(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) -> int:
+    """Run one planned MERGE (a plan may be stale: its older changes then lose to the stored ones)."""
     view = f"runstate_incoming_{uuid.uuid4().hex}"
     latest_changes(spark, location, plan).createOrReplaceTempView(view)
     try:
