@@ -54,12 +54,15 @@ def changes(count: int, keys: int, seed: int) -> list[tuple[int, list[Any]]]:
         batch = []
         for n in range(start, min(start + CHANGES_PER_ROW, count)):
             key = f"k{rng.randrange(keys)}"
-            batch.append(Change.delete(key) if rng.random() < 0.1 else Change.upsert(key, {"n": n, "w": rng.random()}))
+            value = {"n": n, "w": rng.random()}
+            batch.append(Change.delete(key) if rng.random() < 0.1 else Change.upsert(key, value))
         rows.append((seq, batch))
     return rows
 
 
-def publish(s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]], offset: int = 0) -> int:
+def publish(s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]],
+            offset: int = 0) -> int:
+    """The rows as deltas of ROWS_PER_DELTA WAL rows each, seqs shifted by `offset`; returns the version."""
     from runstate.wal.lake.source import publish_delta
 
     version = 0
@@ -76,7 +79,8 @@ def role_generate(args: argparse.Namespace) -> dict[str, Any]:
     location = _location(args)
     s3 = location.client()
     versions = {}
-    for dataset_id, count, keys in (("r500k", args.changes_500k, args.keys_500k), ("r2m", args.changes_2m, args.keys_2m)):
+    sizes = (("r500k", args.changes_500k, args.keys_500k), ("r2m", args.changes_2m, args.keys_2m))
+    for dataset_id, count, keys in sizes:
         versions[dataset_id] = publish(s3, location, dataset_id, changes(count, keys, seed=count))
     return versions
 
@@ -158,8 +162,9 @@ ROLES = {"generate": role_generate, "rebuild": role_rebuild, "merge": role_merge
 
 def run_role(role: str, args: argparse.Namespace, **extra: str) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--role", role, "--endpoint", args.endpoint, "--pg-url", args.pg_url,
-            "--warehouse", args.warehouse, "--changes-2m", str(args.changes_2m), "--keys-2m", str(args.keys_2m),
-            "--changes-500k", str(args.changes_500k), "--keys-500k", str(args.keys_500k)]
+            "--warehouse", args.warehouse, "--changes-2m", str(args.changes_2m),
+            "--keys-2m", str(args.keys_2m), "--changes-500k", str(args.changes_500k),
+            "--keys-500k", str(args.keys_500k)]
     for name, value in extra.items():
         argv += [f"--{name}", value]
     done = subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -30,10 +30,14 @@ class SparkSetupError(RuntimeError):
 def iceberg_runtime_jar() -> Path:
     spec = importlib.util.find_spec("snowpark_connect_deps_iceberg")
     if spec is None or not spec.submodule_search_locations:
-        raise SparkSetupError("the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2")
+        raise SparkSetupError(
+            "the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2"
+        )
     jar = Path(list(spec.submodule_search_locations)[0]) / "jars" / ICEBERG_JAR_NAME
     if not jar.exists():
-        raise SparkSetupError(f"{jar} not found: pin snowpark-connect-deps-iceberg==1.0.2 (1.0.3's jar is broken)")
+        raise SparkSetupError(
+            f"{jar} not found: pin snowpark-connect-deps-iceberg==1.0.2 (1.0.3's jar is broken)"
+        )
     return jar
 
 
@@ -99,7 +103,8 @@ class SparkSettings:
 
     @property
     def is_jdbc(self) -> bool:
-        return self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "").endswith("JdbcCatalog")
+        impl = self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "")
+        return impl.endswith("JdbcCatalog")
 
 
 def spark_config(settings: SparkSettings) -> dict[str, str]:

@@ -67,7 +67,9 @@ def test_the_hadoop_catalog_is_the_fallback(tmp_path):
     assert f"spark.sql.catalog.{CATALOG}.catalog-impl" not in conf
 
 
-def test_the_spark_resource_is_dagster_pysparks_lazy_resource_configured_from_the_settings(monkeypatch, tmp_path):
+def test_the_spark_resource_is_dagster_pysparks_lazy_resource_configured_from_the_settings(
+    monkeypatch, tmp_path
+):
     from dagster_pyspark import LazyPySparkResource
 
     from runstate.config import settings

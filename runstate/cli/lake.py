@@ -23,9 +23,10 @@ def _merge_instance() -> Any:
 @click.command()
 @click.option("--dataset", "dataset_id", default=None, help="Merge only this dataset (default: every dataset "
               "flushed since its last merge, as dataset_tables_sensor would).")
-@click.option("--rebuild", is_flag=True, help="With --dataset: rebuild the table from the snapshot and every delta.")
+@click.option("--rebuild", is_flag=True,
+              help="With --dataset: rebuild the table from the snapshot and every delta.")
 def merge(dataset_id: str | None, rebuild: bool) -> None:
-    """Bring dataset tables up to their datasets' versions on Spark, in-process (like `wal tick` for flushes)."""
+    """Bring dataset tables up to their datasets' versions on Spark, in-process (as `wal tick` flushes)."""
     from runstate.defs.datasets.jobs import MERGE_OP
     from runstate.defs.ticking import default_defs, tick_sensor
 
@@ -41,7 +42,8 @@ def merge(dataset_id: str | None, rebuild: bool) -> None:
     for run in runs:
         for materialization in run.asset_materializations_for_node(MERGE_OP):
             version = materialization.metadata["version"].value
-            click.echo(f"{materialization.partition}: {materialization.metadata['table'].value} at version {version}")
+            table = materialization.metadata["table"].value
+            click.echo(f"{materialization.partition}: {table} at version {version}")
     failed = [run for run in runs if not run.success]
     click.echo(f"{len(runs)} merge run(s): {len(runs) - len(failed)} succeeded, {len(failed)} failed")
     for run in failed:
@@ -73,12 +75,17 @@ def _failure(run: Any) -> str:
 
 def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
     """The table's live rows (or its snapshot at `version`) as the blob reader's JSON document."""
-    from runstate.spark import build_session, settings_from_runstate
+    from pyspark.errors import PySparkException
+
+    from runstate.spark import SparkSetupError, build_session, settings_from_runstate
     from runstate.wal.changes import validate_dataset_id
-    from runstate.wal.lake import read_table
+    from runstate.wal.lake import LakeError, read_table
 
     validate_dataset_id(dataset_id)  # before a JVM is started for nothing
-    spark = build_session(settings_from_runstate())
+    try:
+        spark = build_session(settings_from_runstate())
+    except (SparkSetupError, PySparkException) as error:
+        raise LakeError(f"Spark could not start: {' '.join(str(error).split())}") from None
     spark.sparkContext.setLogLevel("ERROR")
     reached, state = read_table(spark, dataset_id, version)
     return {"dataset": dataset_id, "version": reached, "state": state}

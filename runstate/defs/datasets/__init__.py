@@ -17,7 +17,9 @@ CATALOG_ASSET = "table_inventory"
 
 def build_defs() -> dg.Definitions:
     """The domain's definitions; the `wal` and `spark` resources come from the WAL and shared definitions."""
-    return dg.Definitions(assets=[dataset_tables], jobs=[merge_dataset_tables], sensors=[dataset_tables_sensor])
+    return dg.Definitions(
+        assets=[dataset_tables], jobs=[merge_dataset_tables], sensors=[dataset_tables_sensor]
+    )
 
 
 def link_to_maintenance(defs: dg.Definitions) -> dg.Definitions:

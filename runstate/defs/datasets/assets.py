@@ -23,11 +23,14 @@ DATASETS_PER_BACKFILL_RUN = 25
     deps=[dataset_snapshots],
     group_name=GROUP,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=DATASETS_PER_BACKFILL_RUN),
-    description="Each dataset as the Iceberg table lake.datasets.<name> (key, value JSON, wal_seq, updated_at, "
-    "deleted); live rows: WHERE NOT deleted. merge_dataset_tables keeps it current after flushes; materializing "
-    "(or backfilling) partitions rebuilds their tables from the snapshot plus every delta, on Spark.",
+    description="Each dataset as the Iceberg table lake.datasets.<name> (key, value JSON, wal_seq, "
+    "updated_at, deleted); live rows: WHERE NOT deleted. merge_dataset_tables keeps it current after "
+    "flushes; materializing (or backfilling) partitions rebuilds their tables from the snapshot plus every "
+    "delta, on Spark.",
 )
-def dataset_tables(context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource) -> dg.MaterializeResult:
+def dataset_tables(
+    context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
+) -> dg.MaterializeResult:
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
     results = [rebuild_dataset(session, location, dataset_id, s3=s3) for dataset_id in context.partition_keys]
     for result in results:

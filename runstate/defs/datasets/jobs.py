@@ -16,8 +16,12 @@ MERGE_OP = "merge_datasets"
 
 
 class MergeConfig(dg.Config):
-    dataset_ids: list[str] = Field(description="Datasets whose tables are brought up to their manifest version.")
-    rebuild: bool = Field(default=False, description="Read the snapshot and every delta instead of the new deltas.")
+    dataset_ids: list[str] = Field(
+        description="Datasets whose tables are brought up to their manifest version."
+    )
+    rebuild: bool = Field(
+        default=False, description="Read the snapshot and every delta instead of the new deltas."
+    )
 
 
 def merge_metadata(result: MergeResult) -> dict[str, object]:
@@ -34,7 +38,9 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
 
 
 @dg.op(name=MERGE_OP, retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL))
-def merge_datasets(context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource) -> None:
+def merge_datasets(
+    context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource
+) -> None:
     """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run."""
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
     failures: dict[str, str] = {}
@@ -47,12 +53,16 @@ def merge_datasets(context: dg.OpExecutionContext, config: MergeConfig, wal: Wal
             continue
         context.log.info(f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}")
         if result.merged:
-            context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=merge_metadata(result)))
+            metadata = merge_metadata(result)
+            context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata))
     if failures:
         raise dg.Failure(description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed",
                          metadata={dataset_id: message for dataset_id, message in failures.items()})
 
 
-@dg.job(name=MERGE_JOB, description="Bring a shard of dataset tables up to their datasets' manifest versions on Spark.")
+@dg.job(
+    name=MERGE_JOB,
+    description="Bring a shard of dataset tables up to their datasets' manifest versions on Spark.",
+)
 def merge_dataset_tables() -> None:
     merge_datasets()

@@ -1,4 +1,4 @@
-"""Where a merge finds the blobs: the WAL resource's bucket, prefix and endpoint, as the core's BlobLocation."""
+"""Where a merge finds the blobs: the WAL resource's bucket, prefix and endpoint as a BlobLocation."""
 
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
                                    "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
     if not plan.reads:
         return marker
-    changes = blob_reads_frame(spark, plan.reads, MAX_READ_TASKS).mapInArrow(change_reader(location), CHANGE_COLUMNS)
+    reads = blob_reads_frame(spark, plan.reads, MAX_READ_TASKS)
+    changes = reads.mapInArrow(change_reader(location), CHANGE_COLUMNS)
     last = changes.groupBy("key").agg(F.max(F.struct("wal_seq", "pos", "value", "deleted")).alias("c"))
     return last.select("key", "c.value", "c.wal_seq", "c.deleted").unionByName(marker)
 
@@ -111,9 +112,10 @@ def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
         "VALUES (s.key, s.value, s.wal_seq, current_timestamp(), s.deleted)"
     )
     if plan.full:
+        version = int(plan.to_version)
         statement += (
-            f" WHEN NOT MATCHED BY SOURCE AND NOT t.deleted AND t.wal_seq <= {int(plan.to_version)} THEN UPDATE SET "
-            f"t.value = NULL, t.deleted = true, t.wal_seq = {int(plan.to_version)}, t.updated_at = current_timestamp()"
+            f" WHEN NOT MATCHED BY SOURCE AND NOT t.deleted AND t.wal_seq <= {version} THEN UPDATE SET "
+            f"t.value = NULL, t.deleted = true, t.wal_seq = {version}, t.updated_at = current_timestamp()"
         )
     return statement
 

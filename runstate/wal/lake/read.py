@@ -26,7 +26,9 @@ def read_table(spark: Any, dataset_id: str, version: int | None = None) -> tuple
     """(version, state): the same pair the blob reader gives, read from the table (or its snapshot)."""
     ident = table_ident(dataset_id)
     if not table_exists(spark, dataset_id):
-        raise LakeError(f"dataset {dataset_id!r}: table {ident} does not exist; run `runstate wal merge` first")
+        raise LakeError(
+            f"dataset {dataset_id!r}: table {ident} does not exist; run `runstate wal merge` first"
+        )
     with spark_errors(dataset_id, ident, "read"):
         snapshot_id = None
         if version is None:
@@ -49,7 +51,8 @@ def snapshot_at_version(spark: Any, dataset_id: str, ident: str, version: int) -
         middle = (low + high) // 2
         reached = marker_version(spark, ident, history[middle])
         if reached == version:
-            # Any snapshot at this version will do: later ones at the same version (compactions) hold the same rows.
+            # Any snapshot at this version will do: later ones at the same version (compactions) hold
+            # the same rows.
             return history[middle]
         if reached < version:
             below, low = reached, middle + 1

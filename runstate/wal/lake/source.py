@@ -98,10 +98,13 @@ def blob_reads_frame(spark: Any, reads: tuple[BlobRead, ...], max_tasks: int) ->
     return frame.repartition(max(1, min(len(reads), max_tasks)))
 
 
-def change_reader(location: BlobLocation) -> Callable[[Iterator["pa.RecordBatch"]], Iterator["pa.RecordBatch"]]:
+Batches = Iterator["pa.RecordBatch"]
+
+
+def change_reader(location: BlobLocation) -> Callable[[Batches], Batches]:
     """The `mapInArrow` function: blob-read rows in, change rows out (checksums verified in the task)."""
 
-    def read_partition(batches: Iterator["pa.RecordBatch"]) -> Iterator["pa.RecordBatch"]:
+    def read_partition(batches: Batches) -> Batches:
         s3 = location.client()
         for batch in batches:
             for read in batch.to_pylist():
@@ -111,7 +114,7 @@ def change_reader(location: BlobLocation) -> Callable[[Iterator["pa.RecordBatch"
     return read_partition
 
 
-def _change_batches(data: bytes, read: dict[str, Any]) -> Iterator["pa.RecordBatch"]:
+def _change_batches(data: bytes, read: dict[str, Any]) -> Batches:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -119,8 +122,9 @@ def _change_batches(data: bytes, read: dict[str, Any]) -> Iterator["pa.RecordBat
     for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=65536):
         rows = batch.num_rows
         if read["kind"] == SNAPSHOT:
+            version = pa.repeat(pa.scalar(read["version"], pa.int64()), rows)
             yield pa.RecordBatch.from_arrays(
-                [batch.column("key"), batch.column("value"), pa.repeat(pa.scalar(read["version"], pa.int64()), rows),
+                [batch.column("key"), batch.column("value"), version,
                  pa.repeat(pa.scalar(0, pa.int32()), rows), pa.repeat(pa.scalar(False), rows)],
                 names=["key", "value", "wal_seq", "pos", "deleted"],
             )
@@ -148,5 +152,7 @@ def publish_delta(s3: Any, location: BlobLocation, dataset_id: str, rows: list[t
     put_blob(s3, location.bucket, key, data)
     updated = manifest.with_delta(BlobRef(key, sha256_hex(data), len(data), first, last, changes))
     if not write_manifest(s3, location.bucket, location.prefix, updated, manifest.etag):
-        raise WalContentionError(f"dataset {dataset_id!r}: the manifest moved while delta {key} was published")
+        raise WalContentionError(
+            f"dataset {dataset_id!r}: the manifest moved while delta {key} was published"
+        )
     return updated.version

@@ -90,7 +90,8 @@ def spark_errors(dataset_id: str, ident: str, action: str) -> Iterator[None]:
         blob = BLOB_ERROR.search(text)
         if blob:
             raise BlobIntegrityError(blob.group(1).strip()) from None
-        raise LakeError(f"dataset {dataset_id!r}: {action} of {ident} failed: {_cause(text, error)}") from None
+        cause = _cause(text, error)
+        raise LakeError(f"dataset {dataset_id!r}: {action} of {ident} failed: {cause}") from None
 
 
 def _cause(text: str, error: BaseException) -> str:

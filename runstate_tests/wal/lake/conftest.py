@@ -48,8 +48,10 @@ class Feed:
         return seq
 
     def flush(self, dataset_id: str) -> int:
-        seqs = [int(item[t.SEQ_NO]["N"]) for item in query_rows(self.wal.dynamodb, self.wal.table, dataset_id)]
-        result = flush_batch(self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs, **self.wal.target())
+        rows = query_rows(self.wal.dynamodb, self.wal.table, dataset_id)
+        seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
+        result = flush_batch(self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs,
+                             **self.wal.target())
         return result.version or result.last_seq
 
     def fold(self, dataset_id: str, version: int) -> dict:

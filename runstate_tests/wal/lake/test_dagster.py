@@ -1,4 +1,5 @@
-"""The Dagster side of the dataset tables: the sensor's shard runs, the merge job, the rebuild asset, the CLI."""
+"""The Dagster side of the dataset tables: the sensor's shard runs, the merge job, the rebuild asset,
+the CLI."""
 
 from __future__ import annotations
 
@@ -89,8 +90,10 @@ def test_a_shard_with_a_live_run_is_held(wal, feed, defs, instance, resource, da
     dataset_id = dataset_ids()
     _flushed(feed, [dataset_id])
     shard = merge_shard(dataset_id, MERGE_SHARDS)
-    instance.create_run_for_job(defs.resolve_job_def("merge_dataset_tables"), tags={MERGE_SHARD_TAG: str(shard)},
-                                run_config={"ops": {"merge_datasets": {"config": {"dataset_ids": []}}}})
+    instance.create_run_for_job(
+        defs.resolve_job_def("merge_dataset_tables"), tags={MERGE_SHARD_TAG: str(shard)},
+        run_config={"ops": {"merge_datasets": {"config": {"dataset_ids": []}}}},
+    )
 
     plan = evaluate_merge_tick(instance, MergeCursor(), resource)
 
@@ -102,14 +105,16 @@ def test_materializing_partitions_rebuilds_their_tables_in_one_run(spark, feed, 
     ids = sorted(dataset_ids() for _ in range(2))
     _flushed(feed, ids, n=2)
     instance.add_dynamic_partitions(datasets_partitions.name, ids)
-    job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={dg.AssetKey("dataset_tables")})
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection={dg.AssetKey("dataset_tables")}
+    )
 
     result = job.execute_in_process(instance=instance, tags={
         "dagster/asset_partition_range_start": ids[0], "dagster/asset_partition_range_end": ids[1]})
 
     assert result.success
-    assert json.loads(json.dumps(result.asset_materializations_for_node("dataset_tables")[0].metadata["versions"].value)) \
-        == {d: feed.reader(d).version for d in ids}
+    [materialization] = result.asset_materializations_for_node("dataset_tables")
+    assert materialization.metadata["versions"].value == {d: feed.reader(d).version for d in ids}
     for dataset_id in ids:
         assert read_table(spark, dataset_id) == feed.reader(dataset_id).read()
 
