@@ -29,10 +29,7 @@ from runstate.wal.lake.source import (
     change_reader,
     plan_merge,
 )
-from runstate.wal.lake.table import ensure_table, marker_version, set_version_property, spark_errors
-
-MAX_READ_TASKS = 64
-
+from runstate.wal.lake.table import ensure_table, set_version_property, spark_errors, table_version
 
 @dataclass(frozen=True)
 class MergeResult:
@@ -61,7 +58,7 @@ def merge_dataset(
     ident = ensure_table(spark, dataset_id)
     manifest = _manifest(location, s3, dataset_id)
     with spark_errors(dataset_id, ident, "merge"):
-        plan = plan_merge(manifest, marker_version(spark, ident), rebuild=rebuild)
+        plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
         if not plan.reads and not plan.full:
             return MergeResult(dataset_id, ident, plan.from_version, plan.from_version, 0, False, 0,
                                time.perf_counter() - started)
@@ -93,7 +90,7 @@ def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
                                    "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
     if not plan.reads:
         return marker
-    reads = blob_reads_frame(spark, plan.reads, MAX_READ_TASKS)
+    reads = blob_reads_frame(spark, plan.reads)
     changes = reads.mapInArrow(change_reader(location), CHANGE_COLUMNS)
     last = changes.groupBy("key").agg(F.max(F.struct("wal_seq", "pos", "value", "deleted")).alias("c"))
     return last.select("key", "c.value", "c.wal_seq", "c.deleted").unionByName(marker)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from runstate.wal.blobs import Manifest, get_verified_blob, read_manifest
@@ -92,10 +93,12 @@ def plan_merge(manifest: Manifest, table_version: int, rebuild: bool = False) ->
     return MergePlan(dataset_id, table_version, version, tuple(reads), full)
 
 
-def blob_reads_frame(spark: Any, reads: tuple[BlobRead, ...], max_tasks: int) -> Any:
-    """A small DataFrame of blob reads, spread so that each task reads about the same number of blobs."""
-    frame = spark.createDataFrame([tuple(asdict(read).values()) for read in reads], BLOB_COLUMNS)
-    return frame.repartition(max(1, min(len(reads), max_tasks)))
+def blob_reads_frame(spark: Any, reads: tuple[BlobRead, ...]) -> Any:
+    """A small DataFrame of blob reads in one slice per core (no shuffle): each task reads its share of
+    the blobs in turn, on one S3 client."""
+    slices = max(1, min(len(reads), spark.sparkContext.defaultParallelism))
+    rows = spark.sparkContext.parallelize([tuple(asdict(read).values()) for read in reads], slices)
+    return spark.createDataFrame(rows, BLOB_COLUMNS)
 
 
 Batches = Iterator["pa.RecordBatch"]
@@ -105,13 +108,19 @@ def change_reader(location: BlobLocation) -> Callable[[Batches], Batches]:
     """The `mapInArrow` function: blob-read rows in, change rows out (checksums verified in the task)."""
 
     def read_partition(batches: Batches) -> Batches:
-        s3 = location.client()
+        s3 = _client(location)
         for batch in batches:
             for read in batch.to_pylist():
                 data = get_verified_blob(s3, location.bucket, read["dataset_id"], read["key"], read["sha256"])
                 yield from _change_batches(data, read)
 
     return read_partition
+
+
+@lru_cache(maxsize=8)
+def _client(location: BlobLocation) -> Any:
+    """One client per location in each (reused) Python worker: creating one costs more than a small blob."""
+    return location.client()
 
 
 def _change_batches(data: bytes, read: dict[str, Any]) -> Batches:

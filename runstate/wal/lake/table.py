@@ -66,6 +66,14 @@ def marker_version(spark: Any, ident: str, snapshot_id: int | None = None) -> in
     return int(row.v or 0)
 
 
+def table_version(spark: Any, ident: str) -> int:
+    """Where a merge starts: the version property, read from metadata without a scan. It is set after
+    the commit that reached it, so it is never ahead of the `#version` row; when it lags (a merge killed
+    between the two), the next merge re-applies a few changes, which the newer-seq rule makes harmless."""
+    value = table_properties(spark, ident).get(VERSION_PROPERTY, "0")
+    return int(value) if value.isdigit() else 0
+
+
 def set_version_property(spark: Any, ident: str, version: int) -> None:
     """Record the version as a table property too, for catalogs and people (the `#version` row is the
     one a merge trusts: it commits with the data)."""

@@ -28,7 +28,7 @@ def test_other_ids_map_to_a_documented_stable_name(dataset_id, name):
     assert table_name(dataset_id) == name
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(dataset_ids, dataset_ids)
 def test_names_are_identifiers_and_distinct_ids_never_share_one(a, b):
     assert IDENTIFIER.match(table_name(a))
@@ -41,7 +41,7 @@ def test_an_invalid_dataset_id_is_refused_before_any_sql(bad):
         table_name(bad)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, database=None)
 @given(dataset_ids, st.integers(min_value=1, max_value=64))
 def test_a_dataset_always_lands_in_the_same_shard(dataset_id, shards):
     assert merge_shard(dataset_id, shards) == merge_shard(dataset_id, shards) < shards
