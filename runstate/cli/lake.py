@@ -33,7 +33,7 @@ def merge(dataset_id: str | None, rebuild: bool) -> None:
     if rebuild and dataset_id is None:
         raise click.UsageError("--rebuild needs --dataset")
     if dataset_id is None:
-        result = tick_sensor("dataset_tables_sensor")
+        result = _tick(tick_sensor)
         if result.skip_reason and not result.requested:
             click.echo(f"skipped: {result.skip_reason}")
         runs = result.results
@@ -50,6 +50,24 @@ def merge(dataset_id: str | None, rebuild: bool) -> None:
         click.echo(f"  run {run.run_id} FAILED: {_failure(run)}", err=True)
     if failed:
         raise SystemExit(1)
+
+
+def _tick(tick_sensor: Any) -> Any:
+    """The sensor's tick; a WAL table it cannot read is one error line, not a traceback."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    from dagster import DagsterUserCodeExecutionError
+
+    from runstate.wal.lake import LakeError
+
+    try:
+        return tick_sensor("dataset_tables_sensor")
+    except DagsterUserCodeExecutionError as error:
+        cause = error.user_exception
+        if isinstance(cause, (ClientError, BotoCoreError)):
+            raise LakeError(f"dataset_tables_sensor could not read the WAL table: {cause}") from None
+        raise
+    except (ClientError, BotoCoreError) as error:
+        raise LakeError(f"dataset_tables_sensor could not read the WAL table: {error}") from None
 
 
 def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:

@@ -57,7 +57,7 @@ class MergeCursor:
 
 
 @dataclass
-class MergePlan:
+class MergeTick:
     requests: list[dg.RunRequest]
     cursor: MergeCursor
     held_shards: list[int]
@@ -89,7 +89,7 @@ def merge_run_request(shard: int, dataset_ids: list[str], tick: int) -> dg.RunRe
 
 
 def evaluate_merge_tick(instance: dg.DagsterInstance, cursor: MergeCursor, wal: WalResource,
-                        shards: int = MERGE_SHARDS) -> MergePlan:
+                        shards: int = MERGE_SHARDS) -> MergeTick:
     """Which shards get a merge run now, and the cursor after it (a pure decision: no claim, no write)."""
     requested = dict(cursor.requested)
     held = []
@@ -110,7 +110,7 @@ def evaluate_merge_tick(instance: dg.DagsterInstance, cursor: MergeCursor, wal: 
     requests = [merge_run_request(shard, list(versions), tick) for shard, versions in sorted(due.items())]
     for versions in due.values():
         requested.update(versions)
-    return MergePlan(requests, MergeCursor(requested, tick), held)
+    return MergeTick(requests, MergeCursor(requested, tick), held)
 
 
 @dg.sensor(
