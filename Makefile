@@ -35,6 +35,7 @@ bench: services
 	$(BIN)/python bench/eventstore.py
 	$(BIN)/python bench/wal.py
 	$(BIN)/python bench/maintenance.py
+	$(BIN)/python bench/dataset_tables.py
 
 down:
 	-$(BIN)/runstate services down

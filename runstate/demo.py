@@ -18,6 +18,7 @@ import dagster as dg
 from runstate.defs.ticking import TickResult, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
 from runstate.wal import Change, DatasetReader, WalProducer
+from runstate.wal.lake import read_table, table_ident
 
 DEMO_NAMESPACE = "demo"
 DEMO_TABLES = ("page_views", "orders")
@@ -52,6 +53,7 @@ class DemoSummary:
     tables: list[TableFigures] = field(default_factory=list)
     jobs_run: int = 0
     failed_runs: list[str] = field(default_factory=list)
+    merge_runs: int = 0
 
 
 def _note(result: TickResult, summary: DemoSummary) -> TickResult:
@@ -103,10 +105,11 @@ def wal_changes(dataset: str, n: int) -> list[Change]:
     return [Change.upsert(f"{dataset}-{n}", {"n": n, "amount": rng.randrange(1, 500), "region": rng.choice("NESW")})]
 
 
-def seed_wal(wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int) -> None:
+def seed_wal(wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int,
+             rows: range | None = None) -> None:
     producer = WalProducer(wal.dynamodb_client(), wal.table_name)
     for dataset in DEMO_DATASETS:
-        for n in range(rows_per_dataset):
+        for n in rows if rows is not None else range(rows_per_dataset):
             producer.append(dataset, wal_changes(dataset, n), client_token=f"demo-{dataset}-{n}")
             progress("WAL changes", 1)
 
@@ -148,8 +151,8 @@ def create_table(spark: Any, name: str, files: int) -> None:
     spark.sql(f"DELETE FROM {full} WHERE id % 10 = 7")
 
 
-def table_figures(spark: Any, name: str) -> tuple[int, int, int]:
-    full = f"lake.{DEMO_NAMESPACE}.{name}"
+def table_figures(spark: Any, name: str, full: str | None = None) -> tuple[int, int, int]:
+    full = full or f"lake.{DEMO_NAMESPACE}.{name}"
     files = spark.sql(f"SELECT count(*) FROM {full}.data_files").first()[0]
     snapshots = spark.sql(f"SELECT count(*) FROM {full}.snapshots").first()[0]
     deletes = spark.sql(f"SELECT count(*) FROM {full}.delete_files").first()[0]
@@ -186,6 +189,33 @@ def measure_tables(spark: Any, summary: DemoSummary, rows_before: dict[str, list
         figures.rows_equal = table_rows(spark, name) == rows_before[name]
 
 
+# --- 4. dataset tables -----------------------------------------------------------------------------
+
+LAKE_DATASET = "orders"
+MERGE_WAVES = 3
+
+
+def waves(rows_per_dataset: int) -> list[range]:
+    """The WAL seeding in waves, each flushed and merged: the dataset tables gather small files and delete
+    files, as a busy dataset's table does (the same rows and client tokens as one wave)."""
+    size = max(1, -(-rows_per_dataset // MERGE_WAVES))
+    return [range(start, min(start + size, rows_per_dataset)) for start in range(0, rows_per_dataset, size)]
+
+
+def measure_dataset_table(spark: Any, wal: Any, summary: DemoSummary, after: bool) -> None:
+    """The dataset table's files before/after maintenance; rows_equal: its live rows are the blob reader's state."""
+    if not after:
+        summary.tables.append(TableFigures(f"datasets.{LAKE_DATASET}"))
+    figures = summary.tables[-1]
+    counts = table_figures(spark, LAKE_DATASET, table_ident(LAKE_DATASET))
+    if after:
+        figures.files_after, figures.snapshots_after, figures.delete_files_after = counts
+        reader = DatasetReader(wal.s3_client(), wal.bucket_name, wal.blob_prefix, LAKE_DATASET)
+        figures.rows_equal = read_table(spark, LAKE_DATASET) == reader.read()
+    else:
+        figures.files_before, figures.snapshots_before, figures.delete_files_before = counts
+
+
 # --- the whole demo ---------------------------------------------------------------------------------
 
 
@@ -216,13 +246,17 @@ def _run_demo(
     spark = resources.spark.get_session()
 
     seed_runs(store, summary, progress)
-    seed_wal(resources.wal, summary, progress, rows_per_dataset)
-    summary.flush_runs += tick_until_idle("wal_sensor", defs, instance, summary)
+    for rows in waves(rows_per_dataset):
+        seed_wal(resources.wal, summary, progress, rows_per_dataset, rows)
+        summary.flush_runs += tick_until_idle("wal_sensor", defs, instance, summary)
+        summary.merge_runs += tick_until_idle("dataset_tables_sensor", defs, instance, summary)
     read_datasets(resources.wal, summary)
 
     rows_before = seed_tables(spark, summary, progress, files_per_table)
+    measure_dataset_table(spark, resources.wal, summary, after=False)
     run_maintenance(defs, instance, summary)
     measure_tables(spark, summary, rows_before)
+    measure_dataset_table(spark, resources.wal, summary, after=True)
 
     _note(tick_sensor("run_recorder", defs=defs, instance=instance), summary)
     seeded = {f"{workflow}-demo" for workflow in WORKFLOWS}
@@ -239,6 +273,7 @@ def render(summary: DemoSummary) -> str:
     lines.append(f"dataset WAL       flush runs {summary.flush_runs}")
     for dataset, (version, keys) in summary.datasets.items():
         lines.append(f"                  {dataset:<12} version {version:<6} keys {keys}")
+    lines.append(f"dataset tables    merge runs {summary.merge_runs} (lake.datasets.<dataset>, live rows: WHERE NOT deleted)")
     lines.append(f"maintenance       jobs run {summary.jobs_run}")
     lines.append(f"                  {'table':<18}{'files':>14}{'snapshots':>14}{'delete files':>16}  rows equal")
     for t in summary.tables:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -29,10 +30,14 @@ class SparkSetupError(RuntimeError):
 def iceberg_runtime_jar() -> Path:
     spec = importlib.util.find_spec("snowpark_connect_deps_iceberg")
     if spec is None or not spec.submodule_search_locations:
-        raise SparkSetupError("the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2")
+        raise SparkSetupError(
+            "the Iceberg runtime is missing: pip install snowpark-connect-deps-iceberg==1.0.2"
+        )
     jar = Path(list(spec.submodule_search_locations)[0]) / "jars" / ICEBERG_JAR_NAME
     if not jar.exists():
-        raise SparkSetupError(f"{jar} not found: pin snowpark-connect-deps-iceberg==1.0.2 (1.0.3's jar is broken)")
+        raise SparkSetupError(
+            f"{jar} not found: pin snowpark-connect-deps-iceberg==1.0.2 (1.0.3's jar is broken)"
+        )
     return jar
 
 
@@ -98,20 +103,39 @@ class SparkSettings:
 
     @property
     def is_jdbc(self) -> bool:
-        return self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "").endswith("JdbcCatalog")
+        impl = self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "")
+        return impl.endswith("JdbcCatalog")
+
+
+def spark_config(settings: SparkSettings) -> dict[str, str]:
+    """The whole session configuration (master and app name included) as one flat dict.
+
+    This is the one mapping from settings to Spark: dagster-pyspark's resource takes it as its
+    `spark_config`, and `build_session` gives it to the builder the same way.
+    """
+    return {"spark.master": settings.master, "spark.app.name": settings.app_name, **settings.conf()}
+
+
+def use_this_python_for_tasks() -> None:
+    """Python tasks (the dataset merges' blob readers) run on the driver's interpreter, so they see the
+    same packages. PySpark reads PYSPARK_PYTHON (not `spark.pyspark.python`) when the context starts;
+    an explicit setting, e.g. a cluster's, wins."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def build_session(settings: SparkSettings) -> "SparkSession":
+    """A session outside Dagster (CLI, tests, benchmarks), configured exactly as the resource's."""
     from pyspark.sql import SparkSession
 
-    settings.warehouse_dir.mkdir(parents=True, exist_ok=True)
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in settings.conf().items():
+    use_this_python_for_tasks()
+    builder = SparkSession.builder
+    for key, value in spark_config(settings).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
 def settings_from_runstate() -> SparkSettings:
+    """The Spark settings of this deployment: RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF, the catalog."""
     from runstate.config import settings
 
     s = settings()

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from runstate.config import Settings
-from runstate.spark import CATALOG, SparkSettings
+from runstate.spark import CATALOG, SparkSettings, spark_config
 
 
 @pytest.mark.spark
@@ -65,3 +65,37 @@ def test_the_hadoop_catalog_is_the_fallback(tmp_path):
     assert conf[f"spark.sql.catalog.{CATALOG}.type"] == "hadoop"
     assert conf[f"spark.sql.catalog.{CATALOG}.warehouse"] == tmp_path.resolve().as_uri()
     assert f"spark.sql.catalog.{CATALOG}.catalog-impl" not in conf
+
+
+def test_the_spark_resource_is_dagster_pysparks_lazy_resource_configured_from_the_settings(
+    monkeypatch, tmp_path
+):
+    from dagster_pyspark import LazyPySparkResource
+
+    from runstate.config import settings
+    from runstate.defs.shared import spark_resource
+
+    monkeypatch.setenv("RUNSTATE_SPARK_MASTER", "local[1]")
+    monkeypatch.setenv("RUNSTATE_SPARK_CONF", '{"spark.executor.cores": "3"}')
+    monkeypatch.setenv("RUNSTATE_WAREHOUSE", str(tmp_path))
+    settings.cache_clear()
+    try:
+        resource = spark_resource()
+    finally:
+        settings.cache_clear()
+
+    assert isinstance(resource, LazyPySparkResource)
+    assert resource.spark_config["spark.master"] == "local[1]"
+    assert resource.spark_config["spark.executor.cores"] == "3"
+    assert resource.spark_config["spark.sql.catalog.lake.warehouse"] == tmp_path.resolve().as_uri()
+    assert resource.spark_config["spark.driver.memory"] == "1g"
+
+
+def test_the_shorthand_fields_build_the_same_config_as_the_settings(tmp_path):
+    from runstate.defs.spark import SparkResource
+
+    url = "postgresql://postgres@127.0.0.1:5432/x"
+    resource = SparkResource(master="local[1]", pg_url=url, warehouse_dir=str(tmp_path))
+
+    assert resource.spark_config == spark_config(
+        SparkSettings(master="local[1]", pg_url=url, warehouse_dir=tmp_path))

@@ -138,3 +138,9 @@ def status(as_json: bool) -> None:
 
 
 COMMANDS = [wal]
+
+
+# The dataset tables' verbs (`wal merge`, `wal read --engine spark`) live in their own module.
+from runstate.cli import lake  # noqa: E402
+
+lake.install(wal)

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 
-from runstate.config import settings
 from runstate.defs.spark import SparkResource
+from runstate.spark import settings_from_runstate
 
 
 def spark_resource() -> SparkResource:
-    s = settings()
-    return SparkResource(
-        master=s.spark_master,
-        pg_url=s.pg_url,
-        catalog_kind=s.iceberg_catalog,
-        warehouse_dir=str(s.warehouse_dir),
-        extra_conf_json=json.dumps(dict(s.spark_conf)),
-    )
+    """dagster-pyspark's lazy session, configured from RUNSTATE_SPARK_MASTER / RUNSTATE_SPARK_CONF."""
+    return SparkResource.from_settings(settings_from_runstate())
 
 
 def shared_definitions() -> dg.Definitions:
