@@ -27,7 +27,7 @@ from runstate.defs.wal.jobs import build_flush_job
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Change, WalProducer, ensure_blob_bucket, ensure_wal_table
 from runstate.wal import tables as t
-from runstate.wal.producer import query_rows
+from runstate.wal.table import WalTable
 
 # Fast retries so a fault-then-recover run takes milliseconds; the production policy is tested on its own.
 FAST_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=0.01, backoff=dg.Backoff.EXPONENTIAL)
@@ -65,7 +65,7 @@ class WalWorld:
 
     def rows(self, dataset_id: str) -> list[dict[str, Any]]:
         """Every WAL row (seq >= 1) of a dataset, strongly consistent."""
-        return query_rows(self.dynamodb, self.table, dataset_id)
+        return WalTable(self.dynamodb, self.table).query_rows(dataset_id)
 
     def statuses(self, dataset_id: str) -> dict[int, str]:
         return {int(item[t.SEQ_NO]["N"]): item[t.STATUS_IDX]["S"] for item in self.rows(dataset_id)}

@@ -18,7 +18,7 @@ from runstate.wal.blobs import decode_delta, delta_key, encode_delta
 from runstate.wal.changes import fold
 from runstate.wal.source import last_applied_seqs
 
-from .faults import Faults, InjectedFault
+from .faults import FAULT_ERRORS, Faults
 from .helpers import object_keys, statuses, wal_rows
 
 NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
@@ -115,7 +115,7 @@ def test_put_failing_twice_then_succeeding_applies_everything_once(wal):
     fault = Faults(s3, "PutObject", count=2)
 
     for _ in range(2):
-        with pytest.raises(InjectedFault):
+        with pytest.raises(FAULT_ERRORS, match="injected"):
             _flush(wal, "orders", [1, 2, 3, 4, 5], s3=s3)
         assert set(statuses(wal.dynamodb, wal.table, "orders").values()) == {"Pending"}
     result = _flush(wal, "orders", [1, 2, 3, 4, 5], s3=s3)
@@ -132,7 +132,7 @@ def test_failure_midway_through_the_applied_updates_is_repaired_by_a_rerun(wal):
     is_row_mark = lambda params: params.get("Key", {}).get("SeqNo", {}).get("N") != "0"
     Faults(dynamodb, "UpdateItem", count=3, skip=5, when=is_row_mark)
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         _flush(wal, "orders", list(range(1, 13)), dynamodb=dynamodb, max_workers=1)
     half = statuses(wal.dynamodb, wal.table, "orders")
     # Committed to the manifest (readers see it), some rows still Pending, LastAppliedSeq not advanced.
@@ -155,7 +155,7 @@ def test_failure_after_the_manifest_put_is_repaired_by_a_rerun(wal):
     is_manifest = lambda params: params.get("Key", "").endswith("manifest.json")
     Faults(s3, "PutObject", count=1, after=True, when=is_manifest)
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         _flush(wal, "orders", [1, 2, 3], s3=s3)
     rerun = _flush(wal, "orders", [1, 2, 3], s3=s3)
 

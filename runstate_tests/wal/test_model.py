@@ -30,7 +30,7 @@ from runstate.wal import (
 )
 from runstate.wal.changes import fold
 
-from .faults import Faults, InjectedFault
+from .faults import FAULT_ERRORS, Faults
 from .helpers import wal_rows
 
 CHANGES = int(os.environ.get("RUNSTATE_WAL_MODEL_CHANGES", "5000"))
@@ -127,7 +127,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
                 stream_keys, new_cursor = read_stream(streams, flush_ddb, wal.table, cursor)
                 cursor = None if flush_rng.random() < 0.05 else new_cursor  # sometimes the cursor is lost
                 keys = stream_keys + sweep_pending(flush_ddb, wal.table)
-            except InjectedFault:
+            except FAULT_ERRORS:
                 stats["tick_failures"] += 1
                 continue
             batches = plan_batches(keys, max_batch_size=flush_rng.choice([5, 50, 500]))
@@ -136,14 +136,14 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
                 try:
                     flush_batch(flush_ddb, flush_s3, **wal.target(), dataset_id=batch.dataset_id, seqs=batch.seqs)
                     stats["flushes"] += 1
-                except InjectedFault:
+                except FAULT_ERRORS:
                     stats["flush_failures"] += 1
             if round_no % 3 == 1:
                 dataset_id = flush_rng.choice(DATASETS)
                 try:
                     compact_dataset(flush_ddb, flush_s3, **wal.target(), dataset_id=dataset_id, retention_days=0)
                     stats["compactions"] += 1
-                except InjectedFault:
+                except FAULT_ERRORS:
                     stats["compaction_failures"] += 1
             if drained_before and not keys and _all_visible(wal, model):
                 return
@@ -201,7 +201,7 @@ def _retry(call):
     for _ in range(100):
         try:
             return call()
-        except InjectedFault:
+        except FAULT_ERRORS:
             continue
     raise AssertionError("an append kept failing")
 
