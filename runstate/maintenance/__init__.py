@@ -6,9 +6,22 @@ here imports pyspark either until a Spark session is used. The status constants 
 (health.HEALTHY is a health status, orchestrator.HEALTHY a decision).
 """
 
-from runstate.maintenance.actions import ActionSettings, JobOutcome, TableLocked, claim_ready, resume_claim, run_job
+from runstate.maintenance.actions import (
+    ActionSettings,
+    JobOutcome,
+    TableLocked,
+    claim_ready,
+    resume_claim,
+    run_job,
+)
 from runstate.maintenance.catalog import CatalogListing, CatalogTable, list_tables
-from runstate.maintenance.health import MB, HealthAnalyzer, HealthThresholds, TableNotFound
+from runstate.maintenance.errors import MaintenanceError
+from runstate.maintenance.health import (
+    MB,
+    HealthAnalyzer,
+    HealthThresholds,
+    TableNotFound,
+)
 from runstate.maintenance.identifiers import (
     ACTIONS,
     IDENTIFIER_PATTERN,
@@ -19,7 +32,11 @@ from runstate.maintenance.identifiers import (
     validate_actions,
     validate_identifier,
 )
-from runstate.maintenance.orchestrator import Orchestrator, OrchestratorReport, OrchestratorSettings
+from runstate.maintenance.orchestrator import (
+    Orchestrator,
+    OrchestratorReport,
+    OrchestratorSettings,
+)
 from runstate.maintenance.store import (
     ActionRecord,
     CachedTable,
@@ -37,6 +54,7 @@ __all__ = [
     "ACTIONS",
     "IDENTIFIER_PATTERN",
     "MB",
+    "MaintenanceError",
     "ActionRecord",
     "ActionSettings",
     "CachedTable",

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
-from runstate.maintenance.identifiers import ACTIONS, TableRef, UnknownAction, validate_identifier
+from runstate.maintenance.errors import MaintenanceError
+from runstate.maintenance.identifiers import (
+    ACTIONS,
+    TableRef,
+    UnknownAction,
+    validate_identifier,
+)
 from runstate.maintenance.store import Claim
 
 if TYPE_CHECKING:
@@ -35,11 +41,11 @@ BINPACK_MIN_INPUT_FILES = 5
 _SORT_TERM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}( (ASC|DESC))?( NULLS (FIRST|LAST))?", re.IGNORECASE)
 
 
-class InvalidActionOption(ValueError):
+class InvalidActionOption(MaintenanceError, ValueError):
     """A maintenance option that is missing its rules (bad type, range or sort order)."""
 
 
-class TableLocked(RuntimeError):
+class TableLocked(MaintenanceError, RuntimeError):
     """Another holder owns the table lock; the job was not run and its lease will expire for a retry."""
 
 

@@ -12,7 +12,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
-from runstate.maintenance.catalog import CADENCE_PROPERTY, CATALOG, ENABLED_PROPERTY, parse_cadence_hours, parse_enabled
+from runstate.maintenance.catalog import (
+    CADENCE_PROPERTY,
+    CATALOG,
+    ENABLED_PROPERTY,
+    parse_cadence_hours,
+    parse_enabled,
+)
+from runstate.maintenance.errors import MaintenanceError
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 from runstate.maintenance.store import HealthSnapshot
 
@@ -41,7 +48,7 @@ class HealthThresholds:
     max_manifests: int = 100
 
 
-class TableNotFound(LookupError):
+class TableNotFound(MaintenanceError, LookupError):
     pass
 
 

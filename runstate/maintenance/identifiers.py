@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from runstate.maintenance.errors import MaintenanceError
+
 IDENTIFIER_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
 _IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
 
@@ -30,11 +32,11 @@ ACTIONS: tuple[str, ...] = (
 _ACTION_RANK = {name: rank for rank, name in enumerate(ACTIONS)}
 
 
-class InvalidIdentifier(ValueError):
+class InvalidIdentifier(MaintenanceError, ValueError):
     """A database, table or other name that is not a plain SQL identifier."""
 
 
-class UnknownAction(ValueError):
+class UnknownAction(MaintenanceError, ValueError):
     """A maintenance action that is not in `ACTIONS` (or no action at all)."""
 
 

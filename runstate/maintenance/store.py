@@ -31,6 +31,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from runstate.maintenance.errors import MaintenanceError
 from runstate.maintenance.identifiers import TableRef, parse_table_ref, validate_actions
 from runstate.migrations import check_schema_name, upgrade_postgres
 
@@ -41,15 +42,15 @@ DEFAULT_LEASE_SECONDS = 300.0
 _CLAIM_ROUNDS = 16
 
 
-class TableNotCached(LookupError):
+class TableNotCached(MaintenanceError, LookupError):
     """submit() for a table that the catalog cache (table_cache_entries) does not list."""
 
 
-class JobNotFound(LookupError):
+class JobNotFound(MaintenanceError, LookupError):
     """A job id that is not in `jobs`."""
 
 
-class InvalidStatus(ValueError):
+class InvalidStatus(MaintenanceError, ValueError):
     """A job status outside the ones the operation accepts."""
 
 
