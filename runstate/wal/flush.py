@@ -77,7 +77,7 @@ def flush_dataset(
 ) -> FlushResult:
     """Apply every pending row of `dataset_id` up to max(seqs) (see the module doc for the steps)."""
     validate_dataset_id(dataset_id)
-    batch = sorted(set(_validated_seqs(dataset_id, seqs)))
+    batch = sorted(set(validate_seqs(dataset_id, seqs)))
     now = now or datetime.now(timezone.utc)
     last_applied_before = table.meta(dataset_id).last_applied_seq
     target = batch[-1]
@@ -134,7 +134,8 @@ def flush_batch(
     )
 
 
-def _validated_seqs(dataset_id: str, seqs: Iterable[int]) -> list[int]:
+def validate_seqs(dataset_id: str, seqs: Iterable[int]) -> list[int]:
+    """The seqs as a list, or WalInputError unless they are one or more positive integers."""
     values = list(seqs)
     if not values:
         raise WalInputError(f"dataset {dataset_id!r}: a flush needs at least one seq")

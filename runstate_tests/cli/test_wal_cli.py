@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
+from runstate.wal import Change
 
-from wal_fixtures import WalWorld, world  # noqa: F401
+from runstate_tests.wal.shell import WalWorld
 
 
 @pytest.fixture
@@ -42,7 +43,9 @@ def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> 
     assert code == 0 and "requested 1 run(s): 1 succeeded, 0 failed" in ticked
 
     code, read = run(cli, "read", "--dataset", "orders")
-    assert code == 0 and json.loads(read) == {"dataset": "orders", "version": 2, "state": {"sku1": {"qty": 2}}}
+    assert code == 0 and json.loads(read) == {
+        "dataset": "orders", "version": 2, "state": {"sku1": {"qty": 2}}, "int_state": {},
+    }
     code, after = run(cli, "status", "--json")
     [row] = json.loads(after)
     assert (row["dataset_id"], row["pending_count"], row["oldest_pending_age_s"], row["last_applied_seq"]) == ("orders", 0, None, 2)
@@ -73,6 +76,12 @@ def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: 
         (["--dataset", "orders", "--upsert", "novalue"], "is not KEY=JSON"),
         (["--dataset", "orders"], "at least one --upsert"),
         (["--dataset", "orders", "--upsert", "big=" + json.dumps("x" * 500_000)], "400"),
+        (["--dataset", "orders\n", "--upsert", "a=1"], "dataset id 'orders\\n' is invalid"),
+        (["--dataset", "orders", "--upsert", "a=1", "--client-token", "t\n"], "client token 't\\n' is invalid"),
+        (["--dataset", "orders", "--upsert", "deep=" + "[" * 995 + "]" * 995], "nested deeper than 64 levels"),
+        (["--dataset", "orders", "--upsert", "deep=" + "[" * 65 + "]" * 65], "nested deeper than 64 levels"),
+        (["--dataset", "orders", "--upsert", 'a="\\ud800"'], "UTF-8 cannot encode"),
+        (["--dataset", "orders", "--upsert", "a=1", "--delete", "\ud800"], "UTF-8 cannot encode"),
     ],
 )
 def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
@@ -81,7 +90,19 @@ def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
     code, output = run(cli, "append", *args)
 
     assert code != 0 and message in output
-    assert world.statuses("orders") == {}
+    assert "Traceback" not in output and [line for line in output.splitlines() if line.startswith("Error:")]
+    assert world.statuses("orders") == {} and world.statuses("orders\n") == {}
+
+
+def test_read_keeps_the_int_key_1_and_the_str_key_1_apart(cli: CliRunner, world: WalWorld) -> None:
+    world.producer().append("orders", [Change.upsert(1, "int"), Change.upsert("1", "str")])
+    run(cli, "tick")
+
+    code, output = run(cli, "read", "--dataset", "orders")
+
+    assert code == 0
+    document = json.loads(output)
+    assert (document["state"], document["int_state"]) == ({"1": "str"}, {"1": "int"})
 
 
 def test_read_of_a_corrupt_blob_names_the_blob(cli: CliRunner, world: WalWorld) -> None:
