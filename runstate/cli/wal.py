@@ -19,23 +19,37 @@ if TYPE_CHECKING:
 SENSOR_NAME = "wal_sensor"
 
 
-def wal_storage() -> tuple["WalTable", "BlobStore"]:
-    """The deployment's WAL table and blob bucket, from the runstate settings."""
+def _client(service: str) -> Any:
     import os
 
     from runstate.config import settings
-    from runstate.wal import BlobStore, WalTable
     from runstate.wal.clients import aws_client
 
     config = settings()
-    common: dict[str, Any] = dict(
+    return aws_client(
+        service,
         endpoint_url=config.aws_endpoint_url,
         region=config.aws_region,
         access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
     )
-    table = WalTable(aws_client("dynamodb", **common), config.wal_table)
-    return table, BlobStore(aws_client("s3", **common), config.blob_bucket, config.blob_prefix)
+
+
+def wal_table() -> "WalTable":
+    """The deployment's WAL table, from the runstate settings (one client: each costs a few tenths of a second)."""
+    from runstate.config import settings
+    from runstate.wal import WalTable
+
+    return WalTable(_client("dynamodb"), settings().wal_table)
+
+
+def blob_store() -> "BlobStore":
+    """The deployment's blob bucket, from the runstate settings."""
+    from runstate.config import settings
+    from runstate.wal import BlobStore
+
+    config = settings()
+    return BlobStore(_client("s3"), config.blob_bucket, config.blob_prefix)
 
 
 def echo_json(document: Any) -> None:
@@ -61,7 +75,7 @@ def append(dataset_id: str, upserts: tuple[str, ...], deletes: tuple[str, ...], 
     if not upserts and not deletes:
         raise click.UsageError("give at least one --upsert KEY=JSON or --delete KEY")
     changes = [parse_upsert(text) for text in upserts] + [Change.delete(key) for key in deletes]
-    table, _ = wal_storage()
+    table = wal_table()
     seq = WalProducer(table.client, table.name).append(dataset_id, changes, client_token=client_token)
     click.echo(f"{dataset_id} seq {seq}")
 
@@ -112,8 +126,7 @@ def read(dataset_id: str) -> None:
     """
     from runstate.wal import DatasetReader, state_document
 
-    _, blobs = wal_storage()
-    version, state = DatasetReader.of(blobs, dataset_id).read()
+    version, state = DatasetReader.of(blob_store(), dataset_id).read()
     echo_json(state_document(dataset_id, version, state))
 
 
@@ -123,7 +136,7 @@ def status(as_json: bool) -> None:
     """Per dataset: Pending row count, age of the oldest Pending row, last applied seq."""
     from runstate.wal import wal_status
 
-    table, _ = wal_storage()
+    table = wal_table()
     rows = wal_status(table.client, table.name)
     if as_json:
         echo_json([dataclasses.asdict(row) for row in rows])
