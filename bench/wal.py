@@ -10,6 +10,8 @@ Prints ONE JSON line:
 Targets: flush >= 0.5 x raw; lag_p99 <= 65 s with the 30 s timer.
 
 Scale down with e.g. `--rows 1000 --timer-seconds 5 --lag-rounds 2`.
+
+`--daemon` measures instead append -> visible through a `runstate dev` it starts (bench/wal_daemon.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -35,6 +38,9 @@ import boto3  # noqa: E402
 import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
+
+from wal_daemon import add_arguments  # noqa: E402
+from wal_daemon import main as daemon_main  # noqa: E402
 
 from runstate.defs.ticking import tick_sensor  # noqa: E402
 from runstate.defs.wal import build_defs  # noqa: E402
@@ -52,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lag-rows", type=int, default=60, help="rows appended during the lag phase")
     parser.add_argument("--lag-datasets", type=int, default=3, help="datasets the lag-phase rows go to")
     parser.add_argument("--seed", type=int, default=7)
+    add_arguments(parser)  # --daemon and its options
     return parser.parse_args(argv)
 
 
@@ -66,9 +73,10 @@ class World:
         ensure_blob_bucket(self.s3, self.bucket)
 
     def resource(self, max_batch_size: int = 500) -> WalResource:
+        # The bench drives the timer itself: no run interval between its ticks.
         return WalResource(
             endpoint_url=self.endpoint, region="us-east-1", table=self.table, bucket=self.bucket,
-            prefix=self.prefix, max_batch_size=max_batch_size,
+            prefix=self.prefix, max_batch_size=max_batch_size, min_run_interval_s=0,
         )
 
 
@@ -88,11 +96,12 @@ def measure_flush(world: World, dataset_id: str, seqs: list[int]) -> tuple[float
     """One flush_wal run over every seq, as the sensor would request it; returns (seconds, rows applied)."""
     defs = build_defs(wal=world.resource(max_batch_size=len(seqs)))
     job = defs.resolve_job_def("flush_wal")
-    run_config = {"ops": {"flush_wal_batch": {"config": {"dataset_id": dataset_id, "seqs": seqs}}}}
+    batches = [{"dataset_id": dataset_id, "seqs": seqs}]
+    run_config = {"ops": {"flush_wal_shard": {"config": {"shard": 0, "batches": batches}}}}
     started = time.perf_counter()
     result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())
     elapsed = time.perf_counter() - started
-    [materialization] = result.asset_materializations_for_node("flush_wal_batch")
+    [materialization] = result.asset_materializations_for_node("flush_wal_shard")
     return elapsed, int(materialization.metadata["applied"].value)
 
 
@@ -190,6 +199,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.daemon:
+        result = daemon_main(args)
+        print(json.dumps(result, sort_keys=True), flush=True)
+        return result
     rng = random.Random(args.seed)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

@@ -106,7 +106,7 @@ class WalTable:
     def get_rows(
         self, dataset_id: str, seqs: Iterable[int], projection: str | None = None
     ) -> list[dict[str, Any]]:
-        """The existing rows among `seqs`, by consistent BatchGetItem (O(rows), unlike a Query on moto)."""
+        """The existing rows among `seqs`, by consistent BatchGetItem (O(rows) whatever the partition size)."""
         wanted = list(seqs)
         found: list[dict[str, Any]] = []
         for start in range(0, len(wanted), BATCH_GET_LIMIT):

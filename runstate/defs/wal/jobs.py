@@ -117,8 +117,10 @@ def build_flush_job(retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str
         context.log.info(f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}")
         return dg.Output(metadata["flushed"], metadata=metadata)
 
+    # One op: running it in the run worker itself saves a second process (and code-location load) per run.
     @dg.job(
         name=name,
+        executor_def=dg.in_process_executor,
         description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",
     )
     def flush_job() -> None:
