@@ -253,29 +253,29 @@ class WalTable:
 
     def advance_seq_hint(self, dataset_id: str, seq: int) -> bool:
         """LastSeq := seq (monotonic); also creates the meta row that lists the dataset."""
-        response = self._call(
-            "update_item",
-            conditional=True,
-            Key=_key(dataset_id, t.META_SEQ),
-            UpdateExpression="SET #last = :seq, #kind = :kind, #applied = if_not_exists(#applied, :zero)",
-            ConditionExpression="attribute_not_exists(#last) OR #last < :seq",
-            ExpressionAttributeNames={"#last": t.LAST_SEQ, "#kind": t.KIND, "#applied": t.LAST_APPLIED_SEQ},
-            ExpressionAttributeValues={":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}, ":zero": {"N": "0"}},
-        )
-        return response is not None
+        return self._raise_meta(dataset_id, t.LAST_SEQ, seq, also_applied_zero=True)
 
     def advance_last_applied(self, dataset_id: str, seq: int) -> bool:
         """LastAppliedSeq := seq unless it is already >= seq (monotonic). True when it moved."""
-        if seq < 1:
-            return False
+        return seq >= 1 and self._raise_meta(dataset_id, t.LAST_APPLIED_SEQ, seq)
+
+    def _raise_meta(self, dataset_id: str, attribute: str, seq: int, also_applied_zero: bool = False) -> bool:
+        """meta.attribute := seq only if that raises it; False when it is already >= seq."""
+        update = "SET #value = :seq, #kind = :kind"
+        names = {"#value": attribute, "#kind": t.KIND}
+        values = {":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}}
+        if also_applied_zero:  # a new meta row starts with nothing applied
+            update += ", #applied = if_not_exists(#applied, :zero)"
+            names["#applied"] = t.LAST_APPLIED_SEQ
+            values[":zero"] = {"N": "0"}
         response = self._call(
             "update_item",
             conditional=True,
             Key=_key(dataset_id, t.META_SEQ),
-            UpdateExpression="SET #applied = :seq, #kind = :kind",
-            ConditionExpression="attribute_not_exists(#applied) OR #applied < :seq",
-            ExpressionAttributeNames={"#applied": t.LAST_APPLIED_SEQ, "#kind": t.KIND},
-            ExpressionAttributeValues={":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}},
+            UpdateExpression=update,
+            ConditionExpression="attribute_not_exists(#value) OR #value < :seq",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
         )
         return response is not None
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Iterator
 
 import pytest
@@ -123,3 +126,22 @@ def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: 
     code, output = run(cli, "status")
 
     assert code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
+
+
+def test_append_read_and_status_never_import_dagster_or_pyarrow_before_they_need_it(world: WalWorld) -> None:
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from runstate.cli import main\n"
+        "for args in (['wal', 'append', '--dataset', 'orders', '--upsert', 'a=1'], ['wal', 'status'],\n"
+        "             ['wal', 'read', '--dataset', 'orders']):\n"
+        "    assert CliRunner().invoke(main, args).exit_code == 0, args\n"
+        "print(sorted(m for m in ('dagster', 'pyarrow', 'pyspark', 'snowflake.connector') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint, "RUNSTATE_WAL_TABLE": world.table,
+           "RUNSTATE_BLOB_BUCKET": world.bucket, "RUNSTATE_BLOB_PREFIX": world.prefix}
+
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
