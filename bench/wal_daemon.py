@@ -45,11 +45,10 @@ def append_at_random_moments(target: Target, datasets: list[str], offsets: list[
 
 def mark_visible(target: Target, datasets: list[str], appended: dict[tuple[str, int], float],
                  seen: dict[tuple[str, int], float]) -> None:
-    """One pass over the datasets' manifests: note when each appended row is first seen."""
-    for dataset_id in datasets:
-        version = target.version(dataset_id)
-        now = time.time()
-        for key in [k for k in list(appended) if k[0] == dataset_id and k[1] <= version and k not in seen]:
+    """One poll of the applied seqs (one Query): note when each appended row is first seen."""
+    applied, now = target.applied(), time.time()
+    for key in list(appended):
+        if key not in seen and key[1] <= applied.get(key[0], 0):
             seen[key] = now
 
 
