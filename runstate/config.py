@@ -69,7 +69,9 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
-    wal_flush_shards: int = 4
+    # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
+    # machine; scale it with the cluster (docs/OPERATIONS.md).
+    wal_flush_shards: int = 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -96,7 +98,7 @@ class Settings:
             spark_conf={str(k): str(v) for k, v in spark_conf.items()},
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
-            wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 4),
+            wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
         )
 
 

@@ -25,7 +25,6 @@ from runstate.wal.flush import FlushResult, flush_dataset, validate_seqs
 from runstate.wal.source import Batch
 from runstate.wal.table import WalTable
 
-DEFAULT_SHARDS = 4
 DEFAULT_DATASET_WORKERS = 8
 DEFAULT_ATTEMPTS = 3
 log = logging.getLogger(__name__)

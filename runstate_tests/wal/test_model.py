@@ -1,5 +1,5 @@
 """THE MODEL CHECK: a random workload with duplicate appends and injected faults, driven through
-stream/sweep -> plan -> flush (plus compactions and concurrent readers) until drained; then every
+stream/sweep -> plan -> shard flushes (plus compactions and concurrent readers) until drained; then every
 dataset's reader state must equal the plain fold of all its changes in SeqNo order.
 
 Scale with RUNSTATE_WAL_MODEL_CHANGES (default 5000) and RUNSTATE_WAL_MODEL_SEED.
@@ -19,15 +19,17 @@ import pytest
 
 from runstate.wal import (
     BlobIntegrityError,
+    BlobStore,
     Change,
     DatasetReader,
     WalProducer,
+    WalTable,
     compact_dataset,
-    flush_batch,
     plan_batches,
     read_stream,
     sweep_pending,
 )
+from runstate.wal.shards import flush_shard, plan_shards
 from runstate.wal.changes import fold
 
 from .faults import FAULT_ERRORS, Faults
@@ -37,6 +39,7 @@ CHANGES = int(os.environ.get("RUNSTATE_WAL_MODEL_CHANGES", "5000"))
 SEED = int(os.environ.get("RUNSTATE_WAL_MODEL_SEED", "20261126"))
 DATASETS = [f"ds{n:02d}" for n in range(20)]
 APPEND_THREADS = 4
+SHARDS = 3
 
 
 def _random_value(rng: random.Random):
@@ -108,6 +111,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
 
     # Flusher (the sensor + flush runs) with faults on S3, DynamoDB and the stream.
     flush_ddb, flush_s3, streams = wal.client("dynamodb"), wal.client("s3"), wal.client("dynamodbstreams")
+    flush_table, flush_blobs = WalTable(flush_ddb, wal.table), BlobStore(flush_s3, wal.bucket, wal.prefix)
     fault_rng = random.Random(SEED + 4)
     Faults(flush_s3, "PutObject", rate=0.05, rng=fault_rng)
     Faults(flush_s3, "PutObject", rate=0.03, after=True, rng=fault_rng)
@@ -131,13 +135,11 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
                 stats["tick_failures"] += 1
                 continue
             batches = plan_batches(keys, max_batch_size=flush_rng.choice([5, 50, 500]))
-            flush_rng.shuffle(batches)  # runs may execute in any order
-            for batch in batches:
-                try:
-                    flush_batch(flush_ddb, flush_s3, **wal.target(), dataset_id=batch.dataset_id, seqs=batch.seqs)
-                    stats["flushes"] += 1
-                except FAULT_ERRORS:
-                    stats["flush_failures"] += 1
+            plans = plan_shards(batches, SHARDS)
+            flush_rng.shuffle(plans)  # shard runs may execute in any order
+            for plan in plans:  # one shard run: its datasets in parallel, one try each (faults stay faults)
+                for outcome in flush_shard(flush_table, flush_blobs, plan.batches, workers=4, attempts=1):
+                    stats["flushes" if outcome.ok else "flush_failures"] += 1
             if round_no % 3 == 1:
                 dataset_id = flush_rng.choice(DATASETS)
                 try:
