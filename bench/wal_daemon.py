@@ -28,14 +28,27 @@ POLL_S = 0.5
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--daemon", action="store_true", help="measure through `runstate dev` (see bench/wal_daemon.py)")
-    parser.add_argument("--daemon-rows", type=int, default=240, help="rows appended in --daemon mode (default 240)")
-    parser.add_argument("--daemon-seconds", type=float, default=300.0, help="window of the appends (default 300 s)")
-    parser.add_argument("--daemon-datasets", type=int, default=12, help="datasets the rows go to (default 12)")
+    parser.add_argument(
+        "--daemon", action="store_true", help="measure through `runstate dev` (see bench/wal_daemon.py)"
+    )
+    parser.add_argument(
+        "--daemon-rows", type=int, default=240, help="rows appended in --daemon mode (default 240)"
+    )
+    parser.add_argument(
+        "--daemon-seconds", type=float, default=300.0, help="window of the appends (default 300 s)"
+    )
+    parser.add_argument(
+        "--daemon-datasets", type=int, default=12, help="datasets the rows go to (default 12)"
+    )
 
 
-def append_at_random_moments(target: Target, datasets: list[str], offsets: list[float], start: float,
-                             appended: dict[tuple[str, int], float]) -> None:
+def append_at_random_moments(
+    target: Target,
+    datasets: list[str],
+    offsets: list[float],
+    start: float,
+    appended: dict[tuple[str, int], float],
+) -> None:
     for i, offset in enumerate(offsets):
         time.sleep(max(0.0, start + offset - time.time()))
         dataset_id = datasets[i % len(datasets)]
@@ -43,8 +56,12 @@ def append_at_random_moments(target: Target, datasets: list[str], offsets: list[
         appended[(dataset_id, seq)] = time.time()
 
 
-def mark_visible(target: Target, datasets: list[str], appended: dict[tuple[str, int], float],
-                 seen: dict[tuple[str, int], float]) -> None:
+def mark_visible(
+    target: Target,
+    datasets: list[str],
+    appended: dict[tuple[str, int], float],
+    seen: dict[tuple[str, int], float],
+) -> None:
     """One poll of the applied seqs (one Query): note when each appended row is first seen."""
     applied, now = target.applied(), time.time()
     for key in list(appended):
@@ -52,8 +69,13 @@ def mark_visible(target: Target, datasets: list[str], appended: dict[tuple[str, 
             seen[key] = now
 
 
-def poll_visibility(target: Target, datasets: list[str], appended: dict[tuple[str, int], float],
-                    seen: dict[tuple[str, int], float], done: threading.Event) -> None:
+def poll_visibility(
+    target: Target,
+    datasets: list[str],
+    appended: dict[tuple[str, int], float],
+    seen: dict[tuple[str, int], float],
+    done: threading.Event,
+) -> None:
     while not done.is_set():
         mark_visible(target, datasets, appended, seen)
         done.wait(POLL_S)
@@ -70,7 +92,12 @@ def run_of(row: tuple[str, int], visible_at: float, shards: int, runs: list[RunT
 
 
 def breakdown(appended: dict, seen: dict, shards: int, runs: list[RunTiming]) -> dict[str, Any]:
-    parts: dict[str, list[float]] = {"sensor_tick_s": [], "queue_wait_s": [], "run_start_s": [], "flush_s": []}
+    parts: dict[str, list[float]] = {
+        "sensor_tick_s": [],
+        "queue_wait_s": [],
+        "run_start_s": [],
+        "flush_s": [],
+    }
     unattributed = 0
     for row, visible_at in seen.items():
         run = run_of(row, visible_at, shards, runs)
@@ -82,7 +109,9 @@ def breakdown(appended: dict, seen: dict, shards: int, runs: list[RunTiming]) ->
         parts["run_start_s"].append(run.run_start_s or 0.0)
         parts["flush_s"].append(max(0.0, visible_at - max(run.step_started, appended[row])))
     result: dict[str, Any] = {f"{name}_p50": median(values) for name, values in parts.items()}
-    result.update({f"{name}_p99": round(percentile(values, 0.99), 2) for name, values in parts.items() if values})
+    result.update(
+        {f"{name}_p99": round(percentile(values, 0.99), 2) for name, values in parts.items() if values}
+    )
     result["rows_unattributed"] = unattributed
     return result
 
@@ -116,7 +145,9 @@ def main(args: Any) -> dict[str, Any]:
         seen: dict[tuple[str, int], float] = {}
         done = threading.Event()
         start = time.time()
-        appender = threading.Thread(target=append_at_random_moments, args=(target, datasets, offsets, start, appended))
+        appender = threading.Thread(
+            target=append_at_random_moments, args=(target, datasets, offsets, start, appended)
+        )
         reader = threading.Thread(target=poll_visibility, args=(target, datasets, appended, seen, done))
         appender.start()
         reader.start()
@@ -131,19 +162,21 @@ def main(args: Any) -> dict[str, Any]:
     if len(seen) < len(appended):
         raise SystemExit(f"{len(appended) - len(seen)} of {len(appended)} appended rows never became visible")
     lags = [seen[row] - appended[row] for row in appended]
-    result.update({
-        "lag_rows": len(lags),
-        "window_s": args.daemon_seconds,
-        "lag_p50_s": round(percentile(lags, 0.5), 2),
-        "lag_p99_s": round(percentile(lags, 0.99), 2),
-        "lag_max_s": round(max(lags), 2),
-        "flush_runs": len([run for run in runs if run.created >= start]),
-        "shards": shards,
-        "direct_flush_s": round(baseline, 3),
-        "load_avg_end": load_average(),
-        "floor_met": percentile(lags, 0.99) <= 45.0,
-        **breakdown(appended, seen, shards, runs),
-    })
+    result.update(
+        {
+            "lag_rows": len(lags),
+            "window_s": args.daemon_seconds,
+            "lag_p50_s": round(percentile(lags, 0.5), 2),
+            "lag_p99_s": round(percentile(lags, 0.99), 2),
+            "lag_max_s": round(max(lags), 2),
+            "flush_runs": len([run for run in runs if run.created >= start]),
+            "shards": shards,
+            "direct_flush_s": round(baseline, 3),
+            "load_avg_end": load_average(),
+            "floor_met": percentile(lags, 0.99) <= 45.0,
+            **breakdown(appended, seen, shards, runs),
+        }
+    )
     return result
 
 

@@ -30,7 +30,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 ADMIN_URL = os.environ.get("RUNSTATE_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 # The caller's endpoints must not leak into the dev server: it starts services of its own.
-SERVICE_VARS = ("RUNSTATE_PG_URL", "DAGSTER_PG_URL", "RUNSTATE_AWS_ENDPOINT_URL", "RUNSTATE_HOME", "DAGSTER_HOME")
+SERVICE_VARS = (
+    "RUNSTATE_PG_URL",
+    "DAGSTER_PG_URL",
+    "RUNSTATE_AWS_ENDPOINT_URL",
+    "RUNSTATE_HOME",
+    "DAGSTER_HOME",
+)
 
 
 def free_port() -> int:
@@ -41,8 +47,11 @@ def free_port() -> int:
 
 def graphql_version(port: int) -> str | None:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": "{version}"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)["data"]["version"]
@@ -85,16 +94,26 @@ def start_dev(shards: int | None = None, ready_timeout: float = 300) -> Iterator
     dagster_home.mkdir()
     shutil.copy(REPO_ROOT / "dagster.yaml", dagster_home / "dagster.yaml")
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and not k.startswith("SNOWFLAKE_")}
-    env.update(RUNSTATE_HOME=str(home), DAGSTER_HOME=str(dagster_home), RUNSTATE_PG_URL=dsn,
-               DAGSTER_PG_URL=dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
-               DAGSTER_TELEMETRY_ENABLED="false")
+    env.update(
+        RUNSTATE_HOME=str(home),
+        DAGSTER_HOME=str(dagster_home),
+        RUNSTATE_PG_URL=dsn,
+        DAGSTER_PG_URL=dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
+        DAGSTER_TELEMETRY_ENABLED="false",
+    )
     if shards:
         env["RUNSTATE_WAL_FLUSH_SHARDS"] = str(shards)
     port = free_port()
     log = home / "dev.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_default_signals)
+        process = subprocess.Popen(
+            [RUNSTATE, "dev", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_default_signals,
+        )
     try:
         deadline = time.monotonic() + ready_timeout
         while graphql_version(port) is None:
@@ -163,7 +182,9 @@ def flush_runs(instance: Any, since: float) -> list[RunTiming]:
     from datetime import datetime, timezone
 
     created_after = datetime.fromtimestamp(since, tz=timezone.utc)
-    records = instance.get_run_records(filters=dg.RunsFilter(job_name="flush_wal", created_after=created_after))
+    records = instance.get_run_records(
+        filters=dg.RunsFilter(job_name="flush_wal", created_after=created_after)
+    )
     timings = []
     for record in records:
         run_id = record.dagster_run.run_id
@@ -171,16 +192,18 @@ def flush_runs(instance: Any, since: float) -> list[RunTiming]:
         for entry in instance.all_logs(run_id):
             if entry.dagster_event is not None:
                 events.setdefault(entry.dagster_event.event_type_value, entry.timestamp)
-        timings.append(RunTiming(
-            run_id=run_id,
-            shard=record.dagster_run.tags.get("runstate/wal_shard", "?"),
-            created=record.create_timestamp.timestamp(),
-            # The coordinator records the launch (STARTING) when it dequeues; DEQUEUED is not always written.
-            dequeued=events.get("PIPELINE_DEQUEUED") or events.get("PIPELINE_STARTING"),
-            started=events.get("PIPELINE_START"),
-            step_started=events.get("STEP_START"),
-            ended=events.get("STEP_SUCCESS") or events.get("STEP_FAILURE"),
-        ))
+        timings.append(
+            RunTiming(
+                run_id=run_id,
+                shard=record.dagster_run.tags.get("runstate/wal_shard", "?"),
+                created=record.create_timestamp.timestamp(),
+                # The coordinator records the launch (STARTING) when it dequeues; DEQUEUED is not always written.
+                dequeued=events.get("PIPELINE_DEQUEUED") or events.get("PIPELINE_STARTING"),
+                started=events.get("PIPELINE_START"),
+                step_started=events.get("STEP_START"),
+                ended=events.get("STEP_SUCCESS") or events.get("STEP_FAILURE"),
+            )
+        )
     return sorted(timings, key=lambda timing: timing.created)
 
 

@@ -1,8 +1,9 @@
-"""Fan-out through the real daemon: one row appended to each of N datasets at once, until every reader sees it.
+"""Fan-out through the real daemon: one row appended to each of N datasets at once, until readers see it.
 
 Starts a `runstate dev` of its own (webserver + daemon + services, scratch databases), then for each N
-appends one row to each of N new datasets from a few threads and polls every dataset's manifest until
-its row is visible (LastAppliedSeq advanced: right after the manifest commit, one Query per poll). Prints ONE JSON line with, per N: first_visible_s, p50_visible_s, all_visible_s
+appends one row to each of N new datasets from a few threads and polls until each row is visible
+(LastAppliedSeq advanced: right after the manifest commit; one Query per poll; every manifest is checked
+at the end). Prints ONE JSON line with, per N: first_visible_s, p50_visible_s, all_visible_s
 (None if not all visible before --timeout-s), flush_runs, the most flush runs requested in any 30 s
 window (floor: <= 2 x shards), and where the time goes, as medians over the flush runs: sensor_delay_s
 (append -> run created), queue_wait_s, run_start_s (launch -> worker running), flush_s (the op).
@@ -40,9 +41,13 @@ THREADS = 16
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="10,100,1000", help="comma-separated N (default 10,100,1000)")
-    parser.add_argument("--shards", type=int, default=None, help="RUNSTATE_WAL_FLUSH_SHARDS (default: the setting's)")
+    parser.add_argument(
+        "--shards", type=int, default=None, help="RUNSTATE_WAL_FLUSH_SHARDS (default: the setting's)"
+    )
     parser.add_argument("--timeout-s", type=float, default=600.0, help="give up on a phase after this long")
     return parser.parse_args(argv)
 
@@ -52,12 +57,15 @@ class Target:
 
     def __init__(self, dev: DevServer) -> None:
         endpoint = dev.env["RUNSTATE_AWS_ENDPOINT_URL"]
-        self.producer = WalProducer(aws_client("dynamodb", endpoint_url=endpoint),
-                                    dev.env.get("RUNSTATE_WAL_TABLE", "runstate_wal"))
+        self.producer = WalProducer(
+            aws_client("dynamodb", endpoint_url=endpoint), dev.env.get("RUNSTATE_WAL_TABLE", "runstate_wal")
+        )
         self.table = WalTable(self.producer.dynamodb, self.producer.table)
-        self.blobs = BlobStore(aws_client("s3", endpoint_url=endpoint),
-                               dev.env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
-                               dev.env.get("RUNSTATE_BLOB_PREFIX", "datasets/"))
+        self.blobs = BlobStore(
+            aws_client("s3", endpoint_url=endpoint),
+            dev.env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
+            dev.env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
+        )
 
     def applied(self) -> dict[str, int]:
         """Every dataset's LastAppliedSeq in one Query. A flush advances it right after the manifest commit
@@ -96,8 +104,12 @@ def wait_runs_finished(instance: Any, timeout: float = 180.0) -> None:
     """Let the phase's runs end, so the next phase's figures are its own."""
     import dagster as dg
 
-    live = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-            dg.DagsterRunStatus.STARTED]
+    live = [
+        dg.DagsterRunStatus.QUEUED,
+        dg.DagsterRunStatus.NOT_STARTED,
+        dg.DagsterRunStatus.STARTING,
+        dg.DagsterRunStatus.STARTED,
+    ]
     deadline = time.time() + timeout
     while time.time() < deadline:
         if not instance.get_runs(filters=dg.RunsFilter(job_name="flush_wal", statuses=live), limit=1):
@@ -107,7 +119,9 @@ def wait_runs_finished(instance: Any, timeout: float = 180.0) -> None:
 
 def most_runs_in_a_timer_period(created: list[float]) -> int:
     created = sorted(created)
-    return max((sum(1 for other in created if start <= other < start + TIMER_S) for start in created), default=0)
+    return max(
+        (sum(1 for other in created if start <= other < start + TIMER_S) for start in created), default=0
+    )
 
 
 def phase(dev: DevServer, target: Target, instance: Any, n: int, timeout_s: float) -> dict[str, Any]:

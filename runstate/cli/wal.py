@@ -63,11 +63,20 @@ def wal() -> None:
 
 @wal.command()
 @click.option("--dataset", "dataset_id", required=True, help="Dataset id, e.g. orders.")
-@click.option("--upsert", "upserts", multiple=True, metavar="KEY=JSON",
-              help='Set KEY (a string) to a JSON value, e.g. sku1=\'{"qty": 2}\'.')
+@click.option(
+    "--upsert",
+    "upserts",
+    multiple=True,
+    metavar="KEY=JSON",
+    help="Set KEY (a string) to a JSON value, e.g. sku1='{\"qty\": 2}'.",
+)
 @click.option("--delete", "deletes", multiple=True, metavar="KEY", help="Delete KEY.")
-@click.option("--client-token", default=None, help="Idempotency token: a retried append with it writes one row.")
-def append(dataset_id: str, upserts: tuple[str, ...], deletes: tuple[str, ...], client_token: str | None) -> None:
+@click.option(
+    "--client-token", default=None, help="Idempotency token: a retried append with it writes one row."
+)
+def append(
+    dataset_id: str, upserts: tuple[str, ...], deletes: tuple[str, ...], client_token: str | None
+) -> None:
     """Append one WAL row of changes to a dataset; prints its SeqNo."""
     from runstate.wal import Change, WalProducer
     from runstate.wal.changes import parse_upsert

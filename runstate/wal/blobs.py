@@ -31,9 +31,23 @@ from runstate.wal.codec import (
 from runstate.wal.errors import BlobIntegrityError, WalServiceError
 
 __all__ = [
-    "BlobRef", "BlobStore", "Manifest", "RetiredBlob", "archive_key", "dataset_root", "decode_delta",
-    "decode_snapshot", "delta_key", "encode_delta", "encode_snapshot", "get_verified_blob", "manifest_key",
-    "put_blob", "read_manifest", "snapshot_key", "write_manifest",
+    "BlobRef",
+    "BlobStore",
+    "Manifest",
+    "RetiredBlob",
+    "archive_key",
+    "dataset_root",
+    "decode_delta",
+    "decode_snapshot",
+    "delta_key",
+    "encode_delta",
+    "encode_snapshot",
+    "get_verified_blob",
+    "manifest_key",
+    "put_blob",
+    "read_manifest",
+    "snapshot_key",
+    "write_manifest",
 ]
 
 MANIFEST_FORMAT = 1
@@ -69,7 +83,7 @@ def manifest_key(prefix: str, dataset_id: str) -> str:
 def archive_key(prefix: str, dataset_id: str, key: str) -> str:
     """`.../delta/x.parquet` -> `.../archive/delta/x.parquet`."""
     root = dataset_root(prefix, dataset_id)
-    return f"{root}archive/{key[len(root):]}" if key.startswith(root) else f"{root}archive/{key}"
+    return f"{root}archive/{key[len(root) :]}" if key.startswith(root) else f"{root}archive/{key}"
 
 
 # --- blobs -------------------------------------------------------------------------------------------
@@ -87,13 +101,25 @@ class BlobRef:
     rows: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "sha256": self.sha256, "bytes": self.bytes,
-                "first_seq": self.first_seq, "last_seq": self.last_seq, "rows": self.rows}
+        return {
+            "key": self.key,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "rows": self.rows,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "BlobRef":
-        return cls(str(data["key"]), str(data["sha256"]), int(data["bytes"]), int(data["first_seq"]),
-                   int(data["last_seq"]), int(data["rows"]))
+        return cls(
+            str(data["key"]),
+            str(data["sha256"]),
+            int(data["bytes"]),
+            int(data["first_seq"]),
+            int(data["last_seq"]),
+            int(data["rows"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -188,7 +214,9 @@ class BlobStore:
         where = getattr(self.client.meta, "endpoint_url", None) or "AWS"
         code = _code(error)
         if code == "NoSuchBucket":
-            return WalServiceError(f"blob bucket {self.bucket!r} not found at {where}; run `runstate services up`")
+            return WalServiceError(
+                f"blob bucket {self.bucket!r} not found at {where}; run `runstate services up`"
+            )
         return WalServiceError(f"blob bucket {self.bucket!r} at {where}: {code}: {error}")
 
     def _call(self, operation: str, **request: Any) -> dict[str, Any]:
@@ -239,7 +267,9 @@ class BlobStore:
         """Copy to archive/, then delete; re-running after a crash between the two finds the copy and deletes."""
         target = archive_key(self.prefix, dataset_id, key)
         try:
-            self.client.copy_object(Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": key})
+            self.client.copy_object(
+                Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": key}
+            )
         except ClientError as error:
             if _code(error) not in MISSING_CODES:
                 raise self._service_error(error) from error
@@ -255,7 +285,9 @@ class BlobStore:
 
     def _list(self, prefix: str) -> Iterator[str]:
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            ):
                 yield from (obj["Key"] for obj in page.get("Contents", []))
         except (ClientError, BotoCoreError) as error:
             raise self._service_error(error) from error
@@ -280,8 +312,12 @@ class BlobStore:
         condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=manifest_key(self.prefix, manifest.dataset_id), Body=manifest.to_bytes(),
-                ContentType="application/json", ChecksumAlgorithm="SHA256", **condition,
+                Bucket=self.bucket,
+                Key=manifest_key(self.prefix, manifest.dataset_id),
+                Body=manifest.to_bytes(),
+                ContentType="application/json",
+                ChecksumAlgorithm="SHA256",
+                **condition,
             )
         except ClientError as error:
             status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))

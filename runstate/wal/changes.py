@@ -35,7 +35,9 @@ def validate_dataset_id(dataset_id: Any) -> str:
 
 def validate_client_token(token: Any) -> str:
     if not isinstance(token, str) or not CLIENT_TOKEN_PATTERN.fullmatch(token):
-        raise WalInputError(f"client token {token!r} is invalid: it must match {CLIENT_TOKEN_PATTERN.pattern}")
+        raise WalInputError(
+            f"client token {token!r} is invalid: it must match {CLIENT_TOKEN_PATTERN.pattern}"
+        )
     return token
 
 
@@ -58,7 +60,7 @@ def check_utf8(text: str, what: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         raise WalEncodingError(
-            f"{what} contains {text[error.start:error.end]!r} at position {error.start}, "
+            f"{what} contains {text[error.start : error.end]!r} at position {error.start}, "
             "which UTF-8 cannot encode (a lone surrogate)"
         ) from None
 

@@ -22,7 +22,9 @@ def aws_client(
 
     # A session of our own: boto3's default session is not safe to share across threads.
     session = boto3.session.Session(
-        aws_access_key_id=access_key_id or None, aws_secret_access_key=secret_access_key or None, region_name=region
+        aws_access_key_id=access_key_id or None,
+        aws_secret_access_key=secret_access_key or None,
+        region_name=region,
     )
     config = Config(max_pool_connections=MAX_POOL_CONNECTIONS, retries={"mode": "standard"})
     return session.client(service, endpoint_url=endpoint_url, config=config)

@@ -22,8 +22,13 @@ def delta_schema() -> Any:
         import pyarrow as pa
 
         _SCHEMAS["delta"] = pa.schema(
-            [("seq", pa.int64()), ("pos", pa.int32()), ("op", pa.string()), ("key", pa.string()),
-             ("value", pa.string())]
+            [
+                ("seq", pa.int64()),
+                ("pos", pa.int32()),
+                ("op", pa.string()),
+                ("key", pa.string()),
+                ("value", pa.string()),
+            ]
         )
     return _SCHEMAS["delta"]
 
@@ -73,8 +78,13 @@ def encode_delta(rows: Iterable[tuple[int, list[Change]]]) -> tuple[bytes, int]:
             keys.append(canonical_json(change.key))
             values.append(None if change.op == DELETE else canonical_json(change.value))
     table = pa.Table.from_arrays(
-        [pa.array(seqs, pa.int64()), pa.array(positions, pa.int32()), pa.array(ops, pa.string()),
-         pa.array(keys, pa.string()), pa.array(values, pa.string())],
+        [
+            pa.array(seqs, pa.int64()),
+            pa.array(positions, pa.int32()),
+            pa.array(ops, pa.string()),
+            pa.array(keys, pa.string()),
+            pa.array(values, pa.string()),
+        ],
         schema=delta_schema(),
     )
     return _parquet_bytes(table), len(seqs)

@@ -113,22 +113,51 @@ def rebuild_snapshot(
         if _switch_to_snapshot(blobs, manifest, state, now):
             snapshot = reader.manifest().snapshot
             assert snapshot is not None
-            return CompactionResult(dataset_id, snapshot.last_seq, snapshot.key, snapshot.bytes,
-                                    len(manifest.deltas), 0, 0, keys=snapshot.rows)
+            return CompactionResult(
+                dataset_id,
+                snapshot.last_seq,
+                snapshot.key,
+                snapshot.bytes,
+                len(manifest.deltas),
+                0,
+                0,
+                keys=snapshot.rows,
+            )
     raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving during the rebuild")
 
 
 # The earlier signatures (boto3 clients and names), kept for their callers.
 def compact_dataset(
-    dynamodb: Any, s3: Any, *, table: str, bucket: str, prefix: str, dataset_id: str, retention_days: float,
-    now: datetime | None = None, grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    dynamodb: Any,
+    s3: Any,
+    *,
+    table: str,
+    bucket: str,
+    prefix: str,
+    dataset_id: str,
+    retention_days: float,
+    now: datetime | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
 ) -> CompactionResult:
-    return compact(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), dataset_id,
-                   retention_days=retention_days, now=now, grace_seconds=grace_seconds)
+    return compact(
+        WalTable(dynamodb, table),
+        BlobStore(s3, bucket, prefix),
+        dataset_id,
+        retention_days=retention_days,
+        now=now,
+        grace_seconds=grace_seconds,
+    )
 
 
 def rebuild_snapshot_from_wal(
-    dynamodb: Any, s3: Any, *, table: str, bucket: str, prefix: str, dataset_id: str, now: datetime | None = None
+    dynamodb: Any,
+    s3: Any,
+    *,
+    table: str,
+    bucket: str,
+    prefix: str,
+    dataset_id: str,
+    now: datetime | None = None,
 ) -> CompactionResult:
     return rebuild_snapshot(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), dataset_id, now=now)
 
@@ -138,8 +167,11 @@ def _rebuild_base(table: WalTable, reader: DatasetReader, manifest: Manifest) ->
     if lowest == 1:
         return 0, {}
     snapshot = manifest.snapshot
-    if snapshot is None or lowest is not None and lowest > snapshot.last_seq + 1 or (
-        lowest is None and snapshot.last_seq < manifest.version
+    if (
+        snapshot is None
+        or lowest is not None
+        and lowest > snapshot.last_seq + 1
+        or (lowest is None and snapshot.last_seq < manifest.version)
     ):
         raise WalIntegrityError(
             f"dataset {reader.dataset_id!r}: WAL history is trimmed below seq {lowest} and no snapshot covers it"

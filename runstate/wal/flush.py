@@ -98,8 +98,11 @@ def flush_dataset(
             f"dataset {dataset_id!r}: manifest kept moving; gave up after {MAX_MANIFEST_ATTEMPTS} tries"
         )
     upto = min(target, manifest.version)
-    to_mark = [seq for seq in sorted(set(batch) | set(range(last_applied_before + 1, upto + 1)))
-               if seq <= manifest.version]
+    to_mark = [
+        seq
+        for seq in sorted(set(batch) | set(range(last_applied_before + 1, upto + 1)))
+        if seq <= manifest.version
+    ]
     marked = mark_applied(table, dataset_id, to_mark, manifest, now, max_workers=max_workers)
     table.advance_last_applied(dataset_id, upto)
     return FlushResult(
@@ -130,7 +133,12 @@ def flush_batch(
 ) -> FlushResult:
     """`flush_dataset` from boto3 clients and names (the earlier signature, kept for its callers)."""
     return flush_dataset(
-        WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), dataset_id, seqs, now=now, max_workers=max_workers
+        WalTable(dynamodb, table),
+        BlobStore(s3, bucket, prefix),
+        dataset_id,
+        seqs,
+        now=now,
+        max_workers=max_workers,
     )
 
 
@@ -174,7 +182,12 @@ def _verified_row(dataset_id: str, item: dict[str, Any]) -> WalRow:
             f"(expected {expected[:12]}.., got {actual[:12]}..)"
         )
     return WalRow(
-        dataset_id, seq, item[t.STATUS_IDX]["S"], int(item[t.CREATED_AT]["N"]), expected, decode_changes(payload)
+        dataset_id,
+        seq,
+        item[t.STATUS_IDX]["S"],
+        int(item[t.CREATED_AT]["N"]),
+        expected,
+        decode_changes(payload),
     )
 
 

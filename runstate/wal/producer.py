@@ -89,7 +89,9 @@ class WalProducer:
             return self._write_row(row, checked_upto=floor, hint=floor)
         token = self._token_item(dataset_id, client_token, checksum)
         if token is None:  # the claim failed because the row exists, and token rows are never deleted
-            raise WalIntegrityError(f"dataset {dataset_id!r}: client token {client_token!r} vanished while claimed")
+            raise WalIntegrityError(
+                f"dataset {dataset_id!r}: client token {client_token!r} vanished while claimed"
+            )
         if t.ASSIGNED_SEQ in token:
             return int(token[t.ASSIGNED_SEQ]["N"])
         # Claimed but not finished (a crash, or a concurrent retry): finish it, scanning from the claim's floor.
@@ -123,8 +125,12 @@ class WalProducer:
             self.wal.advance_seq_hint(dataset_id, seq)
         except WalServiceError as error:
             # The row is durably written: failing the append now would invite a duplicate retry.
-            log.warning("dataset %r: seq hint not advanced to %d (%s); the next writer probes past it",
-                        dataset_id, seq, error)
+            log.warning(
+                "dataset %r: seq hint not advanced to %d (%s); the next writer probes past it",
+                dataset_id,
+                seq,
+                error,
+            )
 
     # --- client tokens -----------------------------------------------------------------------------------
 
@@ -166,7 +172,9 @@ class WalProducer:
 class _Row:
     __slots__ = ("dataset_id", "payload", "checksum", "created_at", "client_token")
 
-    def __init__(self, dataset_id: str, payload: str, checksum: str, created_at: int, client_token: str | None):
+    def __init__(
+        self, dataset_id: str, payload: str, checksum: str, created_at: int, client_token: str | None
+    ):
         self.dataset_id = dataset_id
         self.payload = payload
         self.checksum = checksum

@@ -85,7 +85,7 @@ def state_document(dataset_id: str, version: int, state: dict[Key, Any]) -> dict
         "dataset": dataset_id,
         "version": version,
         "state": {key: value for key, value in state.items() if isinstance(key, str)},
-        "int_state": {str(key): value for key, value in sorted(
-            (k, v) for k, v in state.items() if isinstance(k, int)
-        )},
+        "int_state": {
+            str(key): value for key, value in sorted((k, v) for k, v in state.items() if isinstance(k, int))
+        },
     }

@@ -164,7 +164,9 @@ def _flush_with_retries(
     for attempt in range(1, attempts + 1):
         outcome.attempts += 1
         try:
-            outcome.results.append(flush_dataset(table, blobs, outcome.dataset_id, seqs, max_workers=mark_workers))
+            outcome.results.append(
+                flush_dataset(table, blobs, outcome.dataset_id, seqs, max_workers=mark_workers)
+            )
             outcome.error = None
             return True
         except WalInputError as error:  # a bad plan does not get better by retrying
@@ -172,7 +174,9 @@ def _flush_with_retries(
             return False
         except WalError as error:
             outcome.error = str(error)
-            log.warning("dataset %r: flush attempt %d of %d failed: %s", outcome.dataset_id, attempt, attempts, error)
+            log.warning(
+                "dataset %r: flush attempt %d of %d failed: %s", outcome.dataset_id, attempt, attempts, error
+            )
             if attempt < attempts:
                 time.sleep(retry_delay_s * 2 ** (attempt - 1))
     return False

@@ -132,14 +132,18 @@ class WalTable:
             time.sleep(min(0.5, 0.01 * 2**attempt) * random.random())
         raise WalContentionError(f"dataset {dataset_id!r}: BatchGetItem kept returning unprocessed keys")
 
-    def query_rows(self, dataset_id: str, first_seq: int = 1, last_seq: int = MAX_SEQ) -> list[dict[str, Any]]:
+    def query_rows(
+        self, dataset_id: str, first_seq: int = 1, last_seq: int = MAX_SEQ
+    ) -> list[dict[str, Any]]:
         """The rows with first_seq <= SeqNo <= last_seq (seq 0 is the meta row), consistent, seq order."""
         return list(
             self._query(
                 KeyConditionExpression="#ds = :ds AND #seq BETWEEN :first AND :last",
                 ExpressionAttributeNames={"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
                 ExpressionAttributeValues={
-                    ":ds": {"S": dataset_id}, ":first": {"N": str(first_seq)}, ":last": {"N": str(last_seq)},
+                    ":ds": {"S": dataset_id},
+                    ":first": {"N": str(first_seq)},
+                    ":last": {"N": str(last_seq)},
                 },
                 ConsistentRead=True,
             )
@@ -169,8 +173,10 @@ class WalTable:
             ConditionExpression="#status = :pending",
             ExpressionAttributeNames={"#status": t.STATUS_IDX, "#blob": t.BLOB_KEY, "#at": t.APPLIED_AT},
             ExpressionAttributeValues={
-                ":applied": {"S": status}, ":pending": {"S": t.PENDING},
-                ":blob": {"S": blob_key}, ":at": {"N": str(applied_at)},
+                ":applied": {"S": status},
+                ":pending": {"S": t.PENDING},
+                ":blob": {"S": blob_key},
+                ":at": {"N": str(applied_at)},
             },
         )
         return response is not None
@@ -180,11 +186,18 @@ class WalTable:
         items = self._query(
             KeyConditionExpression="#ds = :ds AND #seq BETWEEN :one AND :upto",
             FilterExpression="begins_with(#status, :applied) AND #created < :cutoff",
-            ExpressionAttributeNames={"#ds": t.DATASET_ID, "#seq": t.SEQ_NO, "#status": t.STATUS_IDX,
-                                      "#created": t.CREATED_AT},
+            ExpressionAttributeNames={
+                "#ds": t.DATASET_ID,
+                "#seq": t.SEQ_NO,
+                "#status": t.STATUS_IDX,
+                "#created": t.CREATED_AT,
+            },
             ExpressionAttributeValues={
-                ":ds": {"S": dataset_id}, ":one": {"N": "1"}, ":upto": {"N": str(up_to_seq)},
-                ":applied": {"S": t.APPLIED_PREFIX}, ":cutoff": {"N": str(created_before)},
+                ":ds": {"S": dataset_id},
+                ":one": {"N": "1"},
+                ":upto": {"N": str(up_to_seq)},
+                ":applied": {"S": t.APPLIED_PREFIX},
+                ":cutoff": {"N": str(created_before)},
             },
             ProjectionExpression="#seq",
         )
@@ -217,7 +230,9 @@ class WalTable:
     def pending(self, limit: int = 10_000) -> list[PendingRow]:
         """Up to `limit` Pending rows, oldest first (the index is eventually consistent on DynamoDB)."""
         rows: list[PendingRow] = []
-        for item in self._query(**self._pending_query(PaginationConfig={"MaxItems": limit, "PageSize": 1000})):
+        for item in self._query(
+            **self._pending_query(PaginationConfig={"MaxItems": limit, "PageSize": 1000})
+        ):
             rows.append(PendingRow(item[t.DATASET_ID]["S"], _seq(item), int(item[t.CREATED_AT]["N"])))
         return rows
 

@@ -37,7 +37,10 @@ def run(cli: CliRunner, *args: str) -> tuple[int, str]:
 
 
 def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> None:
-    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (0, "orders seq 1\n")
+    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (
+        0,
+        "orders seq 1\n",
+    )
     assert run(cli, "append", "--dataset", "orders", "--delete", "sku2") == (0, "orders seq 2\n")
     code, before = run(cli, "status")
     assert code == 0 and "orders" in before and before.split("\n")[1].split()[1] == "2"  # 2 pending
@@ -47,11 +50,19 @@ def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> 
 
     code, read = run(cli, "read", "--dataset", "orders")
     assert code == 0 and json.loads(read) == {
-        "dataset": "orders", "version": 2, "state": {"sku1": {"qty": 2}}, "int_state": {},
+        "dataset": "orders",
+        "version": 2,
+        "state": {"sku1": {"qty": 2}},
+        "int_state": {},
     }
     code, after = run(cli, "status", "--json")
     [row] = json.loads(after)
-    assert (row["dataset_id"], row["pending_count"], row["oldest_pending_age_s"], row["last_applied_seq"]) == ("orders", 0, None, 2)
+    assert (
+        row["dataset_id"],
+        row["pending_count"],
+        row["oldest_pending_age_s"],
+        row["last_applied_seq"],
+    ) == ("orders", 0, None, 2)
 
 
 def test_a_second_tick_with_nothing_pending_says_so(cli: CliRunner) -> None:
@@ -80,8 +91,14 @@ def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: 
         (["--dataset", "orders"], "at least one --upsert"),
         (["--dataset", "orders", "--upsert", "big=" + json.dumps("x" * 500_000)], "400"),
         (["--dataset", "orders\n", "--upsert", "a=1"], "dataset id 'orders\\n' is invalid"),
-        (["--dataset", "orders", "--upsert", "a=1", "--client-token", "t\n"], "client token 't\\n' is invalid"),
-        (["--dataset", "orders", "--upsert", "deep=" + "[" * 995 + "]" * 995], "nested deeper than 64 levels"),
+        (
+            ["--dataset", "orders", "--upsert", "a=1", "--client-token", "t\n"],
+            "client token 't\\n' is invalid",
+        ),
+        (
+            ["--dataset", "orders", "--upsert", "deep=" + "[" * 995 + "]" * 995],
+            "nested deeper than 64 levels",
+        ),
         (["--dataset", "orders", "--upsert", "deep=" + "[" * 65 + "]" * 65], "nested deeper than 64 levels"),
         (["--dataset", "orders", "--upsert", 'a="\\ud800"'], "UTF-8 cannot encode"),
         (["--dataset", "orders", "--upsert", "a=1", "--delete", "\ud800"], "UTF-8 cannot encode"),
@@ -125,7 +142,9 @@ def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: 
 
     code, output = run(cli, "status")
 
-    assert code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
+    assert (
+        code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
+    )
 
 
 def test_append_read_and_status_never_import_dagster_or_pyarrow_before_they_need_it(world: WalWorld) -> None:
@@ -138,8 +157,13 @@ def test_append_read_and_status_never_import_dagster_or_pyarrow_before_they_need
         "    assert CliRunner().invoke(main, args).exit_code == 0, args\n"
         "print(sorted(m for m in ('dagster', 'pyarrow', 'pyspark', 'snowflake.connector') if m in sys.modules))\n"
     )
-    env = {**os.environ, "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint, "RUNSTATE_WAL_TABLE": world.table,
-           "RUNSTATE_BLOB_BUCKET": world.bucket, "RUNSTATE_BLOB_PREFIX": world.prefix}
+    env = {
+        **os.environ,
+        "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint,
+        "RUNSTATE_WAL_TABLE": world.table,
+        "RUNSTATE_BLOB_BUCKET": world.bucket,
+        "RUNSTATE_BLOB_PREFIX": world.prefix,
+    }
 
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 

@@ -39,7 +39,9 @@ def test_flush_retry_policy_is_exponential_and_never_waits_more_than_five_minute
         flush_retry_policy(max_retries=8, delay=2.0)
 
 
-def test_resource_defaults_follow_the_settings_and_clients_open_lazily(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resource_defaults_follow_the_settings_and_clients_open_lazily(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv("RUNSTATE_WAL_TABLE", "wal_from_env")
     monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", "bucket-from-env")
     monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", "http://127.0.0.1:1")
@@ -47,7 +49,9 @@ def test_resource_defaults_follow_the_settings_and_clients_open_lazily(monkeypat
     try:
         resource = WalResource()
         assert (resource.table_name, resource.bucket_name, resource.resolved_endpoint_url) == (
-            "wal_from_env", "bucket-from-env", "http://127.0.0.1:1",
+            "wal_from_env",
+            "bucket-from-env",
+            "http://127.0.0.1:1",
         )
         assert resource._clients == {}  # nothing opened by building or reading config
         assert WalResource(table="explicit").table_name == "explicit"
@@ -124,8 +128,10 @@ def test_one_failing_dataset_fails_neither_the_others_of_its_shard_nor_the_run(
     world.append(bad, "b", 2)
     # Corrupt the bad dataset's row: its checksum no longer matches (a flush refuses it, every time).
     world.dynamodb.update_item(
-        TableName=world.table, Key={"DatasetId": {"S": bad}, "SeqNo": {"N": "1"}},
-        UpdateExpression="SET Payload = :p", ExpressionAttributeValues={":p": {"S": '[["upsert","b",3]]'}},
+        TableName=world.table,
+        Key={"DatasetId": {"S": bad}, "SeqNo": {"N": "1"}},
+        UpdateExpression="SET Payload = :p",
+        ExpressionAttributeValues={":p": {"S": '[["upsert","b",3]]'}},
     )
     defs = world.defs()
 
@@ -135,7 +141,9 @@ def test_one_failing_dataset_fails_neither_the_others_of_its_shard_nor_the_run(
     assert (tick.requested, tick.succeeded) == (1, 1)
     [output] = [e for e in tick.results[0].all_node_events if e.event_type == dg.DagsterEventType.STEP_OUTPUT]
     metadata = {k: v.value for k, v in output.step_output_data.metadata.items()}
-    assert (metadata["flushed"], metadata["failed"]) == (1, 1) and "checksum mismatch" in metadata["failures"][bad]
+    assert (metadata["flushed"], metadata["failed"]) == (1, 1) and "checksum mismatch" in metadata[
+        "failures"
+    ][bad]
     assert DatasetReader(world.s3, world.bucket, world.prefix, good).read() == (1, {"a": 1})
     assert DatasetReader(world.s3, world.bucket, world.prefix, bad).read() == (0, {})
     materialized = {m.partition for m in tick.results[0].asset_materializations_for_node("flush_wal_shard")}
@@ -155,14 +163,18 @@ def test_one_tick_requests_at_most_one_run_per_shard_and_every_partition_is_mate
     shards = sorted(run.dagster_run.tags[SHARD_TAG] for run in tick.results)
     assert shards == sorted({str(shard_of(ds, 3)) for ds in datasets}) and len(shards) <= 3
     assert tick.succeeded == tick.requested
-    materialized = [m.partition for r in tick.results for m in r.asset_materializations_for_node("flush_wal_shard")]
+    materialized = [
+        m.partition for r in tick.results for m in r.asset_materializations_for_node("flush_wal_shard")
+    ]
     assert sorted(materialized) == datasets
     assert sorted(instance.get_dynamic_partitions("datasets")) == datasets
     for ds in datasets:
         assert DatasetReader(world.s3, world.bucket, world.prefix, ds).read() == (1, {"k": ds})
 
 
-def test_a_shard_flushed_less_than_the_run_interval_ago_waits(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_a_shard_flushed_less_than_the_run_interval_ago_waits(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs(world.resource(min_run_interval_s=3600))
     world.append("orders", "a", 1)
     first = tick_sensor("wal_sensor", defs=defs, instance=instance)
@@ -174,8 +186,13 @@ def test_a_shard_flushed_less_than_the_run_interval_ago_waits(world: WalWorld, i
     assert DatasetReader(world.s3, world.bucket, world.prefix, "orders").version == 1
 
 
-def test_backfill_of_dataset_snapshots_rebuilds_every_dataset_from_its_wal(world: WalWorld, instance: dg.DagsterInstance) -> None:
-    changes = {ds: [Change.upsert(f"{ds}-{i}", i) for i in range(4)] + [Change.delete(f"{ds}-0")] for ds in ("orders", "users")}
+def test_backfill_of_dataset_snapshots_rebuilds_every_dataset_from_its_wal(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    changes = {
+        ds: [Change.upsert(f"{ds}-{i}", i) for i in range(4)] + [Change.delete(f"{ds}-0")]
+        for ds in ("orders", "users")
+    }
     for ds, items in changes.items():
         for change in items:
             world.producer().append(ds, [change])
@@ -187,7 +204,9 @@ def test_backfill_of_dataset_snapshots_rebuilds_every_dataset_from_its_wal(world
         DatasetReader(world.s3, world.bucket, world.prefix, "orders").state()
 
     for ds in instance.get_dynamic_partitions("datasets"):
-        result = dg.materialize([dataset_snapshots], partition_key=ds, resources={"wal": world.resource()}, instance=instance)
+        result = dg.materialize(
+            [dataset_snapshots], partition_key=ds, resources={"wal": world.resource()}, instance=instance
+        )
         assert result.success
 
     for ds, items in changes.items():
@@ -202,7 +221,9 @@ def _run_lag_check(world: WalWorld, instance: dg.DagsterInstance) -> dg.AssetChe
     return evaluation
 
 
-def test_wal_lag_check_fails_when_the_oldest_pending_row_is_older_than_an_hour(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_wal_lag_check_fails_when_the_oldest_pending_row_is_older_than_an_hour(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     two_hours_ago = datetime.now(timezone.utc) - timedelta(hours=2)
     world.producer().append("orders", [Change.upsert("a", 1)], now=two_hours_ago)
 
@@ -212,7 +233,9 @@ def test_wal_lag_check_fails_when_the_oldest_pending_row_is_older_than_an_hour(w
     assert evaluation.metadata["oldest_pending_age_s"].value >= 7000
 
 
-def test_wal_lag_check_passes_when_pending_rows_are_fresh_or_none(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_wal_lag_check_passes_when_pending_rows_are_fresh_or_none(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     assert _run_lag_check(world, instance).passed
     world.append("orders", "a", 1)
     assert _run_lag_check(world, instance).passed
@@ -221,7 +244,9 @@ def test_wal_lag_check_passes_when_pending_rows_are_fresh_or_none(world: WalWorl
 def test_compaction_schedule_requests_one_run_per_shard_and_keeps_reader_state(
     world: WalWorld, instance: dg.DagsterInstance
 ) -> None:
-    changes = {ds: [Change.upsert(f"k{i}", i) for i in range(3)] for ds in ("orders", "users", "items", "carts")}
+    changes = {
+        ds: [Change.upsert(f"k{i}", i) for i in range(3)] for ds in ("orders", "users", "items", "carts")
+    }
     for ds, items in changes.items():
         for change in items:
             world.producer().append(ds, [change])
@@ -241,7 +266,9 @@ def test_compaction_schedule_requests_one_run_per_shard_and_keeps_reader_state(
         assert reader.read() == (3, fold({}, items)) and reader.manifest().snapshot is not None
 
 
-def test_a_fresh_instance_learns_every_dataset_partition_even_with_nothing_pending(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_a_fresh_instance_learns_every_dataset_partition_even_with_nothing_pending(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     world.append("orders", "a", 1)
     tick_sensor("wal_sensor", defs=world.defs(), instance=instance)
 

@@ -143,14 +143,21 @@ def _start_crash_child(world: WalWorld, hang_at: str) -> subprocess.Popen:
     spec = {
         "home": str(world.home),
         "resource": {
-            "endpoint_url": world.endpoint, "region": "us-east-1", "table": world.table,
-            "bucket": world.bucket, "prefix": world.prefix, "hang_at": hang_at,
+            "endpoint_url": world.endpoint,
+            "region": "us-east-1",
+            "table": world.table,
+            "bucket": world.bucket,
+            "prefix": world.prefix,
+            "hang_at": hang_at,
         },
     }
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
         [sys.executable, "-m", "runstate_tests.wal.shell", json.dumps(spec)],
-        stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
     )
 
 
@@ -193,7 +200,9 @@ def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everyth
         assert covered == list(range(1, 11))  # every seq in exactly one blob: applied once
 
 
-def test_a_lost_run_holds_its_shard_until_run_monitoring_fails_it(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_a_lost_run_holds_its_shard_until_run_monitoring_fails_it(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     for i in range(10):
         world.append("orders", f"k{i}", i)
     _kill_when_ready(_start_crash_child(world, "after_delta_put"))
@@ -229,7 +238,9 @@ def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(
     assert len(world.blob_keys("orders")) == 1 and reader_state(world, "orders") == (1, {"a": 1})
 
 
-def test_duplicate_run_of_a_flushed_shard_writes_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_duplicate_run_of_a_flushed_shard_writes_nothing(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     for i in range(3):
         world.append("orders", f"k{i}", i)
@@ -263,7 +274,9 @@ def test_large_batch_split_1200_rows_give_three_batches_at_500_in_one_shard_run(
     assert all_applied(world, "big") and reader_state(world, "big") == (1200, fold({}, changes))
 
 
-def test_timer_drift_skipped_and_late_ticks_lose_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_timer_drift_skipped_and_late_ticks_lose_nothing(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     changes = [Change.upsert(f"k{i}", i) for i in range(9)]
     for change in changes[:3]:

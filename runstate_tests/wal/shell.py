@@ -51,7 +51,11 @@ class WalWorld:
 
     def resource(self, resource_class: type[WalResource] = WalResource, **overrides: Any) -> WalResource:
         config: dict[str, Any] = dict(
-            endpoint_url=self.endpoint, region="us-east-1", table=self.table, bucket=self.bucket, prefix=self.prefix,
+            endpoint_url=self.endpoint,
+            region="us-east-1",
+            table=self.table,
+            bucket=self.bucket,
+            prefix=self.prefix,
             **TEST_RESOURCE,
         )
         config.update(overrides)
@@ -106,7 +110,9 @@ PUT_FAILURES: dict[str, int] = {}
 def _fail_delta_put(fault_key: str, params: dict[str, Any], **_: Any) -> None:
     if "/delta/" in params.get("Key", "") and PUT_FAILURES.get(fault_key, 0) > 0:
         PUT_FAILURES[fault_key] -= 1
-        raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "injected: S3 is down"}}, "PutObject")
+        raise ClientError(
+            {"Error": {"Code": "ServiceUnavailable", "Message": "injected: S3 is down"}}, "PutObject"
+        )
 
 
 class FlakyS3WalResource(WalResource):
@@ -117,7 +123,9 @@ class FlakyS3WalResource(WalResource):
     def s3_client(self):
         client = super().s3_client()
         if not getattr(client, "_runstate_fault_hook", False):
-            client.meta.events.register("before-parameter-build.s3.PutObject", lambda **kw: _fail_delta_put(self.fault_key, **kw))
+            client.meta.events.register(
+                "before-parameter-build.s3.PutObject", lambda **kw: _fail_delta_put(self.fault_key, **kw)
+            )
             client._runstate_fault_hook = True
         return client
 

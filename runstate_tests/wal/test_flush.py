@@ -36,7 +36,13 @@ def _append(wal, dataset_id: str, count: int, start: int = 0) -> list[Change]:
 
 def _flush(wal, dataset_id: str, seqs, dynamodb=None, s3=None, **kwargs):
     return flush_batch(
-        dynamodb or wal.dynamodb, s3 or wal.s3, **wal.target(), dataset_id=dataset_id, seqs=seqs, now=NOW, **kwargs
+        dynamodb or wal.dynamodb,
+        s3 or wal.s3,
+        **wal.target(),
+        dataset_id=dataset_id,
+        seqs=seqs,
+        now=NOW,
+        **kwargs,
     )
 
 
@@ -86,7 +92,11 @@ def test_delta_encoding_is_deterministic():
     second, _ = encode_delta(list(reversed(rows)))
 
     assert first == second and count == 3
-    assert [(seq, c.op, c.key) for seq, c in decode_delta(first)] == [(1, "upsert", "a"), (1, "upsert", 7), (2, "delete", "a")]
+    assert [(seq, c.op, c.key) for seq, c in decode_delta(first)] == [
+        (1, "upsert", "a"),
+        (1, "upsert", 7),
+        (2, "delete", "a"),
+    ]
 
 
 def test_a_late_batch_finds_its_rows_applied_by_the_later_one(wal):
@@ -172,7 +182,9 @@ def test_a_tampered_row_is_named_and_nothing_is_written(wal):
         ExpressionAttributeValues={":p": {"S": '[["upsert","k1",666]]'}},
     )
 
-    with pytest.raises(WalIntegrityError, match=r"dataset 'orders': WAL row seq 2 checksum mismatch \(expected"):
+    with pytest.raises(
+        WalIntegrityError, match=r"dataset 'orders': WAL row seq 2 checksum mismatch \(expected"
+    ):
         _flush(wal, "orders", [1, 2, 3])
 
     assert object_keys(wal.s3, wal.bucket) == []
@@ -205,6 +217,7 @@ def test_both_read_paths_give_the_same_blob_and_catch_a_missing_seq(wal, monkeyp
         _flush(wal, "orders", [6])
     result = _flush(wal, "orders", [5])
 
-    assert result.blob_bytes == len(encode_delta(
-        (seq, [change]) for seq, change in enumerate(changes, start=1))[0])
+    assert result.blob_bytes == len(
+        encode_delta((seq, [change]) for seq, change in enumerate(changes, start=1))[0]
+    )
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (5, fold({}, changes))

@@ -51,8 +51,11 @@ def test_a_client_token_with_a_trailing_newline_is_refused_and_nothing_written(w
 
 
 def test_a_stream_record_of_a_dataset_id_with_a_newline_is_not_work():
-    record = {"dynamodb": {"NewImage": {"DatasetId": {"S": "orders\n"}, "SeqNo": {"N": "1"},
-                                        "StatusIdx": {"S": "Pending"}}}}
+    record = {
+        "dynamodb": {
+            "NewImage": {"DatasetId": {"S": "orders\n"}, "SeqNo": {"N": "1"}, "StatusIdx": {"S": "Pending"}}
+        }
+    }
 
     assert _pending_key(record) is None
 
@@ -108,7 +111,10 @@ def test_the_int_key_1_and_the_str_key_1_stay_apart_in_the_json_document():
     document = state_document("orders", 2, {1: "int", "1": "str", 10: "ten", 2: "two"})
 
     assert json.loads(json.dumps(document, sort_keys=True)) == {
-        "dataset": "orders", "version": 2, "state": {"1": "str"}, "int_state": {"1": "int", "2": "two", "10": "ten"},
+        "dataset": "orders",
+        "version": 2,
+        "state": {"1": "str"},
+        "int_state": {"1": "int", "2": "two", "10": "ten"},
     }
 
 
@@ -116,22 +122,50 @@ def test_the_int_key_1_and_the_str_key_1_stay_apart_in_the_json_document():
 
 HOSTILE_TEXT = st.one_of(
     st.text(max_size=12),
-    st.sampled_from(["", "\n", "orders\n", "a/b", "../x", "#token#x", "\x00", "\ud800", "a\udfffb", "x" * 70,
-                     "ok-id", "ok.id_2", "ünï", "\u202e", "a b", "a=b"]),
+    st.sampled_from(
+        [
+            "",
+            "\n",
+            "orders\n",
+            "a/b",
+            "../x",
+            "#token#x",
+            "\x00",
+            "\ud800",
+            "a\udfffb",
+            "x" * 70,
+            "ok-id",
+            "ok.id_2",
+            "ünï",
+            "\u202e",
+            "a b",
+            "a=b",
+        ]
+    ),
 )
 JSON_LEAVES = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
-    st.floats(allow_nan=True, allow_infinity=True), HOSTILE_TEXT,
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    HOSTILE_TEXT,
 )
 VALUES = st.one_of(
-    st.recursive(JSON_LEAVES, lambda children: st.lists(children, max_size=3)
-                 | st.dictionaries(st.text(max_size=5), children, max_size=3), max_leaves=12),
+    st.recursive(
+        JSON_LEAVES,
+        lambda children: (
+            st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+        ),
+        max_leaves=12,
+    ),
     st.integers(min_value=0, max_value=1200).map(nested),
     st.sets(st.integers(), max_size=2),  # not JSON at all
 )
 KEYS = st.one_of(HOSTILE_TEXT, st.integers(min_value=-(2**64), max_value=2**64), st.booleans(), st.none())
 TOKENS = st.one_of(st.none(), HOSTILE_TEXT)
-PROPERTY_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY_SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def _read_back(wal, dataset_id: str, seq: int) -> dict:
@@ -142,7 +176,9 @@ def _read_back(wal, dataset_id: str, seq: int) -> dict:
 
 @PROPERTY_SETTINGS
 @given(dataset_id=HOSTILE_TEXT, key=KEYS, value=VALUES, token=TOKENS)
-def test_the_api_either_stores_and_reads_back_or_refuses_in_one_line_writing_nothing(wal, dataset_id, key, value, token):
+def test_the_api_either_stores_and_reads_back_or_refuses_in_one_line_writing_nothing(
+    wal, dataset_id, key, value, token
+):
     before = item_count(wal.dynamodb, wal.table)
     try:
         change = Change.upsert(key, value)
@@ -187,7 +223,9 @@ def test_wal_append_either_stores_and_reads_back_or_prints_one_error_line_writin
 
     result = cli.invoke(main, args)
 
-    assert "Traceback" not in result.output and not isinstance(result.exception, (RecursionError, UnicodeError))
+    assert "Traceback" not in result.output and not isinstance(
+        result.exception, (RecursionError, UnicodeError)
+    )
     if result.exit_code != 0:
         errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1, result.output

@@ -21,8 +21,13 @@ def test_a_dataset_maps_to_the_same_shard_in_every_process():
     here = [shard_of(f"ds{i}", 8) for i in range(50)]
     code = "from runstate.wal.shards import shard_of; print([shard_of(f'ds{i}', 8) for i in range(50)])"
     # Another interpreter with another hash seed: Python's hash() would differ, sha256 does not.
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": "12345", "PATH": ""})
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    )
 
     assert str(here) == other.stdout.strip()
 
@@ -81,8 +86,12 @@ def test_one_dataset_failing_is_reported_and_the_others_are_flushed(wal):
     table, blobs = wal.owners()
     blobs.client = s3
 
-    outcomes = {o.dataset_id: o for o in flush_shard(table, blobs, [Batch(ds, (1, 2, 3)) for ds in expected],
-                                                    attempts=3, retry_delay_s=0.01)}
+    outcomes = {
+        o.dataset_id: o
+        for o in flush_shard(
+            table, blobs, [Batch(ds, (1, 2, 3)) for ds in expected], attempts=3, retry_delay_s=0.01
+        )
+    }
 
     assert not outcomes["bad"].ok and "injected" in outcomes["bad"].error and outcomes["bad"].attempts == 3
     assert faults.failed == 3
@@ -97,7 +106,10 @@ def test_a_failed_batch_stops_the_later_batches_of_its_dataset(wal):
     table, blobs = wal.owners()
 
     [outcome] = flush_shard(
-        table, blobs, [Batch("orders", (1, 2)), Batch("orders", (9,)), Batch("orders", (10,))], retry_delay_s=0.01
+        table,
+        blobs,
+        [Batch("orders", (1, 2)), Batch("orders", (9,)), Batch("orders", (10,))],
+        retry_delay_s=0.01,
     )
     [again] = flush_shard(table, blobs, [Batch("orders", (3, 4))])
 

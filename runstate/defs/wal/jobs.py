@@ -22,7 +22,9 @@ def flush_retry_policy(max_retries: int = 7, delay: float = 2.0) -> dg.RetryPoli
     """
     longest = (2**max_retries) * delay
     if longest > MAX_RETRY_WAIT_S:
-        raise ValueError(f"flush retry policy could wait {longest:.0f} s > {MAX_RETRY_WAIT_S} s before a retry")
+        raise ValueError(
+            f"flush retry policy could wait {longest:.0f} s > {MAX_RETRY_WAIT_S} s before a retry"
+        )
     return dg.RetryPolicy(
         max_retries=max_retries, delay=delay, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
     )
@@ -92,11 +94,15 @@ def shard_metadata(shard: int, outcomes: list[DatasetOutcome]) -> dict[str, obje
     }
 
 
-def build_flush_job(retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str = "flush_wal") -> dg.JobDefinition:
+def build_flush_job(
+    retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str = "flush_wal"
+) -> dg.JobDefinition:
     """The flush job; tests build one with a faster policy so a fault-then-recover run takes milliseconds."""
 
     @dg.op(name="flush_wal_shard", retry_policy=retry_policy)
-    def flush_wal_shard(context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource) -> dg.Output:
+    def flush_wal_shard(
+        context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource
+    ) -> dg.Output:
         """Flush the shard's batches: datasets in parallel, each in seq order; failures reported per dataset."""
         outcomes = flush_shard(
             wal.wal_table(),
@@ -114,7 +120,9 @@ def build_flush_job(retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str
                 # Its rows stay Pending: the next wal_sensor tick plans the dataset again.
                 context.log.error(f"dataset {outcome.dataset_id!r} not flushed: {outcome.error}")
         metadata = shard_metadata(config.shard, outcomes)
-        context.log.info(f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}")
+        context.log.info(
+            f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}"
+        )
         return dg.Output(metadata["flushed"], metadata=metadata)
 
     # One op: running it in the run worker itself saves a second process (and code-location load) per run.
@@ -143,10 +151,14 @@ def compact_wal_datasets(context: dg.OpExecutionContext, config: CompactConfig, 
         context.log.info(f"dataset {dataset_id!r}: {result}")
         if result.snapshot_key:
             metadata = {k: v for k, v in vars(result).items() if isinstance(v, (int, float, str))}
-            context.log_event(dg.AssetMaterialization(SNAPSHOTS_ASSET, partition=dataset_id, metadata=metadata))
+            context.log_event(
+                dg.AssetMaterialization(SNAPSHOTS_ASSET, partition=dataset_id, metadata=metadata)
+            )
 
 
-@dg.job(description="Compact datasets: new snapshot blobs, trim Applied WAL rows past retention, archive old blobs.")
+@dg.job(
+    description="Compact datasets: new snapshot blobs, trim Applied WAL rows past retention, archive old blobs."
+)
 def compact_wal() -> None:
     compact_wal_datasets()
 

@@ -22,35 +22,54 @@ class WalResource(dg.ConfigurableResource):
     """
 
     endpoint_url: Optional[str] = Field(
-        default=None, description="AWS endpoint (moto's server by default); empty means RUNSTATE_AWS_ENDPOINT_URL, then AWS itself."
+        default=None,
+        description="AWS endpoint (moto's server by default); empty means RUNSTATE_AWS_ENDPOINT_URL, then AWS itself.",
     )
-    region: Optional[str] = Field(default=None, description="AWS region; empty means AWS_DEFAULT_REGION or us-east-1.")
+    region: Optional[str] = Field(
+        default=None, description="AWS region; empty means AWS_DEFAULT_REGION or us-east-1."
+    )
     table: Optional[str] = Field(default=None, description="The WAL table; empty means RUNSTATE_WAL_TABLE.")
-    bucket: Optional[str] = Field(default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET.")
-    prefix: Optional[str] = Field(default=None, description="Key prefix of every blob; empty means RUNSTATE_BLOB_PREFIX.")
+    bucket: Optional[str] = Field(
+        default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET."
+    )
+    prefix: Optional[str] = Field(
+        default=None, description="Key prefix of every blob; empty means RUNSTATE_BLOB_PREFIX."
+    )
     max_batch_size: int = Field(
         default=500, gt=0, description="The most WAL rows of one dataset that go into one delta blob."
     )
     flush_shards: Optional[int] = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="Flush shards S: at most one flush run per shard at a time; empty means RUNSTATE_WAL_FLUSH_SHARDS.",
     )
     min_run_interval_s: float = Field(
-        default=15.0, ge=0,
+        default=15.0,
+        ge=0,
         description="A shard gets a new flush run at most this often: at most 2 runs per shard per 30 s timer.",
     )
     flush_workers: int = Field(default=8, gt=0, description="Datasets a shard run flushes in parallel.")
-    flush_attempts: int = Field(default=3, gt=0, description="Tries per dataset in a shard run before reporting it.")
-    flush_retry_delay_s: float = Field(default=1.0, ge=0, description="First wait between tries (doubled each time).")
+    flush_attempts: int = Field(
+        default=3, gt=0, description="Tries per dataset in a shard run before reporting it."
+    )
+    flush_retry_delay_s: float = Field(
+        default=1.0, ge=0, description="First wait between tries (doubled each time)."
+    )
     stale_run_seconds: int = Field(
         default=900,
         ge=0,
         description="A flush run still STARTED after this long is taken as lost: its batch is planned again. "
         "Also set as the run's dagster/max_runtime so run monitoring fails it at the same moment.",
     )
-    retention_days: int = Field(default=30, ge=0, description="Compaction trims Applied WAL rows older than this.")
-    aws_access_key_id: Optional[str] = Field(default=None, description="Pass as dg.EnvVar; empty uses boto3's chain.")
-    aws_secret_access_key: Optional[str] = Field(default=None, description="Pass as dg.EnvVar; empty uses boto3's chain.")
+    retention_days: int = Field(
+        default=30, ge=0, description="Compaction trims Applied WAL rows older than this."
+    )
+    aws_access_key_id: Optional[str] = Field(
+        default=None, description="Pass as dg.EnvVar; empty uses boto3's chain."
+    )
+    aws_secret_access_key: Optional[str] = Field(
+        default=None, description="Pass as dg.EnvVar; empty uses boto3's chain."
+    )
 
     _clients: dict = PrivateAttr(default_factory=dict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)

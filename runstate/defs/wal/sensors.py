@@ -57,11 +57,18 @@ class WalSensorCursor:
         if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
             return cls()
         return cls(
-            stream=data.get("stream"), ticks=int(data.get("ticks", 0)), planned_rows=int(data.get("planned_rows", 0))
+            stream=data.get("stream"),
+            ticks=int(data.get("ticks", 0)),
+            planned_rows=int(data.get("planned_rows", 0)),
         )
 
     def dump(self) -> str:
-        payload = {"v": CURSOR_VERSION, "stream": self.stream, "ticks": self.ticks, "planned_rows": self.planned_rows}
+        payload = {
+            "v": CURSOR_VERSION,
+            "stream": self.stream,
+            "ticks": self.ticks,
+            "planned_rows": self.planned_rows,
+        }
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
@@ -79,7 +86,9 @@ def _is_dead(record: Any, stale_run_seconds: float, now: float) -> bool:
     if status in DEAD_STATUSES:
         return True
     started = record.start_time
-    return status == dg.DagsterRunStatus.STARTED and started is not None and now - started >= stale_run_seconds
+    return (
+        status == dg.DagsterRunStatus.STARTED and started is not None and now - started >= stale_run_seconds
+    )
 
 
 def _count(records: list[Any], stale_run_seconds: float, now: float) -> BatchRuns:
@@ -88,7 +97,9 @@ def _count(records: list[Any], stale_run_seconds: float, now: float) -> BatchRun
     return BatchRuns(dead=dead, alive=len(records) - dead - succeeded, succeeded=succeeded)
 
 
-def batch_runs(instance: dg.DagsterInstance, plan_key: str, stale_run_seconds: float, now: float) -> BatchRuns:
+def batch_runs(
+    instance: dg.DagsterInstance, plan_key: str, stale_run_seconds: float, now: float
+) -> BatchRuns:
     records = instance.get_run_records(filters=dg.RunsFilter(tags={BATCH_TAG: plan_key}))
     return _count(list(records), stale_run_seconds, now)
 
@@ -100,9 +111,11 @@ class ShardRuns:
 
 
 def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: float, now: float) -> ShardRuns:
-    records = list(instance.get_run_records(
-        filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={SHARD_TAG: str(shard)}), limit=RECENT_SHARD_RUNS
-    ))
+    records = list(
+        instance.get_run_records(
+            filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={SHARD_TAG: str(shard)}), limit=RECENT_SHARD_RUNS
+        )
+    )
     last = records[0].create_timestamp.timestamp() if records else None
     return ShardRuns(alive=_count(records, stale_run_seconds, now).alive > 0, last_requested=last)
 
@@ -132,8 +145,10 @@ class TickPlan:
     @property
     def skip_reason(self) -> str:
         if self.held or self.waiting:
-            return (f"{self.held} shard(s) already have a running flush, "
-                    f"{self.waiting} shard(s) flushed less than the run interval ago")
+            return (
+                f"{self.held} shard(s) already have a running flush, "
+                f"{self.waiting} shard(s) flushed less than the run interval ago"
+            )
         return "no pending WAL rows"
 
 
@@ -181,7 +196,9 @@ def evaluate_wal_tick(
 )
 def wal_sensor(context: dg.SensorEvaluationContext, wal: WalResource) -> dg.SensorResult:
     plan = evaluate_wal_tick(context.instance, WalSensorCursor.parse(context.cursor), wal)
-    partition_requests = [datasets_partitions.build_add_request(plan.new_datasets)] if plan.new_datasets else []
+    partition_requests = (
+        [datasets_partitions.build_add_request(plan.new_datasets)] if plan.new_datasets else []
+    )
     return dg.SensorResult(
         run_requests=plan.requests,
         skip_reason=None if plan.requests else plan.skip_reason,
