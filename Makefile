@@ -13,7 +13,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev,bench]'
 	touch $@
 
 system-deps:

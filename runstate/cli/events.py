@@ -1,127 +1,36 @@
-"""`runstate events append|show|project|resume|archive|migrate`: the run state store from the shell.
+"""`runstate events append|show|tail|project|resume|archive|restore|migrate`: the run state store
+from the shell.
 
-The store comes from the same Dagster resource the jobs use (backend from RUNSTATE_EVENTSTORE).
-Bad input ends with a one-line error naming the thing and a non-zero exit code, never a traceback.
+The verbs build the core store straight from the settings (no Dagster import: they answer in well
+under two seconds). Bad input and store errors are EventStoreErrors, which the CLI's one error
+mapper prints as a single line with exit code 1.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import click
 
-EVENT_FIELDS = (
-    "event_type",
-    "step_id",
-    "data",
-    "emitted_at",
-    "logical_attempt_id",
-    "engine_attempt_id",
-    "plan_version",
-    "idempotency_key",
-    "event_id",
-    "caused_by_signal_id",
-    "parent_event_id",
-    "adapter_version",
-    "engine_run_ref",
+from runstate.cli.events_io import (
+    DEFAULT_ARCHIVE_AFTER_DAYS,
+    event_to_json,
+    format_table,
+    load_json,
+    open_store,
+    parse_time,
+    read_jsonl,
+    short_json,
+    validate_all,
 )
-
-
-def friendly_errors(command: Callable) -> Callable:
-    """Turn the core's input and store errors into click errors: message, exit code 1, no traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from runstate.eventstore import EventStoreError, InvalidEvent
-
-        try:
-            return command(*args, **kwargs)
-        except InvalidEvent as exc:
-            raise click.ClickException(f"invalid event, nothing written: {exc}") from None
-        except (EventStoreError, ValueError, OSError) as exc:
-            raise click.ClickException(str(exc)) from None
-        except Exception as exc:  # driver errors (psycopg, snowflake): say what failed, not a traceback
-            if type(exc).__module__.split(".")[0] in ("psycopg", "snowflake"):
-                raise click.ClickException(f"{type(exc).__name__}: {exc}".strip()) from None
-            raise
-
-    return wrapper
-
-
-@contextmanager
-def open_store(backend: str | None = None) -> Iterator[Any]:
-    """The configured store, opened through the event_store resource and closed afterwards."""
-    from runstate.config import settings
-    from runstate.defs.eventstore.resources import event_store_resource
-
-    resource = event_store_resource(settings())
-    try:
-        yield resource.get_store(backend)
-    finally:
-        resource.close()
-
-
-def parse_time(value: str | None, run_id: str, index: int | None = None) -> datetime:
-    from runstate.eventstore import InvalidEvent
-
-    if value is None:
-        return datetime.now(timezone.utc)
-    try:
-        return datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise InvalidEvent("emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index) from None
-
-
-def event_from_mapping(doc: Any, default_run_id: str | None, where: str) -> Any:
-    """A NewEvent from one JSON object (a JSONL line); unknown keys are an error, not silently dropped."""
-    from runstate.eventstore import NewEvent
-
-    if not isinstance(doc, dict):
-        raise click.ClickException(f"{where}: expected a JSON object, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(EVENT_FIELDS) - {"run_id"})
-    if unknown:
-        raise click.ClickException(f"{where}: unknown field(s) {', '.join(unknown)}")
-    run_id = doc.get("run_id", default_run_id)
-    if not run_id:
-        raise click.ClickException(f"{where}: no run_id (give --run-id or a run_id field)")
-    if "event_type" not in doc:
-        raise click.ClickException(f"{where}: missing field 'event_type'")
-    fields = {key: doc[key] for key in EVENT_FIELDS if key in doc}
-    fields["emitted_at"] = parse_time(doc.get("emitted_at"), run_id)
-    return NewEvent(run_id=run_id, **fields)
-
-
-def read_jsonl(path: Path, default_run_id: str | None) -> list[Any]:
-    events = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise click.ClickException(f"{path}:{number}: not JSON ({exc.msg})") from None
-        events.append(event_from_mapping(doc, default_run_id, f"{path}:{number}"))
-    return events
-
-
-def parse_data(value: str | None) -> Any:
-    if value is None:
-        return None
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise click.ClickException(f"--data is not JSON ({exc.msg} at column {exc.colno})") from None
 
 
 @click.group()
 def events() -> None:
-    """The run state store: append, inspect, project, resume, archive and migrate run events."""
+    """The run state store: append, inspect, follow, project, resume, archive and migrate run events."""
 
 
 @events.command()
@@ -132,12 +41,16 @@ def events() -> None:
 @click.option("--emitted-at", help="ISO 8601 timestamp with a UTC offset (default: now).")
 @click.option("--attempt", "logical_attempt_id", help="Logical attempt id.")
 @click.option(
+    "--expected-last-seq",
+    type=click.IntRange(min=0),
+    help="Optimistic concurrency: refuse unless the run is at this seq (one run only).",
+)
+@click.option(
     "--file",
     "jsonl",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="JSONL file of events (one JSON object per line); each run's events are appended as one batch.",
 )
-@friendly_errors
 def append(
     run_id: str | None,
     event_type: str | None,
@@ -145,9 +58,12 @@ def append(
     data: str | None,
     emitted_at: str | None,
     logical_attempt_id: str | None,
+    expected_last_seq: int | None,
     jsonl: Path | None,
 ) -> None:
-    """Append one event (--run-id --type ...) and/or a JSONL file of events."""
+    """Append one event (--run-id --type ...) and/or a JSONL file of events.
+
+    The whole input is validated before the first write: one bad event anywhere writes nothing."""
     from runstate.eventstore import NewEvent
 
     batch: list[Any] = []
@@ -159,7 +75,7 @@ def append(
                 run_id=run_id,
                 event_type=event_type,
                 emitted_at=parse_time(emitted_at, run_id),
-                data=parse_data(data),
+                data=load_json(data, "--data"),
                 step_id=step_id,
                 logical_attempt_id=logical_attempt_id,
             )
@@ -173,12 +89,29 @@ def append(
     by_run: dict[str, list[Any]] = {}
     for event in batch:
         by_run.setdefault(event.run_id, []).append(event)
+    if expected_last_seq is not None and len(by_run) > 1:
+        raise click.UsageError("--expected-last-seq applies to one run; the input names several")
+    validate_all(by_run)
     with open_store() as store:
-        for rid, run_events in by_run.items():
-            results = store.append_batch(rid, run_events)
-            for event, result in zip(run_events, results):
-                state = "duplicate" if result.idempotent else "appended"
-                click.echo(f"{rid}  seq {result.run_seq:>6}  {event.event_type:<16} {state}")
+        append_runs(store, by_run, expected_last_seq)
+
+
+def append_runs(store: Any, by_run: dict[str, list[Any]], expected_last_seq: int | None) -> None:
+    from runstate.eventstore import EventStoreError
+
+    done: list[str] = []
+    for rid, run_events in by_run.items():
+        try:
+            results = store.append_batch(rid, run_events, expected_last_seq=expected_last_seq)
+        except EventStoreError as exc:
+            if not done:
+                raise
+            # Earlier runs committed: say which, so the message is true (a rerun is safe: idempotent).
+            raise EventStoreError(f"{exc} (runs already appended: {', '.join(map(repr, done))})") from exc
+        done.append(rid)
+        for event, result in zip(run_events, results):
+            state = "duplicate" if result.idempotent else "appended"
+            click.echo(f"{rid}  seq {result.run_seq:>6}  {event.event_type:<16} {state}")
 
 
 @events.command()
@@ -186,9 +119,11 @@ def append(
 @click.option("--after", "after_seq", default=0, show_default=True, help="Show events after this run_seq.")
 @click.option("--limit", default=100, show_default=True, help="At most this many events.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event instead of a table.")
-@friendly_errors
 def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
-    """Print a run's events as a table."""
+    """Print a run's events as a table (archived runs too)."""
+    from runstate.eventstore.validation import check_run_id
+
+    check_run_id(run_id)
     with open_store() as store:
         stored = store.fetch(run_id, after_seq=after_seq, limit=limit)
     if not stored:
@@ -199,43 +134,79 @@ def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
             click.echo(json.dumps(event_to_json(event), sort_keys=True))
         return
     rows = [
-        (str(e.run_seq), e.event_type, e.step_id or "", e.emitted_at.isoformat(timespec="seconds"), short_json(e.data))
+        (
+            str(e.run_seq),
+            e.event_type,
+            e.step_id or "",
+            e.emitted_at.isoformat(timespec="seconds"),
+            short_json(e.data),
+        )
         for e in stored
     ]
     click.echo(format_table(("SEQ", "TYPE", "STEP", "EMITTED_AT", "DATA"), rows))
 
 
-def event_to_json(event: Any) -> dict[str, Any]:
-    doc = {name: getattr(event, name) for name in event.__dataclass_fields__}
-    return {key: value.isoformat() if isinstance(value, datetime) else value for key, value in doc.items()}
-
-
-def short_json(value: Any, width: int = 60) -> str:
-    if value is None:
-        return ""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def format_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in (header, *rows)]
-    return "\n".join(lines)
+@events.command()
+@click.option(
+    "--after",
+    "after_position",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Start after this feed position.",
+)
+@click.option("--follow", is_flag=True, help="Keep waiting for new events (Ctrl-C to stop).")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Without --follow: at most this many events.",
+)
+@click.option(
+    "--poll-seconds",
+    type=click.FloatRange(min=0.05),
+    default=1.0,
+    show_default=True,
+    help="With --follow: the longest wait between reads (notifications wake it sooner).",
+)
+def tail(after_position: int, follow: bool, limit: int, poll_seconds: float) -> None:
+    """Print the global feed: every run's events in commit order, one JSON object per line."""
+    with open_store() as store:
+        events_out = (
+            store.subscribe(after_position, poll_seconds=poll_seconds)
+            if follow
+            else store.fetch_all(after_position, limit)
+        )
+        try:
+            for event in events_out:
+                click.echo(json.dumps(event_to_json(event), sort_keys=True))
+        except KeyboardInterrupt:
+            pass
 
 
 @events.command()
 @click.argument("run_id", required=False)
-@click.option("--all", "all_runs", is_flag=True, help="Every run with new events (with --rebuild: every run).")
+@click.option(
+    "--all", "all_runs", is_flag=True, help="Every run with new events (with --rebuild: every run)."
+)
 @click.option("--rebuild", is_flag=True, help="Fold from scratch instead of from the stored watermark.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and scripts).")
-@friendly_errors
 def project(run_id: str | None, all_runs: bool, rebuild: bool, no_progress: bool) -> None:
-    """Project a run's snapshot and print it as JSON; with --all, backfill run_snapshots."""
+    """Project a run's snapshot and print it as JSON; with --all, backfill run_snapshots.
+
+    A run that cannot be projected is reported on stderr and the backfill carries on; the exit code
+    is then 1."""
     if bool(run_id) == all_runs:
         raise click.UsageError("give a RUN_ID or --all")
     with open_store() as store:
         if all_runs:
-            click.echo(json.dumps(_project_all(store, rebuild, no_progress), sort_keys=True))
+            totals, failed = _project_all(store, rebuild, no_progress)
+            click.echo(json.dumps(totals, sort_keys=True))
+            for failed_run, error in failed:
+                click.echo(f"run {failed_run!r}: not projected: {error}", err=True)
+            if failed:
+                raise click.exceptions.Exit(1)
             return
         snapshot = store.rebuild(run_id) if rebuild else store.project(run_id)
     click.echo(json.dumps({**snapshot.to_dict(), "version": snapshot.version}, indent=2, sort_keys=True))
@@ -248,66 +219,85 @@ def _all_run_ids(store: Any, page: int = 1000) -> Iterator[str]:
         after = run_ids[-1]
 
 
-def _project_all(store: Any, rebuild: bool, no_progress: bool) -> dict[str, int]:
+def _project_all(
+    store: Any, rebuild: bool, no_progress: bool
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
     from tqdm import tqdm
 
     run_ids = list(_all_run_ids(store)) if rebuild else store.stale_runs(limit=1_000_000)
     totals = {"runs_projected": 0, "runs_changed": 0, "events_applied": 0}
-    with tqdm(run_ids, unit="run", desc="rebuild" if rebuild else "project", disable=no_progress, file=sys.stderr) as bar:
+    failed: list[tuple[str, str]] = []
+    desc = "rebuild" if rebuild else "project"
+    with tqdm(run_ids, unit="run", desc=desc, disable=no_progress, file=sys.stderr) as bar:
         for run_id in bar:
             report = store.project_runs([run_id], rebuild=rebuild)
             totals["runs_projected"] += report.runs_projected
             totals["runs_changed"] += report.runs_changed
             totals["events_applied"] += report.events_applied
-    return totals
+            failed.extend(report.failed)
+    if failed:
+        totals["runs_failed"] = len(failed)
+    return totals, failed
 
 
 @events.command()
 @click.argument("run_id")
-@friendly_errors
 def resume(run_id: str) -> None:
     """Show where a run resumes from: the latest valid snapshot and the events after it."""
     with open_store() as store:
         point = store.resume(run_id)
-    click.echo(f"run {run_id!r}: snapshot at seq {point.snapshot_seq} ({point.kind}), {len(point.events)} event(s) to replay")
+    click.echo(
+        f"run {run_id!r}: snapshot at seq {point.snapshot_seq} ({point.kind}), "
+        f"{len(point.events)} event(s) to replay"
+    )
     if point.fallbacks:
         click.echo(f"warning: {point.fallbacks} corrupt snapshot(s) skipped", err=True)
     if point.events:
         click.echo(f"replay seqs {point.events[0].run_seq}..{point.events[-1].run_seq}")
     if point.kind in ("projection", "none"):
         summary = point.run_snapshot(run_id)
-        click.echo(f"status {summary.status}, {len(summary.steps)} step(s), last seq {summary.last_event_seq}")
+        click.echo(
+            f"status {summary.status}, {len(summary.steps)} step(s), last seq {summary.last_event_seq}"
+        )
 
 
 @events.command()
-@click.option("--older-than-days", type=click.IntRange(min=0), required=True, help="Archive runs completed before.")
-@friendly_errors
+@click.option(
+    "--older-than-days",
+    type=click.IntRange(min=0),
+    default=DEFAULT_ARCHIVE_AFTER_DAYS,
+    show_default=True,
+    help="Archive runs completed before.",
+)
 def archive(older_than_days: int) -> None:
-    """Move the events of completed runs older than N days to the archive table."""
+    """Move the events of completed runs older than N days to the archive table (still readable)."""
     with open_store() as store:
         moved = store.archive(older_than_days)
     click.echo(f"archived {moved} event(s) of runs completed more than {older_than_days} day(s) ago")
 
 
 @events.command()
+@click.argument("run_id")
+def restore(run_id: str) -> None:
+    """Move an archived run's events back to the live table."""
+    with open_store() as store:
+        moved = store.restore(run_id)
+    click.echo(f"run {run_id!r}: restored {moved} event(s)" if moved else f"run {run_id!r}: nothing archived")
+
+
+@events.command()
 @click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs).")
-@friendly_errors
 def migrate(batch_size: int, no_progress: bool) -> None:
-    """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and checksums."""
+    """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and
+    checksums."""
     from tqdm import tqdm
 
-    from runstate.config import settings
-    from runstate.defs.eventstore.resources import event_store_resource
     from runstate.eventstore import migrate_events
 
-    resource = event_store_resource(settings())
-    try:
-        source, target = resource.get_store("postgres"), resource.get_store("snowflake")
+    with open_store("postgres") as source, open_store("snowflake") as target:
         with tqdm(unit="event", desc="migrate", disable=no_progress) as bar:
             report = migrate_events(source, target, batch_size=batch_size, progress=bar.update)
-    finally:
-        resource.close()
     click.echo(
         f"runs {report.runs}, events read {report.events_read}, written {report.events_written}, "
         f"already there {report.events_skipped}, verified {'yes' if report.verified else 'NO'}"

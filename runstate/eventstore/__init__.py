@@ -1,10 +1,11 @@
 """Run state store: an append-only, idempotent event log of workflow runs (core, no dagster).
 
-    from runstate.eventstore import PostgresEventStore, NewEvent, EventType
+from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
+    DEFAULT_ARCHIVE_AFTER_DAYS,
     DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
     AppendResult,
@@ -16,23 +17,28 @@ from runstate.eventstore.contract import (
     MigrationReport,
     NewEvent,
     ProjectionReport,
-    Resume,
     RunSnapshot,
     SnapshotCorrupt,
     StepState,
     StoredEvent,
     idempotency_key,
-    validate_batch,
-    validate_event,
 )
 from runstate.eventstore.migrate import migrate_events, verify_migration
 from runstate.eventstore.postgres import PostgresEventStore
 from runstate.eventstore.projection import fold
+from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
 from runstate.eventstore.snowflake import SnowflakeEventStore
+from runstate.eventstore.validation import (
+    MAX_JSON_DEPTH,
+    ValidEvent,
+    validate_batch,
+    validate_event,
+)
 
 __all__ = [
     "CANONICAL_EVENT_TYPES",
+    "DEFAULT_ARCHIVE_AFTER_DAYS",
     "DEFAULT_MAX_EVENT_BYTES",
     "TERMINAL_EVENT_TYPES",
     "AppendResult",
@@ -41,6 +47,7 @@ __all__ = [
     "EventStoreError",
     "EventType",
     "InvalidEvent",
+    "MAX_JSON_DEPTH",
     "MigrationReport",
     "NewEvent",
     "PostgresEventStore",
@@ -53,6 +60,7 @@ __all__ = [
     "SnowflakeEventStore",
     "StepState",
     "StoredEvent",
+    "ValidEvent",
     "fold",
     "idempotency_key",
     "migrate_events",

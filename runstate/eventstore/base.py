@@ -1,33 +1,39 @@
 """_EventStoreBase: the backend-independent parts shared by PostgresEventStore and SnowflakeEventStore.
 
-A subclass supplies the storage specifics this class calls: `_run(what, work)` (a retried
-transaction), `_fetch(conn, run_id, after_seq, limit, upto)`, `_stored_projection(conn, run_id)`,
-`_save_projection(conn, run_id, snap, stored)`, `append_batch`, `_project`, `_rebuild` and `close`.
+A subclass supplies the storage specifics, declared below as abstract methods: a retried
+transaction (`_run`), the reads the projection needs, the append itself and `close`.
 """
 
 from __future__ import annotations
 
-import queue
+import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from runstate.eventstore.contract import (
     AppendResult,
+    ConcurrencyConflict,
     EventStoreError,
     InvalidEvent,
     NewEvent,
     ProjectionReport,
-    Resume,
     RunSnapshot,
     StoredEvent,
-    ValidEvent,
-    validate_batch,
 )
 from runstate.eventstore.projection import fold
-from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy, canonical_json
+from runstate.eventstore.resume import Resume
+from runstate.eventstore.snapshots import (
+    SnapshotMetrics,
+    SnapshotPolicy,
+    canonical_json,
+)
+from runstate.eventstore.validation import ValidEvent, validate_batch
+
+log = logging.getLogger("runstate.eventstore")
 
 _PAGE = 10_000
 _RECENT_RUNS = 4096
@@ -35,9 +41,9 @@ _RECENT_RUNS = 4096
 _S = TypeVar("_S", bound="_EventStoreBase")
 
 
-class _EventStoreBase:
-    """Snapshot policy and metrics, the connection pool's slots, the recent-projection cache, and
-    the parts of append/projection/resume/archive/import that do not touch SQL."""
+class _EventStoreBase(ABC):
+    """Snapshot policy and metrics, the recent-projection cache, and the parts of
+    append/projection/resume/archive/import that do not touch SQL."""
 
     max_event_bytes: int
     policy: SnapshotPolicy
@@ -49,16 +55,52 @@ class _EventStoreBase:
     ) -> None:
         self.max_event_bytes = int(max_event_bytes)
         self.policy = SnapshotPolicy(
-            interval=int(snapshot_interval), keep=int(keep_snapshots),
-            warn_bytes=large_snapshot_bytes, compress_over=large_snapshot_bytes,
+            interval=int(snapshot_interval),
+            keep=int(keep_snapshots),
+            warn_bytes=large_snapshot_bytes,
+            compress_over=large_snapshot_bytes,
         )
         self.snapshot_interval = self.policy.interval
         self.metrics = SnapshotMetrics()
 
-    def _init_pool(self, pool_size: int) -> None:
-        self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
-        self._closed = False
+    # -- the storage hooks ---------------------------------------------------------------------
+
+    @abstractmethod
+    def _run(self, what: str, work: Callable[[Any], Any], *, transactional: bool = True) -> Any:
+        """Run `work(conn)` (in one transaction when transactional), retrying races; driver errors
+        leave as EventStoreError."""
+
+    @abstractmethod
+    def _fetch(
+        self, conn: Any, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> list[StoredEvent]:
+        """A page of the run's events (live and archived) with after_seq < run_seq <= upto."""
+
+    @abstractmethod
+    def _stored_projection(self, conn: Any, run_id: str) -> RunSnapshot | None: ...
+
+    @abstractmethod
+    def _save_projection(self, conn: Any, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None) -> bool:
+        """Compare-and-set on version; False when another projector won."""
+
+    @abstractmethod
+    def append_batch(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        state: Any = None,
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[AppendResult]: ...
+
+    @abstractmethod
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
+
+    @abstractmethod
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
 
     def _init_recent(self) -> None:
         # The last projection snapshot this store committed per run: the next interval snapshot
@@ -87,16 +129,40 @@ class _EventStoreBase:
 
     # -- append -------------------------------------------------------------------------------
 
-    def append(self, event: NewEvent) -> AppendResult:
+    def append(self, event: NewEvent, *, expected_last_seq: int | None = None) -> AppendResult:
         if not isinstance(event, NewEvent):
             raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
-        return self.append_batch(event.run_id, [event])[0]
+        return self.append_batch(event.run_id, [event], expected_last_seq=expected_last_seq)[0]
 
-    def _validate_append(self, run_id: str, events: Sequence[NewEvent], state: Any) -> list[ValidEvent]:
+    def _validate_append(
+        self, run_id: str, events: Sequence[NewEvent], state: Any, expected_last_seq: int | None
+    ) -> list[ValidEvent]:
         valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
         if state is not None:
             canonical_json(run_id, state)  # bad state is bad input: reject before any write
+        if expected_last_seq is not None and (
+            not isinstance(expected_last_seq, int)
+            or isinstance(expected_last_seq, bool)
+            or expected_last_seq < 0
+        ):
+            raise InvalidEvent(
+                "expected_last_seq",
+                f"must be a non-negative integer, got {expected_last_seq!r}",
+                run_id=run_id,
+            )
         return valid
+
+    @staticmethod
+    def _check_expected(
+        run_id: str, valid: list[ValidEvent], known: dict[str, int], last_seq: int, expected: int | None
+    ) -> None:
+        """Optimistic concurrency: the run must be at `expected`, unless every event is already stored
+        (a pure retry of an append that won, which then returns the stored results)."""
+        if expected is None or last_seq == expected:
+            return
+        if all(event.idempotency_key in known for event in valid):
+            return
+        raise ConcurrencyConflict.stale(run_id, expected, last_seq)
 
     @staticmethod
     def _assign_seqs(
@@ -119,7 +185,9 @@ class _EventStoreBase:
 
     # -- reads --------------------------------------------------------------------------------
 
-    def _fetch_all(self, conn: Any, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
+    def _fetch_run(
+        self, conn: Any, run_id: str, after_seq: int, upto: int | None = None
+    ) -> list[StoredEvent]:
         events: list[StoredEvent] = []
         while True:
             page = self._fetch(conn, run_id, after_seq, _PAGE, upto)
@@ -139,18 +207,27 @@ class _EventStoreBase:
         return self._rebuild(run_id)[0]
 
     def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport:
-        """project (or rebuild) each run; counts for the Dagster asset's metadata."""
+        """project (or rebuild) each run; counts for the Dagster asset's metadata. A run that cannot
+        be projected (an unreadable event, say) is reported in `failed` and the others carry on."""
         runs = changed = applied = 0
+        failed: list[tuple[str, str]] = []
         for run_id in run_ids:
-            _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
+            try:
+                _, moved, folded = self._rebuild(run_id) if rebuild else self._project(run_id)
+            except EventStoreError as exc:
+                log.warning("run %r: projection failed, skipped: %s", run_id, exc)
+                failed.append((run_id, str(exc)))
+                continue
             runs, changed, applied = runs + 1, changed + moved, applied + folded
-        return ProjectionReport(runs_projected=runs, runs_changed=changed, events_applied=applied)
+        return ProjectionReport(
+            runs_projected=runs, runs_changed=changed, events_applied=applied, failed=tuple(failed)
+        )
 
     def _project_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
         """One optimistic projection attempt; None when another projector moved the version."""
         stored = self._stored_projection(conn, run_id)
         base = stored or RunSnapshot.empty(run_id)
-        events = self._fetch_all(conn, run_id, base.last_event_seq)
+        events = self._fetch_run(conn, run_id, base.last_event_seq)
         if not events:
             return base, False, 0
         updated = fold(base, events)
@@ -161,7 +238,7 @@ class _EventStoreBase:
     def _rebuild_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
         """One optimistic rebuild attempt; None when another projector moved the version."""
         stored = self._stored_projection(conn, run_id)
-        events = self._fetch_all(conn, run_id, 0)
+        events = self._fetch_run(conn, run_id, 0)
         fresh = fold(RunSnapshot.empty(run_id), events)
         if fresh.last_event_seq == 0 and stored is None:
             return fresh, False, 0
@@ -183,10 +260,10 @@ class _EventStoreBase:
     @staticmethod
     def _archive_cutoff(older_than_days: int, now: datetime | None) -> datetime:
         if not isinstance(older_than_days, int) or older_than_days < 0:
-            raise ValueError(f"older_than_days must be a non-negative integer, got {older_than_days!r}")
+            raise InvalidEvent("older_than_days", f"must be a non-negative integer, got {older_than_days!r}")
         now = now or datetime.now(timezone.utc)
         if now.tzinfo is None:
-            raise ValueError("now must be timezone-aware")
+            raise InvalidEvent("now", "must be timezone-aware")
         return now - timedelta(days=older_than_days)
 
     def _archive_chunks(self, chunk: Callable[[Any], tuple[int, int]], batch_runs: int) -> int:
@@ -216,7 +293,8 @@ class _EventStoreBase:
             if event.idempotency_key in keys:
                 if keys[event.idempotency_key] != seq:
                     raise EventStoreError(
-                        f"run {run_id!r}: idempotency key {event.idempotency_key[:12]}.. is stored at run_seq "
+                        f"run {run_id!r}: idempotency key"
+                        f" {event.idempotency_key[:12]}.. is stored at run_seq "
                         f"{keys[event.idempotency_key]}, the import has it at {seq}"
                     )
                 continue

@@ -1,4 +1,4 @@
-"""Copy run events from one store to another (seed 000 section 8: Postgres -> Snowflake).
+"""Copy run events from one store to another (Postgres -> Snowflake).
 
 Resumable and idempotent: per run, copying restarts after the target's highest run_seq, each batch
 goes through `target.import_events` (which keeps run_seq, skips keys already present and is atomic
@@ -46,14 +46,22 @@ def migrate_events(
                 progress(len(batch))
         mismatches.extend(verify_run(source, target, run_id))
     report = MigrationReport(
-        runs=runs, events_read=read, events_written=written, events_skipped=read - written,
-        verified=not mismatches, mismatches=mismatches,
+        runs=runs,
+        events_read=read,
+        events_written=written,
+        events_skipped=read - written,
+        verified=not mismatches,
+        mismatches=mismatches,
     )
-    log.info("migrated %d runs: %d events read, %d written, verified=%s", runs, read, written, report.verified)
+    log.info(
+        "migrated %d runs: %d events read, %d written, verified=%s", runs, read, written, report.verified
+    )
     return report
 
 
-def verify_migration(source: EventStore, target: EventStore, run_ids: Iterable[str] | None = None) -> list[str]:
+def verify_migration(
+    source: EventStore, target: EventStore, run_ids: Iterable[str] | None = None
+) -> list[str]:
     """Every mismatch between the two stores, per run (empty when they agree)."""
     problems: list[str] = []
     for run_id in run_ids if run_ids is not None else iter_run_ids(source):
@@ -103,12 +111,28 @@ def iter_run_ids(store: EventStore, page: int = 1000) -> Iterator[str]:
 
 def _canonical(event: StoredEvent) -> bytes:
     # Everything the event says, in a backend-neutral form (UTC instants, sorted-key JSON).
-    return json.dumps(
-        [
-            event.run_id, event.run_seq, event.event_id, event.event_type, event.idempotency_key, event.step_id,
-            event.engine_attempt_id, event.logical_attempt_id, event.plan_version, event.caused_by_signal_id,
-            event.parent_event_id, event.adapter_version, event.emitted_at.astimezone(timezone.utc).isoformat(),
-            event.data, event.engine_run_ref,
-        ],
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-    ).encode("utf-8") + b"\n"
+    return (
+        json.dumps(
+            [
+                event.run_id,
+                event.run_seq,
+                event.event_id,
+                event.event_type,
+                event.idempotency_key,
+                event.step_id,
+                event.engine_attempt_id,
+                event.logical_attempt_id,
+                event.plan_version,
+                event.caused_by_signal_id,
+                event.parent_event_id,
+                event.adapter_version,
+                event.emitted_at.astimezone(timezone.utc).isoformat(),
+                event.data,
+                event.engine_run_ref,
+            ],
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode("utf-8")
+        + b"\n"
+    )

@@ -79,7 +79,11 @@ def _run_started(s: _Mutable, e: StoredEvent) -> None:
 def _step_started(s: _Mutable, e: StoredEvent) -> None:
     previous = s.step(e.step_id)
     s.steps[e.step_id or ""] = StepState(
-        status="RUNNING", attempts=previous.attempts + 1, started_at=_utc(e.emitted_at), completed_at=None, error=None
+        status="RUNNING",
+        attempts=previous.attempts + 1,
+        started_at=_utc(e.emitted_at),
+        completed_at=None,
+        error=None,
     )
     if s.status == "PENDING":
         s.set_run_status("RUNNING")
@@ -88,14 +92,21 @@ def _step_started(s: _Mutable, e: StoredEvent) -> None:
 def _step_completed(s: _Mutable, e: StoredEvent) -> None:
     previous = s.step(e.step_id)
     s.steps[e.step_id or ""] = replace(
-        previous, status="SUCCESS", attempts=max(previous.attempts, 1), completed_at=_utc(e.emitted_at), error=None
+        previous,
+        status="SUCCESS",
+        attempts=max(previous.attempts, 1),
+        completed_at=_utc(e.emitted_at),
+        error=None,
     )
 
 
 def _step_failed(s: _Mutable, e: StoredEvent) -> None:
     previous = s.step(e.step_id)
     s.steps[e.step_id or ""] = replace(
-        previous, status="FAILED", attempts=max(previous.attempts, 1), completed_at=_utc(e.emitted_at),
+        previous,
+        status="FAILED",
+        attempts=max(previous.attempts, 1),
+        completed_at=_utc(e.emitted_at),
         error=_error_of(e.data),
     )
 
@@ -103,7 +114,9 @@ def _step_failed(s: _Mutable, e: StoredEvent) -> None:
 def _step_retrying(s: _Mutable, e: StoredEvent) -> None:
     previous = s.step(e.step_id)
     error = _error_of(e.data) if e.data is not None else previous.error
-    s.steps[e.step_id or ""] = replace(previous, status="RETRYING", attempts=max(previous.attempts, 1), error=error)
+    s.steps[e.step_id or ""] = replace(
+        previous, status="RETRYING", attempts=max(previous.attempts, 1), error=error
+    )
 
 
 def _signal_waiting(s: _Mutable, e: StoredEvent) -> None:

@@ -6,37 +6,61 @@ import json
 from datetime import datetime
 from typing import Sequence
 
-from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent, ValidEvent, validate_batch
+from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent
+from runstate.eventstore.validation import ValidEvent, validate_batch
 
 
 def as_stored(run_id: str, seq: int, event: ValidEvent, persisted_at: datetime) -> StoredEvent:
     return StoredEvent(
-        run_id=run_id, run_seq=seq, event_type=event.event_type, emitted_at=event.emitted_at,
-        persisted_at=persisted_at, idempotency_key=event.idempotency_key, event_id=event.event_id,
-        data=json.loads(event.data_json) if event.data_json is not None else None, step_id=event.step_id,
-        engine_attempt_id=event.engine_attempt_id, logical_attempt_id=event.logical_attempt_id,
-        plan_version=event.plan_version, caused_by_signal_id=event.caused_by_signal_id,
-        parent_event_id=event.parent_event_id, adapter_version=event.adapter_version,
-        engine_run_ref=json.loads(event.engine_run_ref_json) if event.engine_run_ref_json is not None else None,
+        run_id=run_id,
+        run_seq=seq,
+        event_type=event.event_type,
+        emitted_at=event.emitted_at,
+        persisted_at=persisted_at,
+        idempotency_key=event.idempotency_key,
+        event_id=event.event_id,
+        data=json.loads(event.data_json) if event.data_json is not None else None,
+        step_id=event.step_id,
+        engine_attempt_id=event.engine_attempt_id,
+        logical_attempt_id=event.logical_attempt_id,
+        plan_version=event.plan_version,
+        caused_by_signal_id=event.caused_by_signal_id,
+        parent_event_id=event.parent_event_id,
+        adapter_version=event.adapter_version,
+        engine_run_ref=json.loads(event.engine_run_ref_json)
+        if event.engine_run_ref_json is not None
+        else None,
     )
 
 
-def validate_imported(run_id: str, events: Sequence[StoredEvent], max_bytes: int) -> list[tuple[int, ValidEvent]]:
+def validate_imported(
+    run_id: str, events: Sequence[StoredEvent], max_bytes: int
+) -> list[tuple[int, ValidEvent]]:
     """Stored events from another store pass the same edge validation as new ones."""
     as_new = [stored_to_new(e) for e in events]
     valid = validate_batch(run_id, as_new, max_event_bytes=max_bytes)
     for index, event in enumerate(events):
         if not isinstance(event.run_seq, int) or event.run_seq < 1:
-            raise InvalidEvent("run_seq", f"must be a positive integer, got {event.run_seq!r}", run_id=run_id, index=index)
+            raise InvalidEvent(
+                "run_seq", f"must be a positive integer, got {event.run_seq!r}", run_id=run_id, index=index
+            )
     return [(e.run_seq, v) for e, v in zip(events, valid)]
 
 
 def stored_to_new(event: StoredEvent) -> NewEvent:
     return NewEvent(
-        run_id=event.run_id, event_type=event.event_type, emitted_at=event.emitted_at, data=event.data,
-        step_id=event.step_id, engine_attempt_id=event.engine_attempt_id,
-        logical_attempt_id=event.logical_attempt_id, plan_version=event.plan_version, event_id=event.event_id,
-        idempotency_key=event.idempotency_key, caused_by_signal_id=event.caused_by_signal_id,
-        parent_event_id=event.parent_event_id, adapter_version=event.adapter_version,
+        run_id=event.run_id,
+        event_type=event.event_type,
+        emitted_at=event.emitted_at,
+        data=event.data,
+        step_id=event.step_id,
+        engine_attempt_id=event.engine_attempt_id,
+        logical_attempt_id=event.logical_attempt_id,
+        plan_version=event.plan_version,
+        event_id=event.event_id,
+        idempotency_key=event.idempotency_key,
+        caused_by_signal_id=event.caused_by_signal_id,
+        parent_event_id=event.parent_event_id,
+        adapter_version=event.adapter_version,
         engine_run_ref=event.engine_run_ref,
     )

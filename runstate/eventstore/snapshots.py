@@ -1,4 +1,4 @@
-"""Periodic state snapshots (seed 003): when to take them, how to encode, checksum and decode.
+"""Periodic state snapshots: when to take them, how to encode, checksum and decode.
 
 Decisions on the seed's open questions (the seed's leaning unless a reason is given):
 
@@ -110,7 +110,9 @@ class SnapshotMetrics:
 
     def record_missing(self, run_id: str, events: int, interval: int) -> None:
         """A run long enough to have a snapshot has none (deleted, or written by an older version)."""
-        log.warning("run %r: %d events but no state snapshot (interval %d); full replay", run_id, events, interval)
+        log.warning(
+            "run %r: %d events but no state snapshot (interval %d); full replay", run_id, events, interval
+        )
         with self._lock:
             self.missing += 1
 
@@ -147,7 +149,9 @@ def canonical_json(run_id: str, state: Any) -> bytes:
     try:
         text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidEvent("state", f"snapshot state is not JSON-serialisable ({exc})", run_id=run_id) from None
+        raise InvalidEvent(
+            "state", f"snapshot state is not JSON-serialisable ({exc})", run_id=run_id
+        ) from None
     return text.encode("utf-8")
 
 
@@ -156,7 +160,13 @@ def encode_snapshot(run_id: str, seq: int, state: Any, policy: SnapshotPolicy) -
     checksum = hashlib.sha256(raw).hexdigest()
     large = len(raw) > policy.warn_bytes
     if large:
-        log.warning("run %r: snapshot at seq %d is %d bytes (over %d); compressing", run_id, seq, len(raw), policy.warn_bytes)
+        log.warning(
+            "run %r: snapshot at seq %d is %d bytes (over %d); compressing",
+            run_id,
+            seq,
+            len(raw),
+            policy.warn_bytes,
+        )
     if len(raw) > policy.compress_over:
         payload, encoding = zlib.compress(raw, 6), ENCODING_ZLIB
     else:
@@ -200,7 +210,9 @@ class ChosenSnapshot:
     fallbacks: int
 
 
-def choose_valid(run_id: str, newest_first: Sequence[StoredSnapshot], metrics: SnapshotMetrics) -> ChosenSnapshot:
+def choose_valid(
+    run_id: str, newest_first: Sequence[StoredSnapshot], metrics: SnapshotMetrics
+) -> ChosenSnapshot:
     """The newest snapshot that decodes; corrupt ones are skipped with a warning and a count."""
     fallbacks = 0
     for stored in newest_first:

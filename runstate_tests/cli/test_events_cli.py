@@ -1,4 +1,5 @@
-"""`runstate events ...` through click's CliRunner against a real Postgres schema (and fakesnow for migrate)."""
+"""`runstate events ...` through click's CliRunner against a real Postgres schema (and fakesnow for
+migrate)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def run(*args: str) -> Result:
 
 def test_append_then_show_prints_a_table(store):
     appended = run("append", "--run-id", "r1", "--type", "RunStarted")
-    stepped = run("append", "--run-id", "r1", "--type", "StepStarted", "--step", "load", "--data", '{"rows": 3}')
+    stepped = run(
+        "append", "--run-id", "r1", "--type", "StepStarted", "--step", "load", "--data", '{"rows": 3}'
+    )
 
     shown = run("show", "r1")
 
@@ -136,8 +139,97 @@ def test_archive_moves_completed_runs(store):
     negative = run("archive", "--older-than-days", "-1")
 
     assert result.exit_code == 0 and "archived 2 event(s)" in result.output
-    assert store.fetch("done") == [] and len(store.fetch("live")) == 1
+    assert len(store.fetch("done")) == 2 and len(store.fetch("live")) == 1  # archived runs stay readable
     assert negative.exit_code != 0
+
+
+def test_restore_moves_an_archived_run_back(store):
+    old = datetime.now(timezone.utc) - timedelta(days=100)
+    store.append_batch("done", [NewEvent("done", "RunStarted", old), NewEvent("done", "RunCompleted", old)])
+    archived = run("archive")  # the default age: 90 days
+
+    restored = run("restore", "done")
+    again = run("restore", "done")
+
+    assert "archived 2 event(s)" in archived.output and "90 day(s)" in archived.output
+    assert restored.exit_code == 0 and "restored 2 event(s)" in restored.output
+    assert "nothing archived" in again.output
+
+
+def test_tail_prints_the_feed_across_runs(store):
+    store.append(NewEvent("t1", "RunStarted", datetime.now(timezone.utc)))
+    store.append(NewEvent("t2", "RunStarted", datetime.now(timezone.utc)))
+
+    result = run("tail")
+    after = run("tail", "--after", str(json.loads(result.output.splitlines()[0])["position"]))
+
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["run_id"] for line in result.output.splitlines()] == ["t1", "t2"]
+    assert [json.loads(line)["run_id"] for line in after.output.splitlines()] == ["t2"]
+
+
+def test_a_jsonl_file_with_a_bad_later_run_writes_nothing(store, tmp_path: Path):
+    """Issue 15 #1: runs earlier in the file were committed before a later run's bad event."""
+    jsonl = tmp_path / "m.jsonl"
+    jsonl.write_text(
+        "\n".join(
+            [
+                '{"run_id":"f1","event_type":"A"}',
+                '{"run_id":"f1","event_type":"B"}',
+                '{"run_id":"f2","event_type":"C","emitted_at":"2026-01-01T00:00:00"}',
+            ]
+        )
+    )
+
+    result = run("append", "--file", str(jsonl))
+
+    assert result.exit_code == 1
+    assert "emitted_at" in result.output and "nothing written" in result.output
+    assert store.run_ids() == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "[" * 5000 + "]" * 5000], "nested more than"),
+        (["--data", "[" * 200 + "]" * 200], "nested more than"),
+        (["--emitted-at", "0001-01-01T00:00:00+01:00"], "storable range"),
+        (["--emitted-at", "9999-12-31T23:59:59-01:00"], "storable range"),
+    ],
+)
+def test_hostile_values_get_one_line_and_write_nothing(store, args, message):
+    result = run("append", "--run-id", "h", "--type", "X", *args)
+
+    assert result.exit_code == 1 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert store.run_ids() == []
+
+
+def test_a_run_id_with_an_ansi_escape_is_refused_without_echoing_it(store):
+    result = run("append", "--run-id", "evil\x1b[2J", "--type", "X")
+
+    assert result.exit_code == 1 and "run_id" in result.output and "\x1b" not in result.output
+    assert store.run_ids() == []
+
+
+def test_project_all_reports_an_unreadable_run_and_projects_the_rest(store, cli_env):
+    import psycopg
+
+    for run_id in ("good", "poisoned"):
+        store.append(NewEvent(run_id, "RunStarted", datetime.now(timezone.utc)))
+    with psycopg.connect(cli_env["RUNSTATE_PG_URL"], autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE "{cli_env["RUNSTATE_SCHEMA"]}".run_events SET emitted_at = %s::timestamptz'
+            " WHERE run_id = 'poisoned'",
+            ("0001-01-01 00:00:00+01:00",),
+        )
+
+    result = run("project", "--all", "--no-progress")
+
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["runs_projected"] == 1 and json.loads(result.stdout)["runs_failed"] == 1
+    assert "'poisoned': not projected" in result.stderr
+    assert store.project("good").status == "RUNNING"
 
 
 def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowflake_schema, monkeypatch):
@@ -148,7 +240,9 @@ def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowfla
     settings.cache_clear()
     at = datetime.now(timezone.utc)
     for run_id in ("m1", "m2"):
-        store.append_batch(run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")])
+        store.append_batch(
+            run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")]
+        )
 
     first = run("migrate", "--batch-size", "3")
     again = run("migrate", "--batch-size", "3")

@@ -35,7 +35,11 @@ def store(resource: EventStoreResource):
 @pytest.fixture
 def runs(store) -> dict[str, datetime]:
     """Runs a and b started today, c yesterday; each has a step in progress."""
-    started = {"a": TODAY + timedelta(minutes=1), "b": TODAY + timedelta(minutes=2), "c": YESTERDAY + timedelta(hours=3)}
+    started = {
+        "a": TODAY + timedelta(minutes=1),
+        "b": TODAY + timedelta(minutes=2),
+        "c": YESTERDAY + timedelta(hours=3),
+    }
     for run_id, at in started.items():
         store.append_batch(
             run_id,
@@ -48,7 +52,9 @@ def runs(store) -> dict[str, datetime]:
 
 
 def materialize_day(resource, day: str, **kwargs) -> dg.ExecuteInProcessResult:
-    return dg.materialize([run_events, run_snapshots], partition_key=day, resources={"event_store": resource}, **kwargs)
+    return dg.materialize(
+        [run_events, run_snapshots], partition_key=day, resources={"event_store": resource}, **kwargs
+    )
 
 
 def metadata(result: dg.ExecuteInProcessResult) -> dict:
@@ -110,14 +116,18 @@ def test_rebuild_config_forces_a_rebuild_outside_a_backfill(resource, store, run
     incremental = store.project("b")
     tamper_projection(pg_database, pg_schema, "b")
 
-    result = materialize_day(resource, TODAY_KEY, run_config={"ops": {"run_snapshots": {"config": {"rebuild": True}}}})
+    result = materialize_day(
+        resource, TODAY_KEY, run_config={"ops": {"run_snapshots": {"config": {"rebuild": True}}}}
+    )
 
     assert metadata(result)["mode"] == "rebuild"
     assert store.project("b").same_state(incremental)
 
 
 def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, store, runs):
-    defs = dg.Definitions(assets=[run_events, run_snapshots], jobs=[run_snapshots_job], resources={"event_store": resource})
+    defs = dg.Definitions(
+        assets=[run_events, run_snapshots], jobs=[run_snapshots_job], resources={"event_store": resource}
+    )
     job = defs.resolve_job_def("run_snapshots_job")
 
     result = job.execute_in_process(
@@ -146,10 +156,15 @@ def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store,
 
     first = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     idle = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
-    store.append(NewEvent("c", "StepFailed", runs["c"] + timedelta(minutes=9), step_id="load", data={"error": "boom"}))
+    store.append(
+        NewEvent("c", "StepFailed", runs["c"] + timedelta(minutes=9), step_id="load", data={"error": "boom"})
+    )
     after_new_event = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
-    assert sorted(r.dagster_run.tags["dagster/partition"] for r in first.results) == [YESTERDAY_KEY, TODAY_KEY]
+    assert sorted(r.dagster_run.tags["dagster/partition"] for r in first.results) == [
+        YESTERDAY_KEY,
+        TODAY_KEY,
+    ]
     assert first.failed == 0
     assert idle.requested == 0 and idle.skip_reason
     assert [r.dagster_run.tags["dagster/partition"] for r in after_new_event.results] == [YESTERDAY_KEY]

@@ -6,10 +6,9 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 import pytest
-from dagster_snowflake import SnowflakeResource
 
 from runstate.defs.eventstore.jobs import append_events, archive_events
-from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.eventstore.schedules import archive_events_schedule
 from runstate.eventstore import NewEvent
 
@@ -96,7 +95,9 @@ def test_append_events_job_rejects_a_bad_event_and_writes_nothing(resource, stor
 
 def test_append_events_job_rejects_an_overlong_run_id(resource, store):
     result = append_events.execute_in_process(
-        run_config=append_config("r" * 257, RUN_EVENTS[:1]), resources={"event_store": resource}, raise_on_error=False
+        run_config=append_config("r" * 257, RUN_EVENTS[:1]),
+        resources={"event_store": resource},
+        raise_on_error=False,
     )
 
     assert not result.success
@@ -121,7 +122,7 @@ def test_archive_events_job_moves_only_completed_runs(resource, store):
 
     assert result.success
     assert result.output_for_node("archive_events_op") == 2
-    assert store.fetch("done") == []
+    assert len(store.fetch("done")) == 2  # archived, and still readable
     assert len(store.fetch("running")) == 1
 
 
@@ -148,8 +149,12 @@ def test_archive_schedule_tick_archives_once_per_day(resource, store):
     from runstate.defs.ticking import tick_schedule
 
     long_ago = NOW - timedelta(days=400)
-    store.append_batch("ancient", [NewEvent("ancient", "RunStarted", long_ago), NewEvent("ancient", "RunFailed", long_ago)])
-    defs = dg.Definitions(jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource})
+    store.append_batch(
+        "ancient", [NewEvent("ancient", "RunStarted", long_ago), NewEvent("ancient", "RunFailed", long_ago)]
+    )
+    defs = dg.Definitions(
+        jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource}
+    )
     instance = dg.DagsterInstance.ephemeral()
     when = datetime(2026, 3, 4, 3, 30, tzinfo=timezone.utc)
 
@@ -159,23 +164,25 @@ def test_archive_schedule_tick_archives_once_per_day(resource, store):
     assert first.succeeded == 1
     assert first.results[0].output_for_node("archive_events_op") == 2
     assert again.skipped_run_keys == ["archive_events:2026-03-04"]
-    assert store.fetch("ancient") == []
+    assert len(store.fetch("ancient")) == 2  # archived, and still readable
 
 
 def test_append_events_job_on_the_snowflake_backend(snowflake_schema):
     conn_kwargs, schema = snowflake_schema
-    snowflake = SnowflakeResource(
-        account=conn_kwargs["account"],
-        user=conn_kwargs["user"],
-        password=conn_kwargs["password"],
-        database=conn_kwargs["database"],
-        network_timeout=conn_kwargs["network_timeout"],
-        additional_snowflake_connection_args={
-            "host": conn_kwargs["host"],
-            "port": conn_kwargs["port"],
-            "protocol": conn_kwargs["protocol"],
-            "session_parameters": conn_kwargs["session_parameters"],
-        },
+    snowflake = SnowflakeConnection(
+        **{
+            key: conn_kwargs[key]
+            for key in (
+                "account",
+                "user",
+                "password",
+                "database",
+                "network_timeout",
+                "host",
+                "port",
+                "protocol",
+            )
+        }
     )
     resource = EventStoreResource(backend="snowflake", snowflake=snowflake, snowflake_schema=schema)
 
@@ -194,3 +201,23 @@ def test_append_events_job_on_the_snowflake_backend(snowflake_schema):
         assert store.project("sf-run").status == "RUNNING"
     finally:
         resource.close()
+
+
+def test_append_events_job_with_a_stale_expected_last_seq_fails_without_retries(resource, store):
+    def config(events: list[dict], expected: int) -> dict:
+        doc = append_config("occ", events)
+        doc["ops"]["append_events_op"]["config"]["expected_last_seq"] = expected
+        return doc
+
+    won = append_events.execute_in_process(
+        run_config=config(RUN_EVENTS[:1], 0), resources={"event_store": resource}
+    )
+    lost = append_events.execute_in_process(
+        run_config=config(RUN_EVENTS[1:], 0), resources={"event_store": resource}, raise_on_error=False
+    )
+
+    assert won.success and not lost.success
+    failure = [e for e in lost.all_events if e.is_step_failure][0]
+    assert "expected last seq 0" in failure.step_failure_data.error.message
+    assert [e for e in lost.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"] == []
+    assert [e.run_seq for e in store.fetch("occ")] == [1]

@@ -49,7 +49,9 @@ def test_duplicate_returns_existing_run_seq(store, backend):
 
 
 def test_duplicate_inside_one_batch_is_written_once(store):
-    results = store.append_batch("r1", [ev("r1", "X", key="k1"), ev("r1", "Y", key="k2"), ev("r1", "X", key="k1")])
+    results = store.append_batch(
+        "r1", [ev("r1", "X", key="k1"), ev("r1", "Y", key="k2"), ev("r1", "X", key="k1")]
+    )
 
     assert [(r.run_seq, r.idempotent) for r in results] == [(1, False), (2, False), (1, True)]
     assert len(store.fetch("r1")) == 2
@@ -57,18 +59,38 @@ def test_duplicate_inside_one_batch_is_written_once(store):
 
 def test_fetch_round_trips_every_field(store):
     event = NewEvent(
-        run_id="r1", event_type=EventType.STEP_COMPLETED, emitted_at=T0, data={"rows": 3, "tags": ["a", "é"]},
-        step_id="load", engine_attempt_id="2", logical_attempt_id="1", plan_version="v7",
-        event_id="7d3c9a1e-5b7e-4a6f-9f3a-1b2c3d4e5f60", caused_by_signal_id="11111111-2222-3333-4444-555555555555",
-        parent_event_id="aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", adapter_version="dagster-1.13",
+        run_id="r1",
+        event_type=EventType.STEP_COMPLETED,
+        emitted_at=T0,
+        data={"rows": 3, "tags": ["a", "é"]},
+        step_id="load",
+        engine_attempt_id="2",
+        logical_attempt_id="1",
+        plan_version="v7",
+        event_id="7d3c9a1e-5b7e-4a6f-9f3a-1b2c3d4e5f60",
+        caused_by_signal_id="11111111-2222-3333-4444-555555555555",
+        parent_event_id="aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+        adapter_version="dagster-1.13",
         engine_run_ref={"dagsterRunId": "abc"},
     )
     store.append(event)
 
     (got,) = store.fetch("r1")
-    for name in ("run_id", "event_type", "data", "step_id", "engine_attempt_id", "logical_attempt_id", "plan_version",
-                 "event_id", "idempotency_key", "caused_by_signal_id", "parent_event_id", "adapter_version",
-                 "engine_run_ref"):
+    for name in (
+        "run_id",
+        "event_type",
+        "data",
+        "step_id",
+        "engine_attempt_id",
+        "logical_attempt_id",
+        "plan_version",
+        "event_id",
+        "idempotency_key",
+        "caused_by_signal_id",
+        "parent_event_id",
+        "adapter_version",
+        "engine_run_ref",
+    ):
         assert getattr(got, name) == getattr(event, name), name
     assert got.emitted_at == T0
     assert got.run_seq == 1 and got.persisted_at is not None
@@ -223,7 +245,14 @@ def _story(run_id: str) -> list[NewEvent]:
     return [
         ev(run_id, EventType.RUN_STARTED, 0),
         ev(run_id, EventType.STEP_STARTED, 1, step_id="extract", logical_attempt_id="1"),
-        ev(run_id, EventType.STEP_FAILED, 2, step_id="extract", logical_attempt_id="1", data={"error": "boom"}),
+        ev(
+            run_id,
+            EventType.STEP_FAILED,
+            2,
+            step_id="extract",
+            logical_attempt_id="1",
+            data={"error": "boom"},
+        ),
         ev(run_id, EventType.STEP_RETRYING, 3, step_id="extract", logical_attempt_id="1"),
         ev(run_id, EventType.STEP_STARTED, 4, step_id="extract", logical_attempt_id="2"),
         ev(run_id, EventType.STEP_COMPLETED, 5, step_id="extract", logical_attempt_id="2"),
@@ -330,11 +359,18 @@ def test_resume_equals_full_replay(backend):
 
 def test_snapshot_holds_the_callers_state(backend):
     store = backend.make(snapshot_interval=2)
-    store.append_batch("r1", [ev("r1", "A", key="a"), ev("r1", "B", key="b")], state={"cursor": 2, "done": ["a"]})
+    store.append_batch(
+        "r1", [ev("r1", "A", key="a"), ev("r1", "B", key="b")], state={"cursor": 2, "done": ["a"]}
+    )
 
     resume = store.resume("r1")
 
-    assert (resume.state, resume.snapshot_seq, resume.kind, resume.events) == ({"cursor": 2, "done": ["a"]}, 2, "state", [])
+    assert (resume.state, resume.snapshot_seq, resume.kind, resume.events) == (
+        {"cursor": 2, "done": ["a"]},
+        2,
+        "state",
+        [],
+    )
 
 
 def test_signal_waiting_takes_a_snapshot(store):
@@ -369,11 +405,15 @@ def test_only_the_latest_snapshots_are_kept(backend):
 
 def _corrupt(backend: Backend, run_id: str, seq: int) -> None:
     if backend.name == "postgres":
-        backend.sql("UPDATE run_state_snapshots SET payload = %s WHERE run_id = %s AND seq = %s",
-                    (b'{"status":"tampered"}', run_id, seq))
+        backend.sql(
+            "UPDATE run_state_snapshots SET payload = %s WHERE run_id = %s AND seq = %s",
+            (b'{"status":"tampered"}', run_id, seq),
+        )
     else:
-        backend.sql("UPDATE RUN_STATE_SNAPSHOTS SET PAYLOAD = %s WHERE RUN_ID = %s AND SEQ = %s",
-                    ("eyJzdGF0dXMiOiJ0YW1wZXJlZCJ9", run_id, seq))
+        backend.sql(
+            "UPDATE RUN_STATE_SNAPSHOTS SET PAYLOAD = %s WHERE RUN_ID = %s AND SEQ = %s",
+            ("eyJzdGF0dXMiOiJ0YW1wZXJlZCJ9", run_id, seq),
+        )
 
 
 def test_corrupt_snapshot_falls_back_to_an_older_one(backend, caplog):
@@ -425,20 +465,50 @@ def test_archive_moves_only_old_finished_runs(backend):
     store = backend.make()
     now = T0 + timedelta(days=30)
     store.append_batch("old", [ev("old", EventType.RUN_STARTED), ev("old", EventType.RUN_COMPLETED, 60)])
-    store.append_batch("recent", [ev("recent", EventType.RUN_STARTED, 29 * 86400),
-                                  ev("recent", EventType.RUN_FAILED, 29 * 86400 + 60)])
+    store.append_batch(
+        "recent",
+        [
+            ev("recent", EventType.RUN_STARTED, 29 * 86400),
+            ev("recent", EventType.RUN_FAILED, 29 * 86400 + 60),
+        ],
+    )
     store.append(ev("running", EventType.RUN_STARTED))
 
     moved = store.archive(7, now=now)
 
     archive = "run_events_archive" if backend.name == "postgres" else "RUN_EVENTS_ARCHIVE"
     assert moved == 2
-    assert store.fetch("old") == []
+    assert count_rows(backend, events_table(backend), "old") == 0
     assert count_rows(backend, archive, "old") == 2
     assert len(store.fetch("recent")) == 2 and len(store.fetch("running")) == 1
     assert store.archive(7, now=now) == 0  # idempotent
     assert count_rows(backend, archive, "old") == 2
     assert store.append(ev("old", EventType.RUN_COMPLETED, 60)).idempotent  # keys still known
+
+
+def test_archived_run_stays_readable_and_restore_moves_it_back(backend):
+    store = backend.make(snapshot_interval=2)
+    store.append_batch(
+        "old",
+        [
+            ev("old", EventType.RUN_STARTED),
+            ev("old", EventType.STEP_STARTED, 1, step_id="a"),
+            ev("old", EventType.RUN_COMPLETED, 60),
+        ],
+    )
+    before = store.fetch("old")
+    store.archive(7, now=T0 + timedelta(days=30))
+
+    fetched, resumed, projected = store.fetch("old"), store.resume("old"), store.project("old")
+    restored = store.restore("old")
+
+    assert [e.event_id for e in fetched] == [e.event_id for e in before]
+    assert resumed.run_snapshot("old").status == "COMPLETED" and len(resumed.events) == 3
+    assert projected.status == "COMPLETED" and projected.last_event_seq == 3
+    assert restored == 3 and store.restore("old") == 0
+    assert count_rows(backend, events_table(backend), "old") == 3
+    assert [e.event_id for e in store.fetch("old")] == [e.event_id for e in before]
+    assert store.archive(7, now=T0 + timedelta(days=30)) == 0  # a restored run is not archived again at once
 
 
 def test_archive_rejects_bad_arguments(store):
@@ -457,8 +527,11 @@ def test_stale_runs_with_start_and_project_runs(store):
 
     stale = store.stale_runs_with_start()
 
-    assert stale == [("a", T0 + timedelta(seconds=10), 2), ("b", T0 + timedelta(seconds=20), 2),
-                     ("c", T0 + timedelta(seconds=40), 1)]
+    assert stale == [
+        ("a", T0 + timedelta(seconds=10), 2),
+        ("b", T0 + timedelta(seconds=20), 2),
+        ("c", T0 + timedelta(seconds=40), 1),
+    ]
     report = store.project_runs([r for r, _, _ in stale])
     assert (report.runs_projected, report.runs_changed, report.events_applied) == (3, 3, 4)
     assert store.stale_runs_with_start() == []

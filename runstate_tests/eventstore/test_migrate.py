@@ -14,7 +14,8 @@ def _fill(pg_store) -> int:
     for n in range(3):
         run_id = f"run-{n}"
         events = [ev(run_id, EventType.RUN_STARTED)] + [
-            ev(run_id, EventType.STEP_COMPLETED, i, step_id=f"s{i}", data={"i": i, "name": "é"}) for i in range(1, 12 + n)
+            ev(run_id, EventType.STEP_COMPLETED, i, step_id=f"s{i}", data={"i": i, "name": "é"})
+            for i in range(1, 12 + n)
         ]
         pg_store.append_batch(run_id, events)
         total += len(events)
@@ -28,7 +29,12 @@ def test_migration_copies_and_verifies(pg_store, sf_store):
 
     report = migrate_events(pg_store, sf_store, batch_size=5, progress=seen.append)
 
-    assert (report.runs, report.events_read, report.events_written, report.verified) == (3, total, total, True)
+    assert (report.runs, report.events_read, report.events_written, report.verified) == (
+        3,
+        total,
+        total,
+        True,
+    )
     assert sum(seen) == total and max(seen) == 5
     for n in range(3):
         assert run_digest(pg_store, f"run-{n}") == run_digest(sf_store, f"run-{n}")
@@ -61,7 +67,9 @@ def test_migration_keeps_idempotency_in_the_target(pg_store, sf_store):
     _fill(pg_store)
     migrate_events(pg_store, sf_store)
 
-    again = sf_store.append(ev("run-2", EventType.STEP_COMPLETED, 3, step_id="s3", data={"i": 3, "name": "é"}))
+    again = sf_store.append(
+        ev("run-2", EventType.STEP_COMPLETED, 3, step_id="s3", data={"i": 3, "name": "é"})
+    )
     fresh = sf_store.append(ev("run-2", EventType.RUN_COMPLETED, 99))
 
     assert again.idempotent and again.run_seq == 4

@@ -11,7 +11,7 @@ import time
 import psycopg
 import pytest
 
-from runstate.eventstore import EventType, PostgresEventStore
+from runstate.eventstore import EventStoreError, EventType, PostgresEventStore
 from runstate_tests.eventstore.conftest import ev
 
 
@@ -37,7 +37,7 @@ def test_hash_partitioned_run_events(pg_database, pg_schema):
 
 
 def test_partitioning_cannot_be_switched_on_an_existing_table(pg_store, pg_database, pg_schema):
-    with pytest.raises(ValueError, match="already exists with 0 hash partitions"):
+    with pytest.raises(EventStoreError, match="already exists with 0 hash partitions"):
         PostgresEventStore(pg_database, schema=pg_schema, partitions=4).ensure_schema()
 
 
@@ -72,7 +72,8 @@ def test_killed_writer_leaves_a_consistent_log(pg_store, pg_database):
     seqs = [e.run_seq for e in events]
     with psycopg.connect(pg_database) as conn:
         last_seq, count = conn.execute(
-            f'SELECT last_seq, event_count FROM "{pg_store.schema}".run_streams WHERE run_id = %s', ("victim",)
+            f'SELECT last_seq, event_count FROM "{pg_store.schema}".run_streams WHERE run_id = %s',
+            ("victim",),
         ).fetchone()
     assert seqs == list(range(1, len(seqs) + 1))
     assert len(seqs) % 5 == 0  # whole batches only

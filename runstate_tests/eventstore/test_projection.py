@@ -22,9 +22,15 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def stored(seq: int, event_type: str, step_id: str | None = None, data=None) -> StoredEvent:
     return StoredEvent(
-        run_id="r", run_seq=seq, event_type=event_type, emitted_at=T0 + timedelta(seconds=seq),
-        persisted_at=T0, idempotency_key=f"k{seq}", event_id=f"00000000-0000-0000-0000-{seq:012d}",
-        step_id=step_id, data=data,
+        run_id="r",
+        run_seq=seq,
+        event_type=event_type,
+        emitted_at=T0 + timedelta(seconds=seq),
+        persisted_at=T0,
+        idempotency_key=f"k{seq}",
+        event_id=f"00000000-0000-0000-0000-{seq:012d}",
+        step_id=step_id,
+        data=data,
     )
 
 
@@ -84,15 +90,26 @@ def test_signal_waiting_then_received():
 
 
 def test_finished_run_stays_finished():
-    snap = fold(RunSnapshot.empty("r"), [stored(1, EventType.RUN_CANCELLED), stored(2, EventType.RUN_STARTED),
-                                         stored(3, EventType.RUN_COMPLETED)])
+    snap = fold(
+        RunSnapshot.empty("r"),
+        [
+            stored(1, EventType.RUN_CANCELLED),
+            stored(2, EventType.RUN_STARTED),
+            stored(3, EventType.RUN_COMPLETED),
+        ],
+    )
 
     assert snap.status == "CANCELLED"
 
 
 def test_failed_step_keeps_its_error():
-    snap = fold(RunSnapshot.empty("r"), [stored(1, EventType.STEP_STARTED, "s"),
-                                         stored(2, EventType.STEP_FAILED, "s", {"error": {"code": 3}})])
+    snap = fold(
+        RunSnapshot.empty("r"),
+        [
+            stored(1, EventType.STEP_STARTED, "s"),
+            stored(2, EventType.STEP_FAILED, "s", {"error": {"code": 3}}),
+        ],
+    )
 
     assert snap.steps["s"].status == "FAILED"
     assert snap.steps["s"].error == {"code": 3}

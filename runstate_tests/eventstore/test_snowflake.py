@@ -18,10 +18,18 @@ def test_ensure_schema_is_idempotent_and_creates_the_tables(sf_store, snowflake_
     kwargs, schema = snowflake_schema
     conn = snowflake.connector.connect(**kwargs)
     cur = conn.cursor()
-    cur.execute("SELECT TABLE_NAME FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = %s ORDER BY 1", (schema,))
+    cur.execute(
+        "SELECT TABLE_NAME FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = %s ORDER BY 1", (schema,)
+    )
     tables = {r[0] for r in cur.fetchall()}
     conn.close()
-    assert {"RUN_EVENTS", "RUN_SNAPSHOTS", "RUN_STATE_SNAPSHOTS", "RUN_STREAMS", "RUN_EVENTS_ARCHIVE"} <= tables
+    assert {
+        "RUN_EVENTS",
+        "RUN_SNAPSHOTS",
+        "RUN_STATE_SNAPSHOTS",
+        "RUN_STREAMS",
+        "RUN_EVENTS_ARCHIVE",
+    } <= tables
 
 
 def test_ddl_clusters_run_events_by_run_and_persisted_at():

@@ -44,7 +44,9 @@ run_events = dg.AssetSpec(
 class RunSnapshotsConfig(dg.Config):
     rebuild: Optional[bool] = Field(
         default=None,
-        description="Fold every run of the window from scratch. Default: only when the run is part of a backfill.",
+        description=(
+            "Fold every run of the window from scratch. Default: only when the run is part of a backfill."
+        ),
     )
 
 
@@ -79,6 +81,8 @@ def run_snapshots(
         f"[{window.start:%Y-%m-%d}, {window.end:%Y-%m-%d}): {report.runs_changed} changed, "
         f"{report.events_applied} event(s) applied"
     )
+    for run_id, error in report.failed:  # isolated: the other runs of the window are projected
+        context.log.warning(f"run {run_id!r} not projected: {error}")
     # A multi-day (single-run) backfill reports the window's totals on each day's materialization.
     return dg.MaterializeResult(
         metadata={
@@ -88,6 +92,8 @@ def run_snapshots(
             "runs_projected": report.runs_projected,
             "runs_changed": report.runs_changed,
             "events_applied": report.events_applied,
+            "runs_failed": len(report.failed),
+            "failed_run_ids": ", ".join(run_id for run_id, _ in report.failed[:20]),
         }
     )
 
@@ -96,5 +102,7 @@ run_snapshots_job = dg.define_asset_job(
     "run_snapshots_job",
     selection=[run_snapshots],
     tags={"runstate/domain": "eventstore"},
-    description="Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch).",
+    description=(
+        "Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch)."
+    ),
 )

@@ -12,18 +12,24 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.eventstore.resources import EventStoreResource
-from runstate.eventstore import InvalidEvent, NewEvent
+from runstate.eventstore import (
+    DEFAULT_ARCHIVE_AFTER_DAYS,
+    ConcurrencyConflict,
+    InvalidEvent,
+    NewEvent,
+)
 
 RUN_EVENTS_ASSET = dg.AssetKey("run_events")
 # Transient database errors are retried; appends are idempotent (deterministic idempotency keys).
 STORE_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=1.0, backoff=dg.Backoff.EXPONENTIAL)
-DEFAULT_ARCHIVE_AFTER_DAYS = 30
 
 
 class EventConfig(dg.Config):
     """One event as typed into the launchpad."""
 
-    event_type: str = Field(description="RunStarted, StepStarted, StepCompleted, ... (other types are stored too).")
+    event_type: str = Field(
+        description="RunStarted, StepStarted, StepCompleted, ... (other types are stored too)."
+    )
     step_id: Optional[str] = Field(default=None, description="The step the event belongs to.")
     data: Optional[dict[str, Any]] = Field(default=None, description="The event payload (a JSON object).")
     emitted_at: Optional[str] = Field(
@@ -33,7 +39,8 @@ class EventConfig(dg.Config):
     engine_attempt_id: Optional[str] = None
     plan_version: Optional[str] = None
     idempotency_key: Optional[str] = Field(
-        default=None, description="Defaults to sha256(run_id|step_id|logical_attempt_id|event_type|plan_version)."
+        default=None,
+        description="Defaults to sha256(run_id|step_id|logical_attempt_id|event_type|plan_version).",
     )
     event_id: Optional[str] = Field(default=None, description="A UUID; a fresh one when empty.")
 
@@ -43,11 +50,16 @@ class AppendEventsConfig(dg.Config):
 
     run_id: str = Field(description="The workflow run the events belong to (1..256 characters).")
     events: list[EventConfig] = Field(description="The events, in order.")
+    expected_last_seq: Optional[int] = Field(
+        default=None,
+        description="Optimistic concurrency: append only if the run's last seq is this (else the run fails).",
+    )
 
 
 class ArchiveConfig(dg.Config):
     older_than_days: int = Field(
-        default=DEFAULT_ARCHIVE_AFTER_DAYS, description="Archive completed runs that ended more than N days ago."
+        default=DEFAULT_ARCHIVE_AFTER_DAYS,
+        description="Archive completed runs that ended more than N days ago.",
     )
 
 
@@ -58,7 +70,9 @@ def parse_emitted_at(value: str | None, index: int, run_id: str) -> datetime:
     try:
         return datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidEvent("emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index) from None
+        raise InvalidEvent(
+            "emitted_at", f"{value!r} is not an ISO 8601 timestamp", run_id=run_id, index=index
+        ) from None
 
 
 def to_new_events(config: AppendEventsConfig) -> list[NewEvent]:
@@ -88,6 +102,15 @@ def invalid_input_failure(exc: InvalidEvent) -> dg.Failure:
     )
 
 
+def conflict_failure(exc: ConcurrencyConflict) -> dg.Failure:
+    """Another writer moved the run: retrying the same expectation cannot win, so no retries."""
+    return dg.Failure(
+        description=f"nothing written: {exc}",
+        metadata={"expected_last_seq": exc.expected, "actual_last_seq": exc.actual},
+        allow_retries=False,
+    )
+
+
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
 def append_events_op(
     context: dg.OpExecutionContext, config: AppendEventsConfig, event_store: EventStoreResource
@@ -95,9 +118,15 @@ def append_events_op(
     """Append the configured events to their run in one transaction; returns their run_seqs."""
     try:
         events = to_new_events(config)
-        results = event_store.get_store().append_batch(config.run_id, events)
+        results = event_store.get_store().append_batch(
+            config.run_id, events, expected_last_seq=config.expected_last_seq
+        )
     except InvalidEvent as exc:
         raise invalid_input_failure(exc) from exc
+    except ConcurrencyConflict as exc:
+        if exc.expected is None:
+            raise  # lost races only: transient, the retry policy tries again
+        raise conflict_failure(exc) from exc
     seqs = [result.run_seq for result in results]
     written = sum(1 for result in results if result.persisted)
     metadata = {
@@ -115,7 +144,9 @@ def append_events_op(
 
 
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
-def archive_events_op(context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource) -> int:
+def archive_events_op(
+    context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource
+) -> int:
     """Move the events of completed runs older than N days to the archive table (idempotent)."""
     if config.older_than_days < 0:
         raise dg.Failure(

@@ -1,25 +1,52 @@
 """The event store resource: configuration plus a factory for the core's Postgres or Snowflake store.
 
 The backend comes from configuration (`RUNSTATE_EVENTSTORE`, default postgres). Snowflake is reached
-through dagster-snowflake's `SnowflakeResource` (a nested resource), so the same connection settings,
-secrets (`dg.EnvVar`) and fakesnow's `additional_snowflake_connection_args` apply as everywhere else.
+through `SnowflakeConnection`, the connector's arguments as a small nested resource (secrets as
+`dg.EnvVar`): dagster-snowflake's SnowflakeResource would import the Snowflake connector (about a
+second) whenever the code location loads, and the store opens its own connections anyway.
 Nothing connects until `get_store()` is first called.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import dagster as dg
-from dagster_snowflake import SnowflakeResource
 from pydantic import Field, PrivateAttr, field_validator
 
 from runstate.config import EVENTSTORE_BACKENDS, Settings, settings
+from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
 
-# Settings keys that SnowflakeResource takes as fields; the rest (host, port, protocol, ...) are connector args.
-_SNOWFLAKE_FIELDS = ("account", "user", "database", "role", "warehouse")
-_SNOWFLAKE_CONNECTOR_ARGS = ("host", "port", "protocol")
+EventStoreBackend = Union[PostgresEventStore, SnowflakeEventStore]
+_SNOWFLAKE_KEYS = ("account", "user", "password", "database", "warehouse", "role", "host", "protocol")
+
+
+class SnowflakeConnection(dg.ConfigurableResource):
+    """Arguments of `snowflake.connector.connect()` for the event store."""
+
+    account: str = Field(description="Snowflake account identifier.")
+    user: str = Field(description="User name.")
+    password: Optional[str] = Field(default=None, description="Password (pass it as an EnvVar).")
+    database: Optional[str] = Field(default=None, description="Database holding the event store schema.")
+    warehouse: Optional[str] = None
+    role: Optional[str] = None
+    host: Optional[str] = Field(default=None, description="Endpoint host, when not the account's default.")
+    port: Optional[int] = None
+    protocol: Optional[str] = Field(
+        default=None, description="`https` (default) or `http` (a local endpoint)."
+    )
+    network_timeout: Optional[int] = Field(default=None, description="Seconds before the connector gives up.")
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {key: getattr(self, key) for key in _SNOWFLAKE_KEYS if getattr(self, key)}
+        if self.port:
+            kwargs["port"] = self.port
+        if self.network_timeout:
+            kwargs["network_timeout"] = self.network_timeout
+        # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
+        kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
+        return kwargs
 
 
 class EventStoreResource(dg.ConfigurableResource):
@@ -27,18 +54,22 @@ class EventStoreResource(dg.ConfigurableResource):
 
     backend: str = Field(default="postgres", description="`postgres` or `snowflake`.")
     pg_url: str = Field(
-        default="postgresql://postgres@127.0.0.1:5432/runstate", description="Postgres DSN (postgres backend)."
+        default="postgresql://postgres@127.0.0.1:5432/runstate",
+        description="Postgres DSN (postgres backend).",
     )
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the event tables.")
-    snowflake: Optional[SnowflakeResource] = Field(
+    snowflake: Optional[SnowflakeConnection] = Field(
         default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
     )
-    snowflake_schema: str = Field(default="RUNSTATE", description="Snowflake schema holding the event tables.")
+    snowflake_schema: str = Field(
+        default="RUNSTATE", description="Snowflake schema holding the event tables."
+    )
     snapshot_interval: int = Field(default=100, description="Write a state snapshot every N events of a run.")
-    ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
+    ensure_schema: bool = Field(
+        default=True, description="Apply pending migrations when the store is first opened."
+    )
 
     _stores: dict = PrivateAttr(default_factory=dict)
-    _snowflake_connections: list = PrivateAttr(default_factory=list)
 
     @field_validator("backend")
     @classmethod
@@ -47,7 +78,7 @@ class EventStoreResource(dg.ConfigurableResource):
             raise ValueError(f"event store backend must be one of {EVENTSTORE_BACKENDS}, got {value!r}")
         return value
 
-    def get_store(self, backend: str | None = None) -> Any:
+    def get_store(self, backend: str | None = None) -> EventStoreBackend:
         """The store of `backend` (default: the configured one), built on first use and then reused."""
         backend = backend or self.backend
         if backend not in self._stores:
@@ -57,69 +88,52 @@ class EventStoreResource(dg.ConfigurableResource):
             self._stores[backend] = store
         return self._stores[backend]
 
-    def _open(self, backend: str) -> Any:
+    def _open(self, backend: str) -> EventStoreBackend:
         if backend == "postgres":
-            from runstate.eventstore import PostgresEventStore
-
-            return PostgresEventStore(self.pg_url, schema=self.pg_schema, snapshot_interval=self.snapshot_interval)
+            return PostgresEventStore(
+                self.pg_url, schema=self.pg_schema, snapshot_interval=self.snapshot_interval
+            )
         if backend == "snowflake":
-            from runstate.eventstore import SnowflakeEventStore
-
             if self.snowflake is None:
                 raise ValueError(
-                    "event store backend 'snowflake' needs the `snowflake` resource (set SNOWFLAKE_ACCOUNT, ...)"
+                    "event store backend 'snowflake' needs the `snowflake`"
+                    " resource (set SNOWFLAKE_ACCOUNT, ...)"
                 )
             return SnowflakeEventStore(
-                self._snowflake_connection,
+                connect_kwargs=self.snowflake.connect_kwargs(),
                 schema=self.snowflake_schema,
                 snapshot_interval=self.snapshot_interval,
             )
         raise ValueError(f"event store backend must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")
 
-    def _snowflake_connection(self) -> Any:
-        """A new connector connection through SnowflakeResource; released when the resource is torn down."""
-        opened = self.snowflake.get_connection()
-        self._snowflake_connections.append(opened)
-        return opened.__enter__()
-
     def close(self) -> None:
         for store in self._stores.values():
             store.close()
         self._stores.clear()
-        while self._snowflake_connections:
-            opened = self._snowflake_connections.pop()
-            try:
-                opened.__exit__(None, None, None)
-            except Exception as exc:  # the store may have closed it already (e.g. after an error)
-                dg.get_dagster_logger().debug(f"snowflake connection already closed: {exc}")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.close()
 
 
-def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeResource | None:
-    """SnowflakeResource from SNOWFLAKE_* settings; None when no account is configured."""
+def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeConnection | None:
+    """SnowflakeConnection from SNOWFLAKE_* settings; None when no account is configured."""
     s = s or settings()
     values = dict(s.snowflake)
     if not values.get("account"):
         return None
-    fields: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_FIELDS if values.get(key)}
+    fields: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_KEYS if values.get(key)}
     # The secret stays an EnvVar when it is in the environment, so it never lands in the run config.
-    fields["password"] = dg.EnvVar("SNOWFLAKE_PASSWORD") if os.environ.get("SNOWFLAKE_PASSWORD") else values.get(
-        "password"
-    )
-    connector_args: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_CONNECTOR_ARGS if values.get(key)}
-    if "port" in connector_args:
-        connector_args["port"] = int(connector_args["port"])
+    if os.environ.get("SNOWFLAKE_PASSWORD"):
+        fields["password"] = dg.EnvVar("SNOWFLAKE_PASSWORD")
+    if values.get("port"):
+        fields["port"] = int(values["port"])
     # fakesnow answers a failed statement with HTTP 500, which the connector retries until network_timeout
     # (unset: for ever); its own server fixture disables retries the same way. Real Snowflake: unset.
     if values.get("network_timeout"):
         fields["network_timeout"] = int(values["network_timeout"])
-    elif connector_args.get("protocol") == "http":
+    elif values.get("protocol") == "http":
         fields["network_timeout"] = 1
-    # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
-    connector_args["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
-    return SnowflakeResource(additional_snowflake_connection_args=connector_args, **fields)
+    return SnowflakeConnection(**fields)
 
 
 def event_store_resource(s: Settings | None = None) -> EventStoreResource:

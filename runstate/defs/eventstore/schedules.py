@@ -9,13 +9,17 @@ from runstate.defs.eventstore.jobs import DEFAULT_ARCHIVE_AFTER_DAYS, archive_ev
     job=archive_events,
     cron_schedule="30 3 * * *",
     execution_timezone="UTC",
-    description=f"Daily: archive the events of runs completed more than {DEFAULT_ARCHIVE_AFTER_DAYS} days ago.",
+    description=(
+        f"Daily: archive the events of runs completed more than {DEFAULT_ARCHIVE_AFTER_DAYS} days ago."
+    ),
 )
 def archive_events_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     day = context.scheduled_execution_time.strftime("%Y-%m-%d")
     # One archival per scheduled day: the run_key dedupes a re-evaluated tick.
     return dg.RunRequest(
         run_key=f"archive_events:{day}",
-        run_config={"ops": {"archive_events_op": {"config": {"older_than_days": DEFAULT_ARCHIVE_AFTER_DAYS}}}},
+        run_config={
+            "ops": {"archive_events_op": {"config": {"older_than_days": DEFAULT_ARCHIVE_AFTER_DAYS}}}
+        },
         tags={"runstate/scheduled_day": day},
     )

@@ -48,7 +48,9 @@ def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: Event
         return
     for day in sorted(by_day):
         if day not in known_days:
-            context.log.warning(f"{len(by_day[day])} stale run(s) started on {day}, outside the partitions; skipped")
+            context.log.warning(
+                f"{len(by_day[day])} stale run(s) started on {day}, outside the partitions; skipped"
+            )
             continue
         yield dg.RunRequest(
             run_key=day_run_key(day, by_day[day]),

@@ -57,8 +57,14 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
             if event_type == DagsterEventType.RUN_FAILURE:
                 data["error"] = (entry.message or "")[:2000]
             events.append(
-                NewEvent(run_id, RUN_EVENT_TYPES[event_type], emitted_at, data=data,
-                         adapter_version=ADAPTER_VERSION, engine_run_ref=ref)
+                NewEvent(
+                    run_id,
+                    RUN_EVENT_TYPES[event_type],
+                    emitted_at,
+                    data=data,
+                    adapter_version=ADAPTER_VERSION,
+                    engine_run_ref=ref,
+                )
             )
         elif event_type in STEP_EVENT_TYPES and entry.step_key:
             if STEP_EVENT_TYPES[event_type] == EventType.STEP_STARTED:
@@ -69,9 +75,17 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
             if error:
                 data["error"] = error
             events.append(
-                NewEvent(run_id, STEP_EVENT_TYPES[event_type], emitted_at, data=data, step_id=entry.step_key,
-                         logical_attempt_id=str(attempt), engine_attempt_id=str(attempt),
-                         adapter_version=ADAPTER_VERSION, engine_run_ref=ref)
+                NewEvent(
+                    run_id,
+                    STEP_EVENT_TYPES[event_type],
+                    emitted_at,
+                    data=data,
+                    step_id=entry.step_key,
+                    logical_attempt_id=str(attempt),
+                    engine_attempt_id=str(attempt),
+                    adapter_version=ADAPTER_VERSION,
+                    engine_run_ref=ref,
+                )
             )
     return events
 

@@ -1,0 +1,96 @@
+"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/002_event_feed.sql).
+
+A read returns only events whose position is below (horizon << 20), the horizon being the oldest
+transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no
+event can appear later below what was returned. Transactions of other databases cannot write these
+tables and do not count. The price: a transaction held open in this database holds the feed back
+until it ends (it never makes it skip).
+LISTEN runstate_feed wakes subscribers at each commit; they also poll, so a lost notification (or
+a LISTEN connection that cannot be had) only delays them by `poll_seconds`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterator
+
+import psycopg
+
+from runstate.eventstore.contract import StoredEvent
+from runstate.eventstore.feed import check_position, follow
+from runstate.eventstore.pg_sql import EVENT_COLUMNS, row_to_event
+
+log = logging.getLogger("runstate.eventstore.postgres")
+
+FEED_CHANNEL = "runstate_feed"
+# The horizon: the snapshot's xmax, or its oldest in-progress xid that is not known to belong to
+# another database (pg_stat_activity gives 32-bit xids; one that ended meanwhile, or is hidden from
+# this role, is not known, so it still counts: that delays the reader by one poll, never skips).
+_HORIZON = (
+    "snap AS (SELECT pg_current_snapshot() AS s),"
+    " horizon AS (SELECT LEAST(pg_snapshot_xmax(snap.s), (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x"
+    "   WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname <> current_database()"
+    "     AND a.backend_xid::text::bigint = x::text::bigint %% 4294967296)))::text::bigint << 20 AS below"
+    "   FROM snap)"
+)
+_FEED = (
+    f"WITH {_HORIZON}"
+    f" SELECT * FROM ("
+    f"  SELECT {EVENT_COLUMNS} FROM run_events, horizon WHERE"
+    " position > %(after)s AND position < horizon.below"
+    f"  UNION ALL"
+    f"  SELECT {EVENT_COLUMNS} FROM run_events_archive, horizon"
+    f"  WHERE position > %(after)s AND position < horizon.below"
+    " ) AS feed ORDER BY position LIMIT %(limit)s"
+)
+
+
+class _PgFeed:
+    """Mixin of PostgresEventStore: the global feed."""
+
+    def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Every event with position > after_position that no later commit can precede, in position order."""
+        check_position(after_position, limit)
+        rows = self._run(
+            "read the feed",
+            lambda conn: conn.execute(_FEED, {"after": after_position, "limit": limit}).fetchall(),
+            transactional=False,
+        )
+        return [row_to_event(row) for row in rows]
+
+    def subscribe(
+        self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
+    ) -> Iterator[StoredEvent]:
+        """Follow the feed from `after_position` until `stop()` is true (for ever without it)."""
+        check_position(after_position, 1)
+        listener = self._listener()
+        try:
+            yield from follow(
+                self.fetch_all, lambda seconds: _wait(listener, seconds), after_position, poll_seconds, stop
+            )
+        finally:
+            if listener is not None:
+                listener.close()
+
+    def _listener(self) -> psycopg.Connection | None:
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+            conn.execute(f"LISTEN {FEED_CHANNEL}")
+            return conn
+        except psycopg.Error as exc:
+            log.warning("feed of schema %r: LISTEN unavailable (%s); polling only", self.schema, exc)
+            return None
+
+
+def _wait(listener: psycopg.Connection | None, seconds: float) -> None:
+    """Until a notification arrives or `seconds` pass; without a listener, just the pause."""
+    if listener is None:
+        time.sleep(seconds)
+        return
+    try:
+        for _ in listener.notifies(timeout=seconds, stop_after=1):
+            pass
+    except psycopg.Error as exc:  # the listener broke: poll until the subscriber is restarted
+        log.warning("feed listener lost (%s); polling", exc)
+        time.sleep(seconds)

@@ -1,0 +1,188 @@
+"""The Postgres store's reads: a run's events (live or archived), projections, resume, and run lists."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+import psycopg
+
+from runstate.eventstore.contract import (
+    ConcurrencyConflict,
+    InvalidEvent,
+    RunSnapshot,
+    StoredEvent,
+)
+from runstate.eventstore.pg_feed import _PgFeed
+from runstate.eventstore.pg_snapshots import SNAPSHOT_COLUMNS, _stored_snapshot
+from runstate.eventstore.pg_sql import EVENT_COLUMNS, row_to_event
+from runstate.eventstore.resume import Resume
+from runstate.eventstore.snapshots import choose_valid
+
+_MAX_PROJECTION_ATTEMPTS = 20
+# A run's events, wherever they are: an archived run is read from run_events_archive, and events
+# appended after the archive are in run_events (an event is in exactly one of the two).
+_FETCH = (
+    f"SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = %(run_id)s AND run_seq > %(after)s"
+    " AND run_seq <= %(upto)s"
+    f" UNION ALL SELECT {EVENT_COLUMNS} FROM run_events_archive"
+    " WHERE run_id = %(run_id)s AND run_seq > %(after)s"
+    " AND run_seq <= %(upto)s"
+    " ORDER BY run_seq LIMIT %(limit)s"
+)
+_NO_UPPER_BOUND = 2**62
+_STALE = (
+    "SELECT s.run_id, COALESCE(s.started_at, s.first_event_at), s.last_seq"
+    " FROM run_streams s LEFT JOIN run_snapshots p ON p.run_id = s.run_id"
+    " WHERE s.last_seq > COALESCE(p.last_event_seq, 0)"
+    "   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)"
+    " ORDER BY s.run_id LIMIT %s"
+)
+
+
+class _PgReads(_PgFeed):
+    """Mixin of PostgresEventStore: reads and projection."""
+
+    def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with run_seq > after_seq, ascending, at most `limit` (the watermark pattern)."""
+        if int(limit) < 1:
+            raise InvalidEvent("limit", f"must be >= 1, got {limit!r}")
+        return self._run(
+            f"fetch run {run_id!r}",
+            lambda conn: self._fetch(conn, run_id, int(after_seq), int(limit)),
+            transactional=False,
+        )
+
+    def _fetch(
+        self, conn: psycopg.Connection, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> list[StoredEvent]:
+        params = {
+            "run_id": run_id,
+            "after": after_seq,
+            "limit": limit,
+            "upto": _NO_UPPER_BOUND if upto is None else upto,
+        }
+        return [row_to_event(row) for row in conn.execute(_FETCH, params).fetchall()]
+
+    def _rows(self, what: str, query: str, params: tuple) -> list[tuple]:
+        return self._run(what, lambda conn: conn.execute(query, params).fetchall(), transactional=False)
+
+    def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
+        rows = self._rows(
+            "list runs",
+            "SELECT run_id FROM run_streams WHERE run_id > %s ORDER BY run_id LIMIT %s",
+            (after, limit),
+        )
+        return [r[0] for r in rows]
+
+    def max_seq(self, run_id: str) -> int:
+        """The highest run_seq stored for the run, live or archived (0 when none): the migration's
+        resume point."""
+        rows = self._rows(
+            f"max seq of run {run_id!r}",
+            "SELECT GREATEST((SELECT max(run_seq) FROM run_events WHERE run_id = %s),"
+            " (SELECT max(run_seq) FROM run_events_archive WHERE run_id = %s))",
+            (run_id, run_id),
+        )
+        return rows[0][0] or 0
+
+    def stale_runs(self, limit: int = 1000) -> list[str]:
+        """Runs with events newer than their stored projection."""
+        return [run_id for run_id, _, _ in self.stale_runs_with_start(limit)]
+
+    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]:
+        """(run_id, start, last_seq) of runs with events newer than their stored projection; the start
+        is the RunStarted event's emitted_at, else the first event's."""
+        return [(r[0], r[1], r[2]) for r in self._rows("list stale runs", _STALE, (limit,))]
+
+    def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
+        rows = self._rows(
+            "list runs by start",
+            "SELECT run_id FROM run_streams WHERE COALESCE(started_at, first_event_at) >= %s"
+            " AND COALESCE(started_at, first_event_at) < %s ORDER BY run_id",
+            (start, end),
+        )
+        return [r[0] for r in rows]
+
+    # -- projection ---------------------------------------------------------------------------
+
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("project", self._project_once, run_id)
+
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("rebuild", self._rebuild_once, run_id)
+
+    def _until_saved(
+        self,
+        what: str,
+        attempt: Callable[[psycopg.Connection, str], tuple[RunSnapshot, bool, int] | None],
+        run_id: str,
+    ) -> tuple[RunSnapshot, bool, int]:
+        """Retry a compare-and-set projection step on a fresh read until it wins."""
+        for _ in range(_MAX_PROJECTION_ATTEMPTS):
+            done = self._run(
+                f"{what} run {run_id!r}", lambda conn: attempt(conn, run_id), transactional=False
+            )
+            if done is not None:
+                return done
+        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
+
+    def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
+        row = conn.execute(
+            "SELECT snapshot_data, version FROM run_snapshots WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        return RunSnapshot.from_dict(row[0], version=row[1]) if row else None
+
+    def _save_projection(
+        self, conn: psycopg.Connection, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None
+    ) -> bool:
+        """Compare-and-set on version; False when another projector won (the caller re-reads)."""
+        params: dict[str, Any] = {
+            "run_id": run_id,
+            "status": snap.status,
+            "seq": snap.last_event_seq,
+            "data": json.dumps(snap.to_dict()),
+            "started": snap.started_at,
+            "completed": snap.completed_at,
+        }
+        if stored is None:
+            return (
+                conn.execute(
+                    "INSERT INTO run_snapshots"
+                    " (run_id, status, last_event_seq, snapshot_data, started_at, completed_at, version)"
+                    " VALUES (%(run_id)s, %(status)s, %(seq)s,"
+                    " %(data)s::jsonb, %(started)s, %(completed)s, 1)"
+                    " ON CONFLICT (run_id) DO NOTHING",
+                    params,
+                ).rowcount
+                == 1
+            )
+        return (
+            conn.execute(
+                "UPDATE run_snapshots SET status = %(status)s, last_event_seq = %(seq)s,"
+                " snapshot_data = %(data)s::jsonb, started_at = %(started)s, completed_at = %(completed)s,"
+                " projected_at = now(), version = version + 1"
+                " WHERE run_id = %(run_id)s AND version = %(version)s",
+                {**params, "version": stored.version},
+            ).rowcount
+            == 1
+        )
+
+    def resume(self, run_id: str) -> Resume:
+        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
+        started = time.perf_counter()
+
+        def work(conn: psycopg.Connection) -> Resume:
+            rows = conn.execute(
+                f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots WHERE run_id = %s ORDER BY seq DESC",
+                (run_id,),
+            ).fetchall()
+            chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
+            events = self._fetch_run(conn, run_id, chosen.seq)
+            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
+
+        return self._record_resume(
+            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
+        )

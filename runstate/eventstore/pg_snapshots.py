@@ -1,0 +1,169 @@
+"""The Postgres store's state snapshots: written inside the append transaction, and by checkpoint()."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+import psycopg
+
+from runstate.eventstore.contract import RunSnapshot, StoredEvent
+from runstate.eventstore.projection import READS_DATA, fold
+from runstate.eventstore.rows import as_stored
+from runstate.eventstore.snapshots import (
+    KIND_PROJECTION,
+    KIND_STATE,
+    EncodedSnapshot,
+    StoredSnapshot,
+    canonical_json,
+    choose_valid,
+    encode_snapshot,
+)
+from runstate.eventstore.validation import ValidEvent
+
+# The DELETE sees the table as it was before the INSERT (one snapshot per statement): keep the
+# newest keep-1 older snapshots next to the new one.
+_WRITE_SNAPSHOT = (
+    "WITH added AS ("
+    " INSERT INTO run_state_snapshots"
+    " (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)"
+    " VALUES (%(run_id)s, %(seq)s, %(kind)s, %(encoding)s, %(payload)s, %(checksum)s, %(raw)s, %(stored)s,"
+    " %(reason)s) ON CONFLICT (run_id, seq) DO NOTHING RETURNING 1),"
+    " pruned AS (DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s AND seq NOT IN ("
+    "  SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s"
+    "  ORDER BY seq DESC LIMIT %(older)s))"
+    " SELECT count(*) FROM added"
+)
+SNAPSHOT_COLUMNS = "run_id, seq, kind, encoding, payload, checksum"
+
+
+class _PgSnapshots:
+    """Mixin of PostgresEventStore: state snapshots."""
+
+    def _write_snapshot(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        seq: int,
+        state: Any,
+        reason: str,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]] = (),
+    ) -> tuple[RunSnapshot | None, EncodedSnapshot]:
+        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N, in one
+        statement; returns the projection (when that is what was written) and the encoded snapshot.
+        Sends the statement without waiting for it (the append's pipeline): the caller counts it in
+        the metrics once the COMMIT is through."""
+        kind, projection = KIND_STATE, None
+        if state is None:
+            kind = KIND_PROJECTION
+            projection = self._projection_in_tx(conn, run_id, stored_upto, pending)
+            state = projection.to_dict()
+        encoded = encode_snapshot(run_id, seq, state, self.policy)
+        conn.execute(
+            _WRITE_SNAPSHOT,
+            {
+                "run_id": run_id,
+                "seq": seq,
+                "kind": kind,
+                "encoding": encoded.encoding,
+                "payload": encoded.payload,
+                "checksum": encoded.checksum,
+                "raw": encoded.raw_bytes,
+                "stored": encoded.stored_bytes,
+                "reason": reason,
+                "older": self.policy.keep - 1,
+            },
+        )
+        return projection, encoded
+
+    def _projection_in_tx(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]],
+    ) -> RunSnapshot:
+        """The run's projection through the stored events up to `stored_upto` plus `pending` ones."""
+        recalled = self._recalled(run_id)
+        if stored_upto == 0:  # a new run: nothing stored to start from (and no round trip to find that out)
+            base = RunSnapshot.empty(run_id)
+        elif recalled is not None and recalled.last_event_seq <= stored_upto:
+            base = recalled
+        else:
+            base = self._latest_projection_base(conn, run_id, stored_upto)
+        now = datetime.now(timezone.utc)
+        if base.last_event_seq != stored_upto:
+            base = fold(base, self._fetch_run(conn, run_id, base.last_event_seq, upto=stored_upto))
+        return fold(base, (_pending_for_fold(run_id, seq, ev, now) for seq, ev in pending))
+
+    def _latest_projection_base(self, conn: psycopg.Connection, run_id: str, upto: int) -> RunSnapshot:
+        rows = conn.execute(
+            f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots"
+            " WHERE run_id = %s AND kind = 'projection' AND seq <= %s ORDER BY seq DESC",
+            (run_id, upto),
+        ).fetchall()
+        chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
+        best = (
+            RunSnapshot.from_dict(chosen.state)
+            if chosen.kind == KIND_PROJECTION
+            else RunSnapshot.empty(run_id)
+        )
+        row = conn.execute(
+            "SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s",
+            (run_id, upto),
+        ).fetchone()
+        if row is not None:
+            projected = RunSnapshot.from_dict(row[0])
+            if projected.last_event_seq > best.last_event_seq:
+                best = projected
+        return best
+
+    def checkpoint(self, run_id: str, state: Any = None) -> int:
+        """Manual snapshot at the run's latest run_seq; returns that seq (0: the run has no events)."""
+        if state is not None:
+            canonical_json(run_id, state)
+
+        def work(conn: psycopg.Connection) -> tuple[int, RunSnapshot | None, EncodedSnapshot | None]:
+            row = conn.execute(
+                "SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)
+            ).fetchone()
+            if row is None or row[0] == 0:
+                return 0, None, None
+            made, encoded = self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
+            return row[0], made, encoded
+
+        seq, made, encoded = self._run(f"checkpoint run {run_id!r}", work)
+        if encoded is not None:
+            self.metrics.record_written(encoded)
+        self._remember(made)
+        return seq
+
+
+def _stored_snapshot(row: Sequence[Any]) -> StoredSnapshot:
+    return StoredSnapshot(row[0], row[1], row[2], row[3], bytes(row[4]), row[5])
+
+
+def _pending_for_fold(run_id: str, seq: int, event: ValidEvent, now: datetime) -> StoredEvent:
+    """The event as `fold` sees it; `data` is decoded only for the types whose handler reads it
+    (JSON-decoding every event of a batch was a large part of an interval snapshot's cost)."""
+    if event.event_type in READS_DATA:
+        return as_stored(run_id, seq, event, now)
+    return StoredEvent(
+        run_id=run_id,
+        run_seq=seq,
+        event_type=event.event_type,
+        emitted_at=event.emitted_at,
+        persisted_at=now,
+        idempotency_key=event.idempotency_key,
+        event_id=event.event_id,
+        data=None,
+        step_id=event.step_id,
+        engine_attempt_id=event.engine_attempt_id,
+        logical_attempt_id=event.logical_attempt_id,
+        plan_version=event.plan_version,
+        caused_by_signal_id=event.caused_by_signal_id,
+        parent_event_id=event.parent_event_id,
+        adapter_version=event.adapter_version,
+        engine_run_ref=None,
+    )

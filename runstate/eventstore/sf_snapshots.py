@@ -1,0 +1,136 @@
+"""The Snowflake store's state snapshots: written inside the append transaction, and by checkpoint()."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from typing import Any, Sequence
+
+from runstate.eventstore.contract import RunSnapshot
+from runstate.eventstore.projection import fold
+from runstate.eventstore.rows import as_stored
+from runstate.eventstore.sf_sql import b64
+from runstate.eventstore.snapshots import (
+    KIND_PROJECTION,
+    KIND_STATE,
+    StoredSnapshot,
+    canonical_json,
+    choose_valid,
+    encode_snapshot,
+)
+from runstate.eventstore.validation import ValidEvent
+
+
+class _SfSnapshots:
+    """Mixin of SnowflakeEventStore: state snapshots."""
+
+    def _write_snapshot(
+        self,
+        cur: Any,
+        run_id: str,
+        seq: int,
+        state: Any,
+        reason: str,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]] = (),
+    ) -> RunSnapshot | None:
+        kind, projection = KIND_STATE, None
+        if state is None:
+            kind = KIND_PROJECTION
+            projection = self._projection_in_tx(cur, run_id, stored_upto, pending)
+            state = projection.to_dict()
+        encoded = encode_snapshot(run_id, seq, state, self.policy)
+        cur.execute(
+            f"INSERT INTO {self._t('RUN_STATE_SNAPSHOTS')}"
+            " (RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM, RAW_BYTES, STORED_BYTES, REASON)"
+            " SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE NOT EXISTS ("
+            f" SELECT 1 FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ = %s)",
+            (
+                run_id,
+                seq,
+                kind,
+                encoded.encoding,
+                base64.b64encode(encoded.payload).decode("ascii"),
+                encoded.checksum,
+                encoded.raw_bytes,
+                encoded.stored_bytes,
+                reason,
+                run_id,
+                seq,
+            ),
+        )
+        inserted = cur.rowcount
+        cur.execute(
+            f"SELECT SEQ FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s ORDER BY SEQ DESC", (run_id,)
+        )
+        seqs = [int(r[0]) for r in cur.fetchall()]
+        if len(seqs) > self.policy.keep:
+            cur.execute(
+                f"DELETE FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ < %s",
+                (run_id, seqs[self.policy.keep - 1]),
+            )
+        if inserted:
+            self.metrics.record_written(encoded)
+        return projection
+
+    def _snapshots(
+        self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None
+    ) -> list[StoredSnapshot]:
+        query = (
+            f"SELECT RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM FROM {self._t('RUN_STATE_SNAPSHOTS')}"
+            " WHERE RUN_ID = %s"
+        )
+        params: list[Any] = [run_id]
+        if upto is not None:
+            query += " AND SEQ <= %s"
+            params.append(upto)
+        if kind is not None:
+            query += " AND KIND = %s"
+            params.append(kind)
+        cur.execute(query + " ORDER BY SEQ DESC", params)
+        return [StoredSnapshot(r[0], int(r[1]), r[2], r[3], b64(r[4]), r[5]) for r in cur.fetchall()]
+
+    def _projection_in_tx(
+        self, cur: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
+    ) -> RunSnapshot:
+        now = datetime.now(timezone.utc)
+        recalled = self._recalled(run_id)
+        if recalled is not None and recalled.last_event_seq <= stored_upto:
+            events = (
+                self._fetch_run(cur, run_id, recalled.last_event_seq, upto=stored_upto)
+                if recalled.last_event_seq < stored_upto
+                else []
+            )
+            return fold(fold(recalled, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
+        chosen = choose_valid(
+            run_id, self._snapshots(cur, run_id, upto=stored_upto, kind=KIND_PROJECTION), self.metrics
+        )
+        base = (
+            RunSnapshot.from_dict(chosen.state)
+            if chosen.kind == KIND_PROJECTION
+            else RunSnapshot.empty(run_id)
+        )
+        stored = self._stored_projection(cur, run_id)
+        if stored is not None and base.last_event_seq < stored.last_event_seq <= stored_upto:
+            base = stored
+        events = self._fetch_run(cur, run_id, base.last_event_seq, upto=stored_upto)
+        now = datetime.now(timezone.utc)
+        return fold(fold(base, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
+
+    def checkpoint(self, run_id: str, state: Any = None) -> int:
+        if state is not None:
+            canonical_json(run_id, state)
+        self._merge_usable()
+
+        def work(cur: Any) -> tuple[int, RunSnapshot | None]:
+            cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
+            if not cur.fetchone()[0]:
+                return 0, None
+            last_seq, _, _ = self._lock_stream(cur, run_id)
+            if last_seq == 0:
+                return 0, None
+            return last_seq, self._write_snapshot(cur, run_id, last_seq, state, "checkpoint", last_seq)
+
+        seq, made = self._run(f"checkpoint run {run_id!r}", work)
+        self._remember(made)
+        return seq

@@ -1,0 +1,137 @@
+"""The global feed: fetch_all and subscribe, in position order, never skipping a late commit."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from runstate.eventstore import InvalidEvent, StoredEvent
+from runstate_tests.eventstore.conftest import ev
+
+WRITERS = 8
+BATCHES_PER_WRITER = 12
+
+
+def collect(store: Any, expected: int, deadline_s: float, poll: float = 0.5) -> list[StoredEvent]:
+    """Subscribe from 0 until `expected` events arrived or the deadline passed."""
+    got: list[StoredEvent] = []
+    deadline = time.monotonic() + deadline_s
+    for event in store.subscribe(
+        0, poll_seconds=poll, stop=lambda: len(got) >= expected or time.monotonic() > deadline
+    ):
+        got.append(event)
+    return got
+
+
+def test_fetch_all_pages_every_run_in_position_order(store):
+    for i in range(5):
+        store.append_batch(f"run-{i}", [ev(f"run-{i}", "A", key=f"a{i}"), ev(f"run-{i}", "B", key=f"b{i}")])
+
+    pages, after = [], 0
+    while page := store.fetch_all(after, limit=3):
+        pages.append(page)
+        after = page[-1].position
+
+    events = [e for page in pages for e in page]
+    assert [len(p) for p in pages] == [3, 3, 3, 1]
+    assert [(e.run_id, e.run_seq) for e in events] == [(f"run-{i}", s) for i in range(5) for s in (1, 2)]
+    assert all(a.position < b.position for a, b in zip(events, events[1:]))
+
+
+def test_fetch_all_refuses_bad_arguments(store):
+    with pytest.raises(InvalidEvent):
+        store.fetch_all(-1)
+    with pytest.raises(InvalidEvent):
+        store.fetch_all(0, limit=0)
+
+
+def test_subscribe_follows_new_appends(store):
+    store.append(ev("r1", "A"))
+    later = threading.Timer(0.5, lambda: store.append(ev("r2", "B")))
+    later.start()
+
+    got = collect(store, expected=2, deadline_s=60)
+
+    later.join()
+    assert [(e.run_id, e.event_type) for e in got] == [("r1", "A"), ("r2", "B")]
+
+
+def _raw_append(
+    store: Any, conn: psycopg.Connection, run_id: str, events: list, written: list[tuple[int, Any]]
+) -> None:
+    """One append transaction through the store's own insert path, on a connection the test owns."""
+    from runstate.eventstore.validation import validate_batch
+
+    valid = validate_batch(run_id, events)
+    store._append_tx(conn, run_id, valid, None, None, written)
+
+
+def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_store, pg_database, pg_schema):
+    """Every committed event reaches a subscriber exactly once, in position order, none skipped,
+    although one transaction stays open for seconds while the others commit past it."""
+    store = pg_store
+    conninfo = store._conninfo
+    committed: set[str] = set()
+    lock = threading.Lock()
+    long_started, others_done = threading.Event(), threading.Event()
+
+    def long_transaction() -> None:
+        with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
+            _raw_append(store, conn, "long", [ev("long", "Slow", i, key=f"long-{i}") for i in range(3)], [])
+            long_started.set()
+            others_done.wait(timeout=120)
+            time.sleep(1.0)  # commit well after every later transaction
+        with lock:
+            committed.update(f"long-{i}" for i in range(3))
+
+    def writer(w: int) -> None:
+        rng = random.Random(w)
+        long_started.wait(timeout=60)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for b in range(BATCHES_PER_WRITER):
+                keys = [f"w{w}-b{b}-{i}" for i in range(rng.randint(1, 4))]
+                run_id = f"run-{w}"
+                events = [ev(run_id, "Tick", i, key=key) for i, key in enumerate(keys)]
+                rollback = rng.random() < 0.3
+                with conn.transaction(force_rollback=rollback):
+                    _raw_append(store, conn, run_id, events, [])
+                if not rollback:
+                    with lock:
+                        committed.update(keys)
+
+    threads = [threading.Thread(target=long_transaction)] + [
+        threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)
+    ]
+    got: list[StoredEvent] = []
+    subscriber = threading.Thread(target=lambda: got.extend(collect(store, 10**9, deadline_s=12, poll=0.3)))
+    for thread in threads:
+        thread.start()
+    subscriber.start()
+    for thread in threads[1:]:
+        thread.join()
+    others_done.set()
+    threads[0].join()
+    subscriber.join()
+
+    keys = [e.idempotency_key for e in got]
+    assert len(keys) == len(set(keys)), "an event was delivered twice"
+    assert set(keys) == committed, (
+        f"missing {sorted(committed - set(keys))[:5]}, extra {sorted(set(keys) - committed)[:5]}"
+    )
+    assert all(a.position < b.position for a, b in zip(got, got[1:]))
+    assert keys.index("long-0") < keys.index("long-1") < keys.index("long-2")
+
+
+def test_a_lost_notification_only_delays_the_subscriber(pg_store, pg_database, pg_schema):
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(f'DROP TRIGGER run_events_feed_notify ON "{pg_schema}".run_events')
+    threading.Timer(0.3, lambda: pg_store.append(ev("r1", "A"))).start()
+
+    got = collect(pg_store, expected=1, deadline_s=60, poll=0.2)
+
+    assert [e.run_id for e in got] == ["r1"]
