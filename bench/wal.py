@@ -10,6 +10,8 @@ Prints ONE JSON line:
 Targets: flush >= 0.5 x raw; lag_p99 <= 65 s with the 30 s timer.
 
 Scale down with e.g. `--rows 1000 --timer-seconds 5 --lag-rounds 2`.
+
+`--daemon` measures instead append -> visible through a `runstate dev` it starts (bench/wal_daemon.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
@@ -36,6 +39,9 @@ import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
+from wal_daemon import add_arguments  # noqa: E402
+from wal_daemon import main as daemon_main  # noqa: E402
+
 from runstate.defs.ticking import tick_sensor  # noqa: E402
 from runstate.defs.wal import build_defs  # noqa: E402
 from runstate.defs.wal.resources import WalResource  # noqa: E402
@@ -44,14 +50,28 @@ from runstate.wal import tables as t  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=5000, help="WAL rows in the measured flush (default 5000)")
-    parser.add_argument("--seed-threads", type=int, default=1, help="appending threads while seeding (moto does not serialise concurrent conditional puts: keep 1)")
-    parser.add_argument("--timer-seconds", type=float, default=30.0, help="sensor tick interval (deployed: 30)")
-    parser.add_argument("--lag-rounds", type=int, default=2, help="timer periods during which rows are appended")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rows", type=int, default=5000, help="WAL rows in the measured flush (default 5000)"
+    )
+    parser.add_argument(
+        "--seed-threads",
+        type=int,
+        default=1,
+        help="appending threads while seeding (moto does not serialise concurrent conditional puts: keep 1)",
+    )
+    parser.add_argument(
+        "--timer-seconds", type=float, default=30.0, help="sensor tick interval (deployed: 30)"
+    )
+    parser.add_argument(
+        "--lag-rounds", type=int, default=2, help="timer periods during which rows are appended"
+    )
     parser.add_argument("--lag-rows", type=int, default=60, help="rows appended during the lag phase")
     parser.add_argument("--lag-datasets", type=int, default=3, help="datasets the lag-phase rows go to")
     parser.add_argument("--seed", type=int, default=7)
+    add_arguments(parser)  # --daemon and its options
     return parser.parse_args(argv)
 
 
@@ -59,16 +79,24 @@ class World:
     def __init__(self, endpoint: str) -> None:
         config = Config(max_pool_connections=64, retries={"mode": "standard"})
         self.endpoint = endpoint
-        self.dynamodb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1", config=config)
+        self.dynamodb = boto3.client(
+            "dynamodb", endpoint_url=endpoint, region_name="us-east-1", config=config
+        )
         self.s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
         self.table, self.bucket, self.prefix = "bench_wal", "bench-blobs", "datasets/"
         ensure_wal_table(self.dynamodb, self.table)
         ensure_blob_bucket(self.s3, self.bucket)
 
     def resource(self, max_batch_size: int = 500) -> WalResource:
+        # The bench drives the timer itself: no run interval between its ticks.
         return WalResource(
-            endpoint_url=self.endpoint, region="us-east-1", table=self.table, bucket=self.bucket,
-            prefix=self.prefix, max_batch_size=max_batch_size,
+            endpoint_url=self.endpoint,
+            region="us-east-1",
+            table=self.table,
+            bucket=self.bucket,
+            prefix=self.prefix,
+            max_batch_size=max_batch_size,
+            min_run_interval_s=0,
         )
 
 
@@ -76,11 +104,15 @@ def seed(world: World, dataset_id: str, rows: int, threads: int) -> list[int]:
     """Append `rows` single-change rows to one dataset from a few threads (the producer serialises seqs)."""
     producer = WalProducer(world.dynamodb, world.table)
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        seqs = list(pool.map(lambda i: producer.append(dataset_id, [Change.upsert(f"k{i}", {"i": i})]), range(rows)))
+        seqs = list(
+            pool.map(lambda i: producer.append(dataset_id, [Change.upsert(f"k{i}", {"i": i})]), range(rows))
+        )
     # Concurrent appends must get distinct seqs: a repeated seq would be a lost change.
     repeated = sorted({seq for seq in seqs if seqs.count(seq) > 1}) if len(set(seqs)) != len(seqs) else []
     if repeated:
-        raise SystemExit(f"seeding: {len(seqs)} appends returned {len(set(seqs))} distinct seqs; repeated: {repeated[:10]}")
+        raise SystemExit(
+            f"seeding: {len(seqs)} appends returned {len(set(seqs))} distinct seqs; repeated: {repeated[:10]}"
+        )
     return sorted(seqs)
 
 
@@ -88,11 +120,12 @@ def measure_flush(world: World, dataset_id: str, seqs: list[int]) -> tuple[float
     """One flush_wal run over every seq, as the sensor would request it; returns (seconds, rows applied)."""
     defs = build_defs(wal=world.resource(max_batch_size=len(seqs)))
     job = defs.resolve_job_def("flush_wal")
-    run_config = {"ops": {"flush_wal_batch": {"config": {"dataset_id": dataset_id, "seqs": seqs}}}}
+    batches = [{"dataset_id": dataset_id, "seqs": seqs}]
+    run_config = {"ops": {"flush_wal_shard": {"config": {"shard": 0, "batches": batches}}}}
     started = time.perf_counter()
     result = job.execute_in_process(run_config=run_config, instance=dg.DagsterInstance.ephemeral())
     elapsed = time.perf_counter() - started
-    [materialization] = result.asset_materializations_for_node("flush_wal_batch")
+    [materialization] = result.asset_materializations_for_node("flush_wal_shard")
     return elapsed, int(materialization.metadata["applied"].value)
 
 
@@ -105,7 +138,9 @@ def raw_update(world: World, dataset_id: str, seq: int, status: str) -> None:
         ConditionExpression="#status = :status",
         ExpressionAttributeNames={"#status": t.STATUS_IDX, "#blob": t.BLOB_KEY, "#at": t.APPLIED_AT},
         ExpressionAttributeValues={
-            ":status": {"S": status}, ":blob": {"S": "bench"}, ":at": {"N": str(int(time.time()))},
+            ":status": {"S": status},
+            ":blob": {"S": "bench"},
+            ":at": {"N": str(int(time.time()))},
         },
     )
 
@@ -154,7 +189,9 @@ def measure_lag(world: World, args: argparse.Namespace, rng: random.Random) -> l
             for dataset_id, reader in readers.items():
                 version = reader.version
                 now = time.monotonic()
-                for key in [k for k in list(appended) if k[0] == dataset_id and k[1] <= version and k not in seen]:
+                for key in [
+                    k for k in list(appended) if k[0] == dataset_id and k[1] <= version and k not in seen
+                ]:
                     seen[key] = now
             done.wait(0.2)
 
@@ -178,7 +215,9 @@ def measure_lag(world: World, args: argparse.Namespace, rng: random.Random) -> l
     reader.join()
     missing = set(appended) - set(seen)
     if missing:
-        raise SystemExit(f"lag phase: {len(missing)} appended rows never became visible, e.g. {sorted(missing)[:3]}")
+        raise SystemExit(
+            f"lag phase: {len(missing)} appended rows never became visible, e.g. {sorted(missing)[:3]}"
+        )
     return [seen[key] - appended[key] for key in appended]
 
 
@@ -190,6 +229,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.daemon:
+        result = daemon_main(args)
+        print(json.dumps(result, sort_keys=True), flush=True)
+        return result
     rng = random.Random(args.seed)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -221,7 +264,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "lag_rows": len(lags),
         "timer_s": args.timer_seconds,
         "seed_append_rows_per_s": round(args.rows / seed_s, 1),
-        "targets_met": flush_rate >= 0.5 * raw_rate and percentile(lags, 0.99) <= args.timer_seconds * 65 / 30,
+        "targets_met": flush_rate >= 0.5 * raw_rate
+        and percentile(lags, 0.99) <= args.timer_seconds * 65 / 30,
     }
     print(json.dumps(result, sort_keys=True), flush=True)
     return result

@@ -69,6 +69,9 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
+    # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
+    # machine; scale it with the cluster (docs/OPERATIONS.md).
+    wal_flush_shards: int = 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -95,7 +98,15 @@ class Settings:
             spark_conf={str(k): str(v) for k, v in spark_conf.items()},
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
+            wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
         )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def dagster_url_for(pg_url: str) -> str:

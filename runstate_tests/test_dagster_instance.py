@@ -51,7 +51,7 @@ def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instan
     assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
     assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-    assert {"key": "runstate/dataset", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+    assert {"key": "runstate/wal_shard", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
     assert {"key": "runstate/table", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 3
     assert instance.run_monitoring_enabled
@@ -64,7 +64,7 @@ def test_the_storage_url_is_read_from_the_environment_not_written_down():
     assert config["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
 
 
-def test_the_queue_admits_one_run_per_dataset_and_one_per_table(instance):
+def test_the_queue_admits_one_run_per_wal_shard_and_one_per_table(instance):
     from dagster._core.storage.dagster_run import DagsterRun
     from dagster._utils.tags import TagConcurrencyLimitsCounter
 
@@ -72,10 +72,10 @@ def test_the_queue_admits_one_run_per_dataset_and_one_per_table(instance):
         return DagsterRun(job_name="any", tags=tags)
 
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    in_progress = [run(**{"runstate/dataset": "orders"}), run(**{"runstate/table": "db.events"})]
+    in_progress = [run(**{"runstate/wal_shard": "0"}), run(**{"runstate/table": "db.events"})]
     counter = TagConcurrencyLimitsCounter(limits, in_progress)
 
-    assert counter.is_blocked(run(**{"runstate/dataset": "orders"}))
-    assert not counter.is_blocked(run(**{"runstate/dataset": "users"}))
+    assert counter.is_blocked(run(**{"runstate/wal_shard": "0"}))
+    assert not counter.is_blocked(run(**{"runstate/wal_shard": "1"}))
     assert counter.is_blocked(run(**{"runstate/table": "db.events"}))
     assert not counter.is_blocked(run(**{"runstate/table": "db.other"}))

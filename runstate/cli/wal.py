@@ -1,45 +1,59 @@
-"""`runstate wal append|tick|read|status`: the dataset WAL from the command line."""
+"""`runstate wal append|tick|read|status`: the dataset WAL from the command line.
+
+append, read and status build the core objects from the settings and never import dagster, so they
+answer fast; tick evaluates the Dagster sensor. Errors are WalErrors, which the CLI's one error mapper
+prints as one line.
+"""
 
 from __future__ import annotations
 
-import json
 import dataclasses
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError
+
+if TYPE_CHECKING:
+    from runstate.wal import BlobStore, WalTable
 
 SENSOR_NAME = "wal_sensor"
 
 
-def _resource():
-    """Outside a run there is no Dagster config resolution: a plain resource; boto3 finds the credentials."""
-    from runstate.defs.wal.resources import WalResource
+def _client(service: str) -> Any:
+    import os
 
-    return WalResource()
+    from runstate.config import settings
+    from runstate.wal.clients import aws_client
 
-
-def _aws_error(error: Exception, wal: Any) -> click.ClickException:
-    """Turn an AWS failure into one line that names the table or bucket and where it was looked for."""
-    code = error.response["Error"]["Code"] if isinstance(error, ClientError) else type(error).__name__
-    where = wal.resolved_endpoint_url or "AWS"
-    if code == "ResourceNotFoundException":
-        return click.ClickException(
-            f"WAL table {wal.table_name!r} not found at {where}; run `runstate services up` or `runstate db upgrade`"
-        )
-    if code in ("NoSuchBucket", "404"):
-        return click.ClickException(f"blob bucket {wal.bucket_name!r} not found at {where}")
-    return click.ClickException(f"AWS call to {where} failed: {error}")
+    config = settings()
+    return aws_client(
+        service,
+        endpoint_url=config.aws_endpoint_url,
+        region=config.aws_region,
+        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
+        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+    )
 
 
-def _parse_upsert(text: str) -> tuple[str, Any]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key:
-        raise click.BadParameter(f"{text!r} is not KEY=JSON", param_hint="--upsert")
-    try:
-        return key, json.loads(raw)
-    except ValueError:
-        raise click.BadParameter(f"value of {key!r} is not JSON: {raw!r}", param_hint="--upsert") from None
+def wal_table() -> "WalTable":
+    """The deployment's WAL table, from the runstate settings (one client: each costs a few tenths of a second)."""
+    from runstate.config import settings
+    from runstate.wal import WalTable
+
+    return WalTable(_client("dynamodb"), settings().wal_table)
+
+
+def blob_store() -> "BlobStore":
+    """The deployment's blob bucket, from the runstate settings."""
+    from runstate.config import settings
+    from runstate.wal import BlobStore
+
+    config = settings()
+    return BlobStore(_client("s3"), config.blob_bucket, config.blob_prefix)
+
+
+def echo_json(document: Any) -> None:
+    click.echo(json.dumps(document, sort_keys=True))
 
 
 @click.group()
@@ -49,23 +63,29 @@ def wal() -> None:
 
 @wal.command()
 @click.option("--dataset", "dataset_id", required=True, help="Dataset id, e.g. orders.")
-@click.option("--upsert", "upserts", multiple=True, metavar="KEY=JSON", help='Set KEY to a JSON value, e.g. sku1=\'{"qty": 2}\'.')
+@click.option(
+    "--upsert",
+    "upserts",
+    multiple=True,
+    metavar="KEY=JSON",
+    help="Set KEY (a string) to a JSON value, e.g. sku1='{\"qty\": 2}'.",
+)
 @click.option("--delete", "deletes", multiple=True, metavar="KEY", help="Delete KEY.")
-@click.option("--client-token", default=None, help="Idempotency token: a retried append with it writes one row.")
-def append(dataset_id: str, upserts: tuple[str, ...], deletes: tuple[str, ...], client_token: str | None) -> None:
+@click.option(
+    "--client-token", default=None, help="Idempotency token: a retried append with it writes one row."
+)
+def append(
+    dataset_id: str, upserts: tuple[str, ...], deletes: tuple[str, ...], client_token: str | None
+) -> None:
     """Append one WAL row of changes to a dataset; prints its SeqNo."""
-    from runstate.wal import Change, WalInputError, WalProducer
+    from runstate.wal import Change, WalProducer
+    from runstate.wal.changes import parse_upsert
 
     if not upserts and not deletes:
         raise click.UsageError("give at least one --upsert KEY=JSON or --delete KEY")
-    resource = _resource()
-    try:
-        changes = [Change.upsert(*_parse_upsert(u)) for u in upserts] + [Change.delete(k) for k in deletes]
-        seq = WalProducer(resource.dynamodb_client(), resource.table_name).append(dataset_id, changes, client_token=client_token)
-    except WalInputError as error:
-        raise click.ClickException(str(error)) from None
-    except (ClientError, BotoCoreError) as error:
-        raise _aws_error(error, resource) from None
+    changes = [parse_upsert(text) for text in upserts] + [Change.delete(key) for key in deletes]
+    table = wal_table()
+    seq = WalProducer(table.client, table.name).append(dataset_id, changes, client_token=client_token)
     click.echo(f"{dataset_id} seq {seq}")
 
 
@@ -74,11 +94,14 @@ def tick() -> None:
     """Evaluate wal_sensor once and execute the flush runs it requests, in-process."""
     from runstate.defs.ticking import tick_sensor
 
-    resource = _resource()
     try:
         result = tick_sensor(SENSOR_NAME)
-    except (ClientError, BotoCoreError) as error:
-        raise _aws_error(error, resource) from None
+    except Exception as error:
+        # Dagster wraps what a sensor raises: let the WalError inside reach the CLI's error mapper.
+        cause = _wal_cause(error)
+        if cause is None:
+            raise
+        raise cause from None
     if result.skip_reason and not result.requested:
         click.echo(f"skipped: {result.skip_reason}")
     click.echo(
@@ -92,26 +115,28 @@ def tick() -> None:
         raise SystemExit(1)
 
 
+def _wal_cause(error: BaseException) -> BaseException | None:
+    from runstate.wal import WalError
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, WalError):
+            return seen
+        seen = getattr(seen, "user_exception", None) or seen.__cause__
+    return None
+
+
 @wal.command()
 @click.option("--dataset", "dataset_id", required=True, help="Dataset id.")
 def read(dataset_id: str) -> None:
-    """Print a dataset's state (latest snapshot + deltas, checksums verified) as JSON."""
-    from runstate.wal import DatasetReader, WalError, WalInputError
-    from runstate.wal.changes import validate_dataset_id
+    """Print a dataset's state (latest snapshot + deltas, checksums verified) as JSON.
 
-    resource = _resource()
-    try:
-        validate_dataset_id(dataset_id)
-        reader = DatasetReader(resource.s3_client(), resource.bucket_name, resource.blob_prefix, dataset_id)
-        state = reader.state()
-        version = reader.version
-    except WalInputError as error:
-        raise click.ClickException(str(error)) from None
-    except WalError as error:
-        raise click.ClickException(str(error)) from None
-    except (ClientError, BotoCoreError) as error:
-        raise _aws_error(error, resource) from None
-    click.echo(json.dumps({"dataset": dataset_id, "version": version, "state": state}, sort_keys=True, default=str))
+    String keys are under "state", integer keys under "int_state" (JSON object keys are strings).
+    """
+    from runstate.wal import DatasetReader, state_document
+
+    version, state = DatasetReader.of(blob_store(), dataset_id).read()
+    echo_json(state_document(dataset_id, version, state))
 
 
 @wal.command()
@@ -120,13 +145,10 @@ def status(as_json: bool) -> None:
     """Per dataset: Pending row count, age of the oldest Pending row, last applied seq."""
     from runstate.wal import wal_status
 
-    resource = _resource()
-    try:
-        rows = wal_status(resource.dynamodb_client(), resource.table_name)
-    except (ClientError, BotoCoreError) as error:
-        raise _aws_error(error, resource) from None
+    table = wal_table()
+    rows = wal_status(table.client, table.name)
     if as_json:
-        click.echo(json.dumps([dataclasses.asdict(row) for row in rows], sort_keys=True))
+        echo_json([dataclasses.asdict(row) for row in rows])
         return
     if not rows:
         click.echo("no datasets")

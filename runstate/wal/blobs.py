@@ -1,4 +1,4 @@
-"""Blobs in S3: deterministic Parquet encoding, the key layout, sha256 checks and the manifest.
+"""Blobs in S3: the key layout, the manifest, and BlobStore, the one owner of the bucket (codec.py: bytes).
 
 Layout under `{prefix}{dataset}/`:
 - `delta/{first:020d}-{last:020d}.parquet`: the WAL rows first..last (columns seq, pos, op, key, value);
@@ -13,30 +13,55 @@ first one), so two writers can never clobber each other's update.
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterator, Mapping
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from runstate.wal.changes import DELETE, Change, Key, canonical_json, sha256_hex
-from runstate.wal.errors import BlobIntegrityError
+from runstate.wal.changes import Change, Key, canonical_json, sha256_hex
+from runstate.wal.codec import (
+    decode_delta,
+    decode_snapshot,
+    delta_schema,
+    encode_delta,
+    encode_snapshot,
+    snapshot_schema,
+)
+from runstate.wal.errors import BlobIntegrityError, WalServiceError
+
+__all__ = [
+    "BlobRef",
+    "BlobStore",
+    "Manifest",
+    "RetiredBlob",
+    "archive_key",
+    "dataset_root",
+    "decode_delta",
+    "decode_snapshot",
+    "delta_key",
+    "encode_delta",
+    "encode_snapshot",
+    "get_verified_blob",
+    "manifest_key",
+    "put_blob",
+    "read_manifest",
+    "snapshot_key",
+    "write_manifest",
+]
 
 MANIFEST_FORMAT = 1
-DELTA_SCHEMA = pa.schema(
-    [
-        ("seq", pa.int64()),
-        ("pos", pa.int32()),
-        ("op", pa.string()),
-        ("key", pa.string()),
-        ("value", pa.string()),
-    ]
-)
-SNAPSHOT_SCHEMA = pa.schema([("key", pa.string()), ("value", pa.string())])
 PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+MISSING_CODES = ("NoSuchKey", "404", "NotFound")
+
+
+def __getattr__(name: str) -> Any:
+    """DELTA_SCHEMA and SNAPSHOT_SCHEMA stay importable without importing pyarrow with this module."""
+    if name == "DELTA_SCHEMA":
+        return delta_schema()
+    if name == "SNAPSHOT_SCHEMA":
+        return snapshot_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dataset_root(prefix: str, dataset_id: str) -> str:
@@ -58,74 +83,7 @@ def manifest_key(prefix: str, dataset_id: str) -> str:
 def archive_key(prefix: str, dataset_id: str, key: str) -> str:
     """`.../delta/x.parquet` -> `.../archive/delta/x.parquet`."""
     root = dataset_root(prefix, dataset_id)
-    return f"{root}archive/{key[len(root):]}" if key.startswith(root) else f"{root}archive/{key}"
-
-
-# --- Parquet -----------------------------------------------------------------------------------------
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    # Fixed writer options: the same rows always give the same bytes (for one pyarrow version).
-    sink = io.BytesIO()
-    pq.write_table(
-        table,
-        sink,
-        compression="zstd",
-        compression_level=3,
-        use_dictionary=False,
-        write_statistics=False,
-        store_schema=False,
-        version="2.6",
-    )
-    return sink.getvalue()
-
-
-def encode_delta(rows: Iterable[tuple[int, list[Change]]]) -> tuple[bytes, int]:
-    """Parquet of (seq, changes) rows in seq order; returns (bytes, number of changes)."""
-    seqs, positions, ops, keys, values = [], [], [], [], []
-    for seq, changes in sorted(rows, key=lambda row: row[0]):
-        for position, change in enumerate(changes):
-            seqs.append(seq)
-            positions.append(position)
-            ops.append(change.op)
-            keys.append(canonical_json(change.key))
-            values.append(None if change.op == DELETE else canonical_json(change.value))
-    table = pa.Table.from_arrays(
-        [pa.array(seqs, pa.int64()), pa.array(positions, pa.int32()), pa.array(ops, pa.string()),
-         pa.array(keys, pa.string()), pa.array(values, pa.string())],
-        schema=DELTA_SCHEMA,
-    )
-    return _parquet_bytes(table), len(seqs)
-
-
-def decode_delta(data: bytes) -> list[tuple[int, Change]]:
-    """(seq, change) pairs in (seq, position) order."""
-    table = pq.read_table(io.BytesIO(data))
-    columns = table.to_pydict()
-    pairs = []
-    order = sorted(range(table.num_rows), key=lambda i: (columns["seq"][i], columns["pos"][i]))
-    for i in order:
-        key = json.loads(columns["key"][i])
-        if columns["op"][i] == DELETE:
-            change = Change(DELETE, key, None)
-        else:
-            change = Change("upsert", key, json.loads(columns["value"][i]))
-        pairs.append((columns["seq"][i], change))
-    return pairs
-
-
-def encode_snapshot(state: Mapping[Key, Any]) -> bytes:
-    items = sorted((canonical_json(key), canonical_json(value)) for key, value in state.items())
-    table = pa.Table.from_arrays(
-        [pa.array([k for k, _ in items], pa.string()), pa.array([v for _, v in items], pa.string())],
-        schema=SNAPSHOT_SCHEMA,
-    )
-    return _parquet_bytes(table)
-
-
-def decode_snapshot(data: bytes) -> dict[Key, Any]:
-    columns = pq.read_table(io.BytesIO(data)).to_pydict()
-    return {json.loads(k): json.loads(v) for k, v in zip(columns["key"], columns["value"])}
+    return f"{root}archive/{key[len(root) :]}" if key.startswith(root) else f"{root}archive/{key}"
 
 
 # --- blobs -------------------------------------------------------------------------------------------
@@ -143,13 +101,25 @@ class BlobRef:
     rows: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "sha256": self.sha256, "bytes": self.bytes,
-                "first_seq": self.first_seq, "last_seq": self.last_seq, "rows": self.rows}
+        return {
+            "key": self.key,
+            "sha256": self.sha256,
+            "bytes": self.bytes,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "rows": self.rows,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "BlobRef":
-        return cls(str(data["key"]), str(data["sha256"]), int(data["bytes"]), int(data["first_seq"]),
-                   int(data["last_seq"]), int(data["rows"]))
+        return cls(
+            str(data["key"]),
+            str(data["sha256"]),
+            int(data["bytes"]),
+            int(data["first_seq"]),
+            int(data["last_seq"]),
+            int(data["rows"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -166,28 +136,6 @@ class RetiredBlob:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "RetiredBlob":
         return cls(str(data["key"]), str(data["sha256"]), float(data["retired_at"]))
-
-
-def put_blob(s3: Any, bucket: str, key: str, data: bytes) -> None:
-    """Idempotent: the key is deterministic and so are the bytes. S3 stores and checks a SHA256 checksum."""
-    s3.put_object(Bucket=bucket, Key=key, Body=data, ChecksumAlgorithm="SHA256")
-
-
-def get_verified_blob(s3: Any, bucket: str, dataset_id: str, key: str, expected_sha256: str) -> bytes:
-    """The blob's bytes, or BlobIntegrityError naming it when it is missing or its sha256 differs."""
-    try:
-        data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-    except ClientError as error:
-        if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
-            raise BlobIntegrityError(f"dataset {dataset_id!r}: blob {key} is missing") from None
-        raise
-    actual = sha256_hex(data)
-    if actual != expected_sha256:
-        raise BlobIntegrityError(
-            f"dataset {dataset_id!r}: blob {key} checksum mismatch "
-            f"(expected {expected_sha256[:12]}.., got {actual[:12]}..)"
-        )
-    return data
 
 
 # --- manifest ----------------------------------------------------------------------------------------
@@ -250,31 +198,159 @@ class Manifest:
             raise BlobIntegrityError(f"dataset {dataset_id!r}: manifest {key} is corrupt ({error})") from None
 
 
+class BlobStore:
+    """The one owner of the blob bucket: blobs and manifests under `prefix` in `bucket` (thread-safe).
+
+    A driver error leaves it as a WalServiceError naming the bucket and the endpoint; a missing blob
+    or a checksum mismatch is a BlobIntegrityError naming the blob.
+    """
+
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix
+
+    def _service_error(self, error: Exception) -> WalServiceError:
+        where = getattr(self.client.meta, "endpoint_url", None) or "AWS"
+        code = _code(error)
+        if code == "NoSuchBucket":
+            return WalServiceError(
+                f"blob bucket {self.bucket!r} not found at {where}; run `runstate services up`"
+            )
+        return WalServiceError(f"blob bucket {self.bucket!r} at {where}: {code}: {error}")
+
+    def _call(self, operation: str, **request: Any) -> dict[str, Any]:
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, **request)
+        except (ClientError, BotoCoreError) as error:
+            raise self._service_error(error) from error
+
+    # --- blobs ---------------------------------------------------------------------------------------
+
+    def put(self, key: str, data: bytes) -> None:
+        """Idempotent: the key is deterministic and so are the bytes. S3 stores and checks a SHA256 checksum."""
+        self._call("put_object", Key=key, Body=data, ChecksumAlgorithm="SHA256")
+
+    def get_verified(self, dataset_id: str, key: str, expected_sha256: str) -> bytes:
+        """The blob's bytes, or BlobIntegrityError naming it when it is missing or its sha256 differs."""
+        try:
+            data = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as error:
+            if _code(error) in MISSING_CODES:
+                raise BlobIntegrityError(f"dataset {dataset_id!r}: blob {key} is missing") from None
+            raise self._service_error(error) from error
+        except BotoCoreError as error:
+            raise self._service_error(error) from error
+        actual = sha256_hex(data)
+        if actual != expected_sha256:
+            raise BlobIntegrityError(
+                f"dataset {dataset_id!r}: blob {key} checksum mismatch "
+                f"(expected {expected_sha256[:12]}.., got {actual[:12]}..)"
+            )
+        return data
+
+    def put_delta(self, dataset_id: str, rows: list[tuple[int, list[Change]]]) -> BlobRef:
+        """The delta blob of WAL rows first..last (in seq order), stored; its reference for the manifest."""
+        data, changes = encode_delta(rows)
+        first, last = rows[0][0], rows[-1][0]
+        key = delta_key(self.prefix, dataset_id, first, last)
+        self.put(key, data)
+        return BlobRef(key, sha256_hex(data), len(data), first, last, changes)
+
+    def put_snapshot(self, dataset_id: str, version: int, state: Mapping[Key, Any]) -> BlobRef:
+        data = encode_snapshot(state)
+        key = snapshot_key(self.prefix, dataset_id, version)
+        self.put(key, data)
+        return BlobRef(key, sha256_hex(data), len(data), 1, version, len(state))
+
+    def archive(self, dataset_id: str, key: str) -> None:
+        """Copy to archive/, then delete; re-running after a crash between the two finds the copy and deletes."""
+        target = archive_key(self.prefix, dataset_id, key)
+        try:
+            self.client.copy_object(
+                Bucket=self.bucket, Key=target, CopySource={"Bucket": self.bucket, "Key": key}
+            )
+        except ClientError as error:
+            if _code(error) not in MISSING_CODES:
+                raise self._service_error(error) from error
+            self._call("head_object", Key=target)  # the source is gone: the copy must already exist
+        except BotoCoreError as error:
+            raise self._service_error(error) from error
+        self._call("delete_object", Key=key)
+
+    def keys(self, dataset_id: str, kind: str = "delta") -> list[str]:
+        """The dataset's blob keys of one kind (delta, snapshot, archive), sorted (boto3's paginator)."""
+        prefix = f"{dataset_root(self.prefix, dataset_id)}{kind}/"
+        return sorted(self._list(prefix))
+
+    def _list(self, prefix: str) -> Iterator[str]:
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            ):
+                yield from (obj["Key"] for obj in page.get("Contents", []))
+        except (ClientError, BotoCoreError) as error:
+            raise self._service_error(error) from error
+
+    # --- manifests -------------------------------------------------------------------------------------
+
+    def read_manifest(self, dataset_id: str) -> Manifest:
+        """The dataset's manifest with its ETag; an empty manifest (version 0, etag None) when there is none."""
+        key = manifest_key(self.prefix, dataset_id)
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _code(error) in MISSING_CODES:
+                return Manifest(dataset_id)
+            raise self._service_error(error) from error
+        except BotoCoreError as error:
+            raise self._service_error(error) from error
+        return Manifest.from_bytes(dataset_id, key, response["Body"].read(), response["ETag"])
+
+    def write_manifest(self, manifest: Manifest, expected_etag: str | None) -> bool:
+        """Replace the manifest only if it is still `expected_etag` (None: only if absent); False if it moved."""
+        condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=manifest_key(self.prefix, manifest.dataset_id),
+                Body=manifest.to_bytes(),
+                ContentType="application/json",
+                ChecksumAlgorithm="SHA256",
+                **condition,
+            )
+        except ClientError as error:
+            status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if _code(error) in PRECONDITION_CODES or status in ("412", "409"):
+                return False
+            raise self._service_error(error) from error
+        except BotoCoreError as error:
+            raise self._service_error(error) from error
+        return True
+
+    def ensure(self) -> None:
+        """Create the bucket if missing (idempotent)."""
+        from runstate.wal.tables import ensure_blob_bucket
+
+        ensure_blob_bucket(self.client, self.bucket)
+
+
+def _code(error: Exception) -> str:
+    return error.response["Error"]["Code"] if isinstance(error, ClientError) else type(error).__name__
+
+
+# Module-level functions of the earlier API (readers of the blobs elsewhere use them): BlobStore does the work.
+def put_blob(s3: Any, bucket: str, key: str, data: bytes) -> None:
+    BlobStore(s3, bucket, "").put(key, data)
+
+
+def get_verified_blob(s3: Any, bucket: str, dataset_id: str, key: str, expected_sha256: str) -> bytes:
+    return BlobStore(s3, bucket, "").get_verified(dataset_id, key, expected_sha256)
+
+
 def read_manifest(s3: Any, bucket: str, prefix: str, dataset_id: str) -> Manifest:
-    """The dataset's manifest with its ETag; an empty manifest (version 0, etag None) when there is none."""
-    key = manifest_key(prefix, dataset_id)
-    try:
-        response = s3.get_object(Bucket=bucket, Key=key)
-    except ClientError as error:
-        if error.response["Error"]["Code"] in ("NoSuchKey", "404", "NotFound"):
-            return Manifest(dataset_id)
-        raise
-    return Manifest.from_bytes(dataset_id, key, response["Body"].read(), response["ETag"])
+    return BlobStore(s3, bucket, prefix).read_manifest(dataset_id)
 
 
 def write_manifest(s3: Any, bucket: str, prefix: str, manifest: Manifest, expected_etag: str | None) -> bool:
-    """Replace the manifest only if it is still `expected_etag` (None: only if absent); False if it moved."""
-    key = manifest_key(prefix, manifest.dataset_id)
-    condition = {"IfMatch": expected_etag} if expected_etag else {"IfNoneMatch": "*"}
-    try:
-        s3.put_object(
-            Bucket=bucket, Key=key, Body=manifest.to_bytes(), ContentType="application/json",
-            ChecksumAlgorithm="SHA256", **condition,
-        )
-    except ClientError as error:
-        code = error.response["Error"]["Code"]
-        status = str(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-        if code in PRECONDITION_CODES or status in ("412", "409"):
-            return False
-        raise
-    return True
+    return BlobStore(s3, bucket, prefix).write_manifest(manifest, expected_etag)

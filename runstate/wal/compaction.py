@@ -20,25 +20,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from runstate.wal import tables as t
-from runstate.wal.blobs import (
-    BlobRef,
-    Manifest,
-    RetiredBlob,
-    archive_key,
-    encode_snapshot,
-    put_blob,
-    read_manifest,
-    snapshot_key,
-    write_manifest,
-)
-from runstate.wal.changes import Key, fold, sha256_hex, validate_dataset_id
-from runstate.wal.errors import WalContentionError, WalIntegrityError
+from runstate.wal.blobs import BlobStore, Manifest, RetiredBlob
+from runstate.wal.changes import Key, fold, validate_dataset_id
+from runstate.wal.errors import WalContentionError, WalInputError, WalIntegrityError
 from runstate.wal.flush import read_rows
-from runstate.wal.producer import seq_hint
 from runstate.wal.reader import DatasetReader
+from runstate.wal.table import WalTable
 
 DEFAULT_GRACE_SECONDS = 3600.0
 MAX_ATTEMPTS = 20
@@ -56,14 +43,11 @@ class CompactionResult:
     keys: int = 0
 
 
-def compact_dataset(
-    dynamodb: Any,
-    s3: Any,
-    *,
-    table: str,
-    bucket: str,
-    prefix: str,
+def compact(
+    table: WalTable,
+    blobs: BlobStore,
     dataset_id: str,
+    *,
     retention_days: float,
     now: datetime | None = None,
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -72,28 +56,27 @@ def compact_dataset(
     blobs retired more than `grace_seconds` ago, then trim Applied rows older than `retention_days`."""
     validate_dataset_id(dataset_id)
     if retention_days < 0 or grace_seconds < 0:
-        raise ValueError(f"dataset {dataset_id!r}: retention_days and grace_seconds must be >= 0")
+        raise WalInputError(f"dataset {dataset_id!r}: retention_days and grace_seconds must be >= 0")
     now = now or datetime.now(timezone.utc)
-    reader = DatasetReader(s3, bucket, prefix, dataset_id)
+    reader = DatasetReader.of(blobs, dataset_id)
     folded = 0
     for _ in range(MAX_ATTEMPTS):
         manifest = reader.manifest()
         if not manifest.deltas:
             break
-        state = reader.state_at(manifest)
-        if _switch_to_snapshot(s3, bucket, prefix, manifest, state, now):
+        if _switch_to_snapshot(blobs, manifest, reader.state_at(manifest), now):
             folded = len(manifest.deltas)
             break
     else:
         raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving during compaction")
-    archived = archive_retired(s3, bucket, prefix, dataset_id, now=now, grace_seconds=grace_seconds)
+    archived = archive_retired(blobs, dataset_id, now=now, grace_seconds=grace_seconds)
     manifest = reader.manifest()
     trimmed = 0
     if manifest.snapshot is not None:
         cutoff = now - timedelta(days=retention_days)
         # Never above the producer's seq hint: a writer probes every slot above it.
-        up_to = min(manifest.snapshot.last_seq, seq_hint(dynamodb, table, dataset_id))
-        trimmed = trim_applied_rows(dynamodb, table, dataset_id, up_to, cutoff)
+        up_to = min(manifest.snapshot.last_seq, table.meta(dataset_id).last_seq)
+        trimmed = trim_applied_rows(table, dataset_id, up_to, cutoff)
     snapshot = manifest.snapshot
     return CompactionResult(
         dataset_id=dataset_id,
@@ -107,6 +90,65 @@ def compact_dataset(
     )
 
 
+def rebuild_snapshot(
+    table: WalTable, blobs: BlobStore, dataset_id: str, *, now: datetime | None = None
+) -> CompactionResult:
+    """Rebuild the snapshot at the manifest's version from the WAL rows in DynamoDB (not from the deltas).
+
+    Starts from nothing when the WAL still holds seq 1, else from the current snapshot (trimmed rows are
+    always covered by it). The rebuilt snapshot replaces the manifest's snapshot and deltas; this is how
+    a corrupt or lost delta blob is repaired.
+    """
+    validate_dataset_id(dataset_id)
+    now = now or datetime.now(timezone.utc)
+    reader = DatasetReader.of(blobs, dataset_id)
+    for _ in range(MAX_ATTEMPTS):
+        manifest = reader.manifest()
+        if manifest.version == 0:
+            return CompactionResult(dataset_id, 0, None, 0, 0, 0, 0)
+        base_version, state = _rebuild_base(table, reader, manifest)
+        if base_version < manifest.version:
+            rows = read_rows(table, dataset_id, base_version + 1, manifest.version)
+            state = fold(state, (change for row in rows for change in row.changes))
+        if _switch_to_snapshot(blobs, manifest, state, now):
+            snapshot = reader.manifest().snapshot
+            assert snapshot is not None
+            return CompactionResult(
+                dataset_id,
+                snapshot.last_seq,
+                snapshot.key,
+                snapshot.bytes,
+                len(manifest.deltas),
+                0,
+                0,
+                keys=snapshot.rows,
+            )
+    raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving during the rebuild")
+
+
+# The earlier signatures (boto3 clients and names), kept for their callers.
+def compact_dataset(
+    dynamodb: Any,
+    s3: Any,
+    *,
+    table: str,
+    bucket: str,
+    prefix: str,
+    dataset_id: str,
+    retention_days: float,
+    now: datetime | None = None,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> CompactionResult:
+    return compact(
+        WalTable(dynamodb, table),
+        BlobStore(s3, bucket, prefix),
+        dataset_id,
+        retention_days=retention_days,
+        now=now,
+        grace_seconds=grace_seconds,
+    )
+
+
 def rebuild_snapshot_from_wal(
     dynamodb: Any,
     s3: Any,
@@ -117,40 +159,19 @@ def rebuild_snapshot_from_wal(
     dataset_id: str,
     now: datetime | None = None,
 ) -> CompactionResult:
-    """Rebuild the snapshot at the manifest's version from the WAL rows in DynamoDB (not from the deltas).
-
-    Starts from nothing when the WAL still holds seq 1, else from the current snapshot (trimmed rows are
-    always covered by it). The rebuilt snapshot replaces the manifest's snapshot and deltas; this is how
-    a corrupt or lost delta blob is repaired.
-    """
-    validate_dataset_id(dataset_id)
-    now = now or datetime.now(timezone.utc)
-    reader = DatasetReader(s3, bucket, prefix, dataset_id)
-    for _ in range(MAX_ATTEMPTS):
-        manifest = reader.manifest()
-        if manifest.version == 0:
-            return CompactionResult(dataset_id, 0, None, 0, 0, 0, 0)
-        base_version, base = _rebuild_base(dynamodb, table, reader, manifest)
-        state = base
-        if base_version < manifest.version:
-            rows = read_rows(dynamodb, table, dataset_id, base_version + 1, manifest.version)
-            state = fold(base, (change for row in rows for change in row.changes))
-        if _switch_to_snapshot(s3, bucket, prefix, manifest, state, now):
-            new = reader.manifest()
-            snapshot = new.snapshot
-            assert snapshot is not None
-            return CompactionResult(dataset_id, new.version, snapshot.key, snapshot.bytes, len(manifest.deltas),
-                                    0, 0, keys=snapshot.rows)
-    raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving during the rebuild")
+    return rebuild_snapshot(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), dataset_id, now=now)
 
 
-def _rebuild_base(dynamodb: Any, table: str, reader: DatasetReader, manifest: Manifest) -> tuple[int, dict[Key, Any]]:
-    lowest = _lowest_wal_seq(dynamodb, table, reader.dataset_id)
+def _rebuild_base(table: WalTable, reader: DatasetReader, manifest: Manifest) -> tuple[int, dict[Key, Any]]:
+    lowest = table.lowest_seq(reader.dataset_id)
     if lowest == 1:
         return 0, {}
     snapshot = manifest.snapshot
-    if snapshot is None or lowest is not None and lowest > snapshot.last_seq + 1 or (
-        lowest is None and snapshot.last_seq < manifest.version
+    if (
+        snapshot is None
+        or lowest is not None
+        and lowest > snapshot.last_seq + 1
+        or (lowest is None and snapshot.last_seq < manifest.version)
     ):
         raise WalIntegrityError(
             f"dataset {reader.dataset_id!r}: WAL history is trimmed below seq {lowest} and no snapshot covers it"
@@ -159,110 +180,42 @@ def _rebuild_base(dynamodb: Any, table: str, reader: DatasetReader, manifest: Ma
     return snapshot.last_seq, reader.state_at(only_snapshot)
 
 
-def _lowest_wal_seq(dynamodb: Any, table: str, dataset_id: str) -> int | None:
-    page = dynamodb.query(
-        TableName=table,
-        KeyConditionExpression="#ds = :ds AND #seq >= :one",
-        ExpressionAttributeNames={"#ds": t.DATASET_ID, "#seq": t.SEQ_NO},
-        ExpressionAttributeValues={":ds": {"S": dataset_id}, ":one": {"N": "1"}},
-        ConsistentRead=True,
-        Limit=1,
-        ProjectionExpression="#seq",
-    )
-    items = page.get("Items", [])
-    return int(items[0][t.SEQ_NO]["N"]) if items else None
-
-
-def _switch_to_snapshot(
-    s3: Any, bucket: str, prefix: str, manifest: Manifest, state: dict[Key, Any], now: datetime
-) -> bool:
+def _switch_to_snapshot(blobs: BlobStore, manifest: Manifest, state: dict[Key, Any], now: datetime) -> bool:
     """Write the snapshot blob, then replace the manifest (conditional) retiring the blobs it replaces."""
-    data = encode_snapshot(state)
-    key = snapshot_key(prefix, manifest.dataset_id, manifest.version)
-    put_blob(s3, bucket, key, data)
-    ref = BlobRef(key, sha256_hex(data), len(data), 1, manifest.version, len(state))
+    ref = blobs.put_snapshot(manifest.dataset_id, manifest.version, state)
     retired_at = now.timestamp()
     newly_retired = tuple(
-        RetiredBlob(old.key, old.sha256, retired_at) for old in manifest.blobs() if old.key != key
+        RetiredBlob(old.key, old.sha256, retired_at) for old in manifest.blobs() if old.key != ref.key
     )
     new = Manifest(manifest.dataset_id, manifest.version, ref, (), manifest.retired + newly_retired)
-    return write_manifest(s3, bucket, prefix, new, manifest.etag)
+    return blobs.write_manifest(new, manifest.etag)
 
 
-def archive_retired(
-    s3: Any, bucket: str, prefix: str, dataset_id: str, *, now: datetime, grace_seconds: float
-) -> int:
+def archive_retired(blobs: BlobStore, dataset_id: str, *, now: datetime, grace_seconds: float) -> int:
     """Move retired blobs older than the grace period to archive/, then drop them from the manifest."""
-    manifest = read_manifest(s3, bucket, prefix, dataset_id)
+    manifest = blobs.read_manifest(dataset_id)
     live = {ref.key for ref in manifest.blobs()}
     due = [blob for blob in manifest.retired if blob.retired_at + grace_seconds <= now.timestamp()]
     for blob in due:
         if blob.key not in live:
-            _archive_blob(s3, bucket, prefix, dataset_id, blob.key)
+            blobs.archive(dataset_id, blob.key)
     done = {blob.key for blob in due}
     for _ in range(MAX_ATTEMPTS):
         if not done & {blob.key for blob in manifest.retired}:
             break
         remaining = tuple(blob for blob in manifest.retired if blob.key not in done)
-        if write_manifest(s3, bucket, prefix, replace(manifest, retired=remaining), manifest.etag):
+        if blobs.write_manifest(replace(manifest, retired=remaining), manifest.etag):
             break
-        manifest = read_manifest(s3, bucket, prefix, dataset_id)
+        manifest = blobs.read_manifest(dataset_id)
     return len(due)
 
 
-def _archive_blob(s3: Any, bucket: str, prefix: str, dataset_id: str, key: str) -> None:
-    """Copy then delete; re-running after a crash between the two finds the copy and just deletes."""
-    target = archive_key(prefix, dataset_id, key)
-    try:
-        s3.copy_object(Bucket=bucket, Key=target, CopySource={"Bucket": bucket, "Key": key})
-    except ClientError as error:
-        if error.response["Error"]["Code"] not in ("NoSuchKey", "404"):
-            raise
-        s3.head_object(Bucket=bucket, Key=target)  # the source is gone: the copy must already exist
-    s3.delete_object(Bucket=bucket, Key=key)
-
-
 def trim_applied_rows(
-    dynamodb: Any, table: str, dataset_id: str, up_to_seq: int, created_before: datetime, max_workers: int = 8
+    table: WalTable, dataset_id: str, up_to_seq: int, created_before: datetime, max_workers: int = 8
 ) -> int:
     """Delete Applied WAL rows with seq <= up_to_seq created before the cutoff; returns how many."""
-    request: dict[str, Any] = {
-        "TableName": table,
-        "KeyConditionExpression": "#ds = :ds AND #seq BETWEEN :one AND :upto",
-        "FilterExpression": "begins_with(#status, :applied) AND #created < :cutoff",
-        "ExpressionAttributeNames": {"#ds": t.DATASET_ID, "#seq": t.SEQ_NO, "#status": t.STATUS_IDX,
-                                     "#created": t.CREATED_AT},
-        "ExpressionAttributeValues": {
-            ":ds": {"S": dataset_id}, ":one": {"N": "1"}, ":upto": {"N": str(up_to_seq)},
-            ":applied": {"S": t.APPLIED_PREFIX}, ":cutoff": {"N": str(int(created_before.timestamp()))},
-        },
-        "ProjectionExpression": "#seq",
-    }
-    seqs: list[int] = []
-    while True:
-        page = dynamodb.query(**request)
-        seqs.extend(int(item[t.SEQ_NO]["N"]) for item in page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            break
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-
-    def delete(seq: int) -> bool:
-        try:
-            dynamodb.delete_item(
-                TableName=table,
-                Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seq)}},
-                # Never a Pending row, whatever happened since the query.
-                ConditionExpression="begins_with(#status, :applied)",
-                ExpressionAttributeNames={"#status": t.STATUS_IDX},
-                ExpressionAttributeValues={":applied": {"S": t.APPLIED_PREFIX}},
-            )
-        except ClientError as error:
-            if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
-
+    seqs = table.applied_seqs(dataset_id, up_to_seq, int(created_before.timestamp()))
     if not seqs:
         return 0
     with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="wal-trim") as pool:
-        return sum(pool.map(delete, seqs))
+        return sum(pool.map(lambda seq: table.delete_applied(dataset_id, seq), seqs))

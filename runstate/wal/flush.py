@@ -24,17 +24,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from botocore.exceptions import ClientError
-
 from runstate.wal import tables as t
-from runstate.wal.blobs import BlobRef, Manifest, delta_key, encode_delta, put_blob, read_manifest, write_manifest
+from runstate.wal.blobs import BlobRef, BlobStore, Manifest
 from runstate.wal.changes import Change, decode_changes, sha256_hex, validate_dataset_id
-from runstate.wal.errors import WalContentionError, WalIntegrityError
-from runstate.wal.producer import get_rows, query_rows
+from runstate.wal.errors import WalContentionError, WalInputError, WalIntegrityError
+from runstate.wal.table import WalTable
 
 MAX_MANIFEST_ATTEMPTS = 20
-# Up to this many rows, BatchGetItem (O(rows)); beyond, a Query (1 MB pages; moto sorts the table per Query).
+# Up to this many rows, one BatchGetItem per 100 (O(rows)); beyond, a Query (1 MB pages).
 SMALL_RANGE = 200
+DEFAULT_MARK_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -67,43 +66,45 @@ class WalRow:
     changes: list[Change]
 
 
-def flush_batch(
-    dynamodb: Any,
-    s3: Any,
-    *,
-    table: str,
-    bucket: str,
-    prefix: str,
+def flush_dataset(
+    table: WalTable,
+    blobs: BlobStore,
     dataset_id: str,
     seqs: Iterable[int],
+    *,
     now: datetime | None = None,
     max_workers: int | None = None,
 ) -> FlushResult:
     """Apply every pending row of `dataset_id` up to max(seqs) (see the module doc for the steps)."""
     validate_dataset_id(dataset_id)
-    batch = sorted(set(_validated_seqs(dataset_id, seqs)))
+    batch = sorted(set(validate_seqs(dataset_id, seqs)))
     now = now or datetime.now(timezone.utc)
-    last_applied_before = _last_applied_seq(dynamodb, table, dataset_id)
+    last_applied_before = table.meta(dataset_id).last_applied_seq
     target = batch[-1]
     written: BlobRef | None = None
     for _ in range(MAX_MANIFEST_ATTEMPTS):
-        manifest = read_manifest(s3, bucket, prefix, dataset_id)
+        manifest = blobs.read_manifest(dataset_id)
         version_before = manifest.version
         if target <= manifest.version:
             break
-        rows = read_rows(dynamodb, table, dataset_id, manifest.version + 1, target)
-        ref = _put_delta(s3, bucket, prefix, dataset_id, rows)
+        rows = read_rows(table, dataset_id, manifest.version + 1, target)
+        ref = blobs.put_delta(dataset_id, [(row.seq, row.changes) for row in rows])
         manifest = manifest.with_delta(ref)
-        if write_manifest(s3, bucket, prefix, manifest, manifest.etag):
+        if blobs.write_manifest(manifest, manifest.etag):
             written = ref
             break
     else:
-        raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving; gave up after {MAX_MANIFEST_ATTEMPTS} tries")
+        raise WalContentionError(
+            f"dataset {dataset_id!r}: manifest kept moving; gave up after {MAX_MANIFEST_ATTEMPTS} tries"
+        )
     upto = min(target, manifest.version)
-    to_mark = sorted(set(batch) | set(range(last_applied_before + 1, upto + 1)))
-    to_mark = [seq for seq in to_mark if seq <= manifest.version]
-    marked = mark_applied(dynamodb, table, dataset_id, to_mark, manifest, now, max_workers=max_workers)
-    advance_last_applied(dynamodb, table, dataset_id, upto)
+    to_mark = [
+        seq
+        for seq in sorted(set(batch) | set(range(last_applied_before + 1, upto + 1)))
+        if seq <= manifest.version
+    ]
+    marked = mark_applied(table, dataset_id, to_mark, manifest, now, max_workers=max_workers)
+    table.advance_last_applied(dataset_id, upto)
     return FlushResult(
         dataset_id=dataset_id,
         rows=(written.last_seq - written.first_seq + 1) if written else 0,
@@ -118,29 +119,46 @@ def flush_batch(
     )
 
 
-def _validated_seqs(dataset_id: str, seqs: Iterable[int]) -> list[int]:
+def flush_batch(
+    dynamodb: Any,
+    s3: Any,
+    *,
+    table: str,
+    bucket: str,
+    prefix: str,
+    dataset_id: str,
+    seqs: Iterable[int],
+    now: datetime | None = None,
+    max_workers: int | None = None,
+) -> FlushResult:
+    """`flush_dataset` from boto3 clients and names (the earlier signature, kept for its callers)."""
+    return flush_dataset(
+        WalTable(dynamodb, table),
+        BlobStore(s3, bucket, prefix),
+        dataset_id,
+        seqs,
+        now=now,
+        max_workers=max_workers,
+    )
+
+
+def validate_seqs(dataset_id: str, seqs: Iterable[int]) -> list[int]:
+    """The seqs as a list, or WalInputError unless they are one or more positive integers."""
     values = list(seqs)
     if not values:
-        raise ValueError(f"dataset {dataset_id!r}: a flush needs at least one seq")
+        raise WalInputError(f"dataset {dataset_id!r}: a flush needs at least one seq")
     for seq in values:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
-            raise ValueError(f"dataset {dataset_id!r}: seq {seq!r} is not a positive integer")
+            raise WalInputError(f"dataset {dataset_id!r}: seq {seq!r} is not a positive integer")
     return values
 
 
-def _put_delta(s3: Any, bucket: str, prefix: str, dataset_id: str, rows: list[WalRow]) -> BlobRef:
-    data, changes = encode_delta((row.seq, row.changes) for row in rows)
-    key = delta_key(prefix, dataset_id, rows[0].seq, rows[-1].seq)
-    put_blob(s3, bucket, key, data)
-    return BlobRef(key, sha256_hex(data), len(data), rows[0].seq, rows[-1].seq, changes)
-
-
-def read_rows(dynamodb: Any, table: str, dataset_id: str, first_seq: int, last_seq: int) -> list[WalRow]:
+def read_rows(table: WalTable, dataset_id: str, first_seq: int, last_seq: int) -> list[WalRow]:
     """WAL rows first..last (consistent reads), checksums verified, every seq present."""
     if last_seq - first_seq < SMALL_RANGE:
-        items = get_rows(dynamodb, table, dataset_id, range(first_seq, last_seq + 1))
+        items = table.get_rows(dataset_id, range(first_seq, last_seq + 1))
     else:
-        items = query_rows(dynamodb, table, dataset_id, first_seq, last_seq)
+        items = table.query_rows(dataset_id, first_seq, last_seq)
     rows = [_verified_row(dataset_id, item) for item in items]
     present = {row.seq for row in rows}
     for seq in range(first_seq, last_seq + 1):
@@ -160,15 +178,21 @@ def _verified_row(dataset_id: str, item: dict[str, Any]) -> WalRow:
     actual = sha256_hex(payload.encode("utf-8"))
     if actual != expected:
         raise WalIntegrityError(
-            f"dataset {dataset_id!r}: WAL row seq {seq} checksum mismatch (expected {expected[:12]}.., got {actual[:12]}..)"
+            f"dataset {dataset_id!r}: WAL row seq {seq} checksum mismatch "
+            f"(expected {expected[:12]}.., got {actual[:12]}..)"
         )
-    return WalRow(dataset_id, seq, item[t.STATUS_IDX]["S"], int(item[t.CREATED_AT]["N"]), expected,
-                  decode_changes(payload))
+    return WalRow(
+        dataset_id,
+        seq,
+        item[t.STATUS_IDX]["S"],
+        int(item[t.CREATED_AT]["N"]),
+        expected,
+        decode_changes(payload),
+    )
 
 
 def mark_applied(
-    dynamodb: Any,
-    table: str,
+    table: WalTable,
     dataset_id: str,
     seqs: list[int],
     manifest: Manifest,
@@ -180,60 +204,14 @@ def mark_applied(
     if not seqs:
         return 0
     status = t.applied_status(now.year, now.month)
-    applied_at = str(int(now.timestamp()))
-    # One connection per thread: more threads than the client's pool would only queue on it.
-    workers = max_workers or max(1, min(len(seqs), dynamodb.meta.config.max_pool_connections or 10))
+    applied_at = int(now.timestamp())
+    workers = max(1, min(len(seqs), max_workers or DEFAULT_MARK_WORKERS))
 
     def mark(seq: int) -> bool:
         ref = manifest.blob_for_seq(seq)
-        try:
-            dynamodb.update_item(
-                TableName=table,
-                Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(seq)}},
-                UpdateExpression="SET #status = :applied, #blob = :blob, #at = :at",
-                ConditionExpression="#status = :pending",
-                ExpressionAttributeNames={"#status": t.STATUS_IDX, "#blob": t.BLOB_KEY, "#at": t.APPLIED_AT},
-                ExpressionAttributeValues={
-                    ":applied": {"S": status}, ":pending": {"S": t.PENDING},
-                    ":blob": {"S": ref.key if ref else ""}, ":at": {"N": applied_at},
-                },
-            )
-        except ClientError as error:
-            if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                return False  # already Applied (a re-run) or trimmed: nothing to do
-            raise
-        return True
+        return table.mark_applied(dataset_id, seq, status, ref.key if ref else "", applied_at)
 
     if workers == 1:
         return sum(mark(seq) for seq in seqs)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wal-mark") as pool:
         return sum(pool.map(mark, seqs))
-
-
-def advance_last_applied(dynamodb: Any, table: str, dataset_id: str, seq: int) -> bool:
-    """LastAppliedSeq := seq unless it is already >= seq (monotonic). True when it moved."""
-    if seq < 1:
-        return False
-    try:
-        dynamodb.update_item(
-            TableName=table,
-            Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
-            UpdateExpression="SET #applied = :seq, #kind = :kind",
-            ConditionExpression="attribute_not_exists(#applied) OR #applied < :seq",
-            ExpressionAttributeNames={"#applied": t.LAST_APPLIED_SEQ, "#kind": t.KIND},
-            ExpressionAttributeValues={":seq": {"N": str(seq)}, ":kind": {"S": t.META_KIND}},
-        )
-    except ClientError as error:
-        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
-            return False
-        raise
-    return True
-
-
-def _last_applied_seq(dynamodb: Any, table: str, dataset_id: str) -> int:
-    item = dynamodb.get_item(
-        TableName=table,
-        Key={t.DATASET_ID: {"S": dataset_id}, t.SEQ_NO: {"N": str(t.META_SEQ)}},
-        ConsistentRead=True,
-    ).get("Item")
-    return int(item[t.LAST_APPLIED_SEQ]["N"]) if item and t.LAST_APPLIED_SEQ in item else 0

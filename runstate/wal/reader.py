@@ -1,15 +1,18 @@
 """The consumer side: a dataset's state = latest snapshot + its deltas, every blob's sha256 verified.
 
-moto (and a misbehaving store) never verify S3 checksums, so the reader does: each blob's bytes are
-hashed and compared with the sha256 the manifest recorded. A missing or corrupt blob, or a corrupt
-manifest, raises BlobIntegrityError naming it: never a silently stale or partial state.
+The reader hashes each blob's bytes and compares them with the sha256 the manifest recorded, whatever
+the store checked on upload. A missing or corrupt blob, or a corrupt manifest, raises
+BlobIntegrityError naming it: never a silently stale or partial state.
+
+Keys are typed: an int key 1 and a str key "1" are two keys (the blobs store keys as canonical JSON).
+`state_document` keeps them apart in JSON, whose object keys are always strings.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runstate.wal.blobs import Manifest, decode_delta, decode_snapshot, get_verified_blob, read_manifest
+from runstate.wal.blobs import BlobStore, Manifest, decode_delta, decode_snapshot
 from runstate.wal.changes import Key, fold, validate_dataset_id
 from runstate.wal.errors import BlobIntegrityError
 
@@ -22,6 +25,11 @@ class DatasetReader:
         self.bucket = bucket
         self.prefix = prefix
         self.dataset_id = validate_dataset_id(dataset_id)
+        self.blobs = BlobStore(s3_client, bucket, prefix)
+
+    @classmethod
+    def of(cls, blobs: BlobStore, dataset_id: str) -> "DatasetReader":
+        return cls(blobs.client, blobs.bucket, blobs.prefix, dataset_id)
 
     @property
     def version(self) -> int:
@@ -29,7 +37,7 @@ class DatasetReader:
         return self.manifest().version
 
     def manifest(self) -> Manifest:
-        return read_manifest(self.s3, self.bucket, self.prefix, self.dataset_id)
+        return self.blobs.read_manifest(self.dataset_id)
 
     def state(self) -> dict[Key, Any]:
         """The current state (fresh manifest, every blob verified)."""
@@ -45,8 +53,7 @@ class DatasetReader:
         state: dict[Key, Any] = {}
         expected_next = 1
         if manifest.snapshot is not None:
-            data = self._blob(manifest.snapshot.key, manifest.snapshot.sha256)
-            state = decode_snapshot(data)
+            state = decode_snapshot(self._blob(manifest.snapshot.key, manifest.snapshot.sha256))
             expected_next = manifest.snapshot.last_seq + 1
         for ref in manifest.deltas:
             if ref.first_seq != expected_next:
@@ -59,9 +66,26 @@ class DatasetReader:
             expected_next = ref.last_seq + 1
         if expected_next - 1 != manifest.version:
             raise BlobIntegrityError(
-                f"dataset {self.dataset_id!r}: manifest version {manifest.version} but its blobs end at {expected_next - 1}"
+                f"dataset {self.dataset_id!r}: manifest version {manifest.version} "
+                f"but its blobs end at {expected_next - 1}"
             )
         return state
 
     def _blob(self, key: str, sha256: str) -> bytes:
-        return get_verified_blob(self.s3, self.bucket, self.dataset_id, key, sha256)
+        return self.blobs.get_verified(self.dataset_id, key, sha256)
+
+
+def state_document(dataset_id: str, version: int, state: dict[Key, Any]) -> dict[str, Any]:
+    """What `runstate wal read` prints: str keys under "state", int keys (as decimal text) under "int_state".
+
+    JSON object keys are strings, so one object cannot hold both the int key 1 and the str key "1":
+    each type gets its own object, and both keys survive the round trip.
+    """
+    return {
+        "dataset": dataset_id,
+        "version": version,
+        "state": {key: value for key, value in state.items() if isinstance(key, str)},
+        "int_state": {
+            str(key): value for key, value in sorted((k, v) for k, v in state.items() if isinstance(k, int))
+        },
+    }

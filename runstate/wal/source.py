@@ -1,10 +1,10 @@
 """Where flush work comes from: the table's stream (tailed per shard), the Pending index sweep, and batching.
 
-Gap rule (a consumer never sees a gap): SeqNos are gapless per dataset (the producer assigns them in one
-transaction), and `flush_batch` always applies the contiguous range from the dataset's manifest version + 1
-up to the batch's last seq, reading any lower pending rows itself. So a batch never waits for another, a
-batch that runs late finds its rows already applied and is a no-op, and the manifest only ever grows
-by contiguous ranges. `plan_batches` is a pure function; pass `applied=` (from `last_applied_seqs`) to drop
+Gap rule (a consumer never sees a gap): SeqNos are gapless per dataset (the producer claims each slot
+only once every lower one is taken), and a flush always applies the contiguous range from the dataset's
+manifest version + 1 up to the batch's last seq, reading any lower pending rows itself. So a batch never
+waits for another, a batch that runs late finds its rows already applied and is a no-op, and the
+manifest only ever grows by contiguous ranges. `plan_batches` is a pure function; pass `applied=` (from `last_applied_seqs`) to drop
 keys that are already applied (old stream records), so no run is requested for them.
 """
 
@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 
 from runstate.wal import tables as t
 from runstate.wal.changes import DATASET_ID_PATTERN
+from runstate.wal.table import WalTable
 
 DEFAULT_MAX_BATCH_SIZE = 500
 # DynamoDB Streams may answer empty pages before reaching the records of a shard: follow a few of them.
@@ -83,44 +84,14 @@ def plan_batches(
 
 def sweep_pending(dynamodb: Any, table: str, limit: int = 10_000) -> list[WalKey]:
     """Up to `limit` Pending rows, oldest first, from the Pending index (eventually consistent)."""
-    keys: list[WalKey] = []
-    request: dict[str, Any] = {
-        "TableName": table,
-        "IndexName": t.STATUS_INDEX,
-        "KeyConditionExpression": "#status = :pending",
-        "ExpressionAttributeNames": {"#status": t.STATUS_IDX},
-        "ExpressionAttributeValues": {":pending": {"S": t.PENDING}},
-        "ScanIndexForward": True,
-    }
-    while len(keys) < limit:
-        page = dynamodb.query(**request, Limit=min(1000, limit - len(keys)))
-        keys.extend(_wal_key(item) for item in page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            break
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    return keys
+    return [WalKey(row.dataset_id, row.seq) for row in WalTable(dynamodb, table).pending(limit)]
 
 
 def last_applied_seqs(dynamodb: Any, table: str, dataset_ids: Iterable[str] | None = None) -> dict[str, int]:
     """LastAppliedSeq per dataset (from the meta rows); every dataset when `dataset_ids` is None."""
     wanted = None if dataset_ids is None else set(dataset_ids)
-    result: dict[str, int] = {}
-    request: dict[str, Any] = {
-        "TableName": table,
-        "IndexName": t.KIND_INDEX,
-        "KeyConditionExpression": "#kind = :kind",
-        "ExpressionAttributeNames": {"#kind": t.KIND},
-        "ExpressionAttributeValues": {":kind": {"S": t.META_KIND}},
-    }
-    while True:
-        page = dynamodb.query(**request)
-        for item in page.get("Items", []):
-            dataset_id = item[t.DATASET_ID]["S"]
-            if wanted is None or dataset_id in wanted:
-                result[dataset_id] = int(item.get(t.LAST_APPLIED_SEQ, {"N": "0"})["N"])
-        if "LastEvaluatedKey" not in page:
-            return result
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    metas = WalTable(dynamodb, table).metas()
+    return {ds: meta.last_applied_seq for ds, meta in metas.items() if wanted is None or ds in wanted}
 
 
 def read_stream(
@@ -138,7 +109,7 @@ def read_stream(
     dedupes, a flush of applied rows is a no-op) and rows older than the stream's retention are found
     by `sweep_pending`.
     """
-    stream_arn = dynamodb.describe_table(TableName=table)["Table"].get("LatestStreamArn")
+    stream_arn = WalTable(dynamodb, table).stream_arn()
     if not stream_arn:
         return [], {"stream_arn": None, "shards": {}, "done": []}
     if not cursor or cursor.get("stream_arn") != stream_arn:
@@ -243,7 +214,7 @@ def _pending_key(record: Mapping[str, Any]) -> WalKey | None:
         return None
     dataset_id = image[t.DATASET_ID]["S"]
     seq = int(image[t.SEQ_NO]["N"])
-    if seq < 1 or not DATASET_ID_PATTERN.match(dataset_id):
+    if seq < 1 or not DATASET_ID_PATTERN.fullmatch(dataset_id):
         return None
     return WalKey(dataset_id, seq)
 

@@ -6,9 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from runstate.wal import tables as t
-from runstate.wal.producer import max_seq
-from runstate.wal.source import last_applied_seqs
+from runstate.wal.table import WalTable
 
 
 @dataclass(frozen=True)
@@ -22,21 +20,22 @@ class DatasetStatus:
 
 def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[DatasetStatus]:
     """One DatasetStatus per known dataset, sorted by id (Pending index + meta rows; no table scan)."""
+    wal = WalTable(dynamodb, table)
     now_s = (now or datetime.now(timezone.utc)).timestamp()
     pending: dict[str, list[int]] = {}
-    for dataset_id, created_at in _pending_rows(dynamodb, table):
-        pending.setdefault(dataset_id, []).append(created_at)
-    applied = last_applied_seqs(dynamodb, table)
+    for row in wal.pending(limit=1_000_000):
+        pending.setdefault(row.dataset_id, []).append(row.created_at)
+    metas = wal.metas()
     result = []
-    for dataset_id in sorted(set(applied) | set(pending)):
+    for dataset_id in sorted(set(metas) | set(pending)):
         created = pending.get(dataset_id, [])
         result.append(
             DatasetStatus(
                 dataset_id=dataset_id,
                 pending_count=len(created),
                 oldest_pending_age_s=max(0.0, now_s - min(created)) if created else None,
-                last_applied_seq=applied.get(dataset_id, 0),
-                last_seq=max_seq(dynamodb, table, dataset_id),
+                last_applied_seq=metas[dataset_id].last_applied_seq if dataset_id in metas else 0,
+                last_seq=wal.max_seq(dataset_id),
             )
         )
     return result
@@ -44,34 +43,8 @@ def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[D
 
 def oldest_pending_age_s(dynamodb: Any, table: str, now: datetime | None = None) -> float | None:
     """Age in seconds of the oldest Pending row over all datasets; None when nothing is pending."""
-    page = dynamodb.query(
-        TableName=table,
-        IndexName=t.STATUS_INDEX,
-        KeyConditionExpression="#status = :pending",
-        ExpressionAttributeNames={"#status": t.STATUS_IDX},
-        ExpressionAttributeValues={":pending": {"S": t.PENDING}},
-        ScanIndexForward=True,
-        Limit=1,
-    )
-    items = page.get("Items", [])
-    if not items:
+    oldest = WalTable(dynamodb, table).oldest_pending()
+    if oldest is None:
         return None
     now_s = (now or datetime.now(timezone.utc)).timestamp()
-    return max(0.0, now_s - int(items[0][t.CREATED_AT]["N"]))
-
-
-def _pending_rows(dynamodb: Any, table: str) -> list[tuple[str, int]]:
-    request: dict[str, Any] = {
-        "TableName": table,
-        "IndexName": t.STATUS_INDEX,
-        "KeyConditionExpression": "#status = :pending",
-        "ExpressionAttributeNames": {"#status": t.STATUS_IDX},
-        "ExpressionAttributeValues": {":pending": {"S": t.PENDING}},
-    }
-    rows = []
-    while True:
-        page = dynamodb.query(**request)
-        rows.extend((item[t.DATASET_ID]["S"], int(item[t.CREATED_AT]["N"])) for item in page.get("Items", []))
-        if "LastEvaluatedKey" not in page:
-            return rows
-        request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    return max(0.0, now_s - oldest.created_at)

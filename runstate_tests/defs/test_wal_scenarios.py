@@ -1,4 +1,4 @@
-"""The seed's six scenarios, driven through wal_sensor ticks and flush_wal runs against moto's server."""
+"""The seed's six scenarios, driven through wal_sensor ticks and flush_wal shard runs against moto's server."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from runstate.defs.ticking import CURSOR_KEY, tick_sensor
-from runstate.defs.wal.sensors import wal_sensor
+from runstate.defs.wal.partitions import SHARD_TAG
+from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
 from runstate.wal.tables import APPLIED_PREFIX, PENDING, ensure_wal_table
+from runstate_tests.wal.shell import PUT_FAILURES, FlakyS3WalResource, WalWorld, unique_name
 
-from wal_fixtures import PUT_FAILURES, FlakyS3WalResource, WalWorld, instance, unique_name, world  # noqa: F401
-
-FIXTURES_SCRIPT = Path(__file__).with_name("wal_fixtures.py")
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def reader_state(world: WalWorld, dataset_id: str) -> tuple[int, dict]:
@@ -38,7 +38,19 @@ def all_applied(world: WalWorld, dataset_id: str) -> bool:
     return all(status.startswith(APPLIED_PREFIX) for status in world.statuses(dataset_id).values())
 
 
-def test_happy_path_three_appends_give_one_flush_one_blob_three_applied(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def shard_report(result: dg.ExecuteInProcessResult) -> dict:
+    """The flush_wal_shard output's metadata: datasets, flushed, failed, failures..."""
+    [output] = [e for e in result.all_node_events if e.event_type == dg.DagsterEventType.STEP_OUTPUT]
+    return {key: value.value for key, value in output.step_output_data.metadata.items()}
+
+
+def planned_batches(result: dg.ExecuteInProcessResult) -> list[dict]:
+    return result.dagster_run.run_config["ops"]["flush_wal_shard"]["config"]["batches"]
+
+
+def test_happy_path_three_appends_give_one_flush_one_blob_three_applied(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     changes = [Change.upsert(f"k{i}", {"n": i}) for i in range(3)]
     seqs = [world.producer().append("orders", [change]) for change in changes]
@@ -53,7 +65,9 @@ def test_happy_path_three_appends_give_one_flush_one_blob_three_applied(world: W
     assert reader_state(world, "orders") == (3, fold({}, changes))
 
 
-def test_happy_path_records_a_materialization_and_a_dynamic_partition(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_happy_path_records_a_materialization_and_a_dynamic_partition(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     for i in range(3):
         world.append("orders", f"k{i}", i)
 
@@ -79,7 +93,9 @@ def test_a_tick_after_the_flush_requests_nothing(world: WalWorld, instance: dg.D
     assert len(world.blob_keys("orders")) == 1
 
 
-def test_interruption_s3_put_fails_twice_then_the_run_retries_and_succeeds(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_interruption_s3_put_fails_twice_then_the_dataset_is_retried_inside_the_run(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     fault_key = unique_name("fault")
     PUT_FAILURES[fault_key] = 2
     defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key))
@@ -91,16 +107,16 @@ def test_interruption_s3_put_fails_twice_then_the_run_retries_and_succeeds(world
 
     assert PUT_FAILURES[fault_key] == 0  # both injected failures really happened
     assert (tick.requested, tick.succeeded) == (1, 1)
-    retries = [e for e in tick.results[0].all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
-    assert len(retries) == 2
+    event = instance.get_latest_materialization_event(dg.AssetKey("dataset_snapshots"))
+    assert event.asset_materialization.metadata["attempts"].value == 3
     assert all_applied(world, "orders") and reader_state(world, "orders") == (5, fold({}, changes))
 
 
-def test_interruption_longer_than_the_retries_is_flushed_by_a_later_tick_under_a_new_run_key(
+def test_interruption_longer_than_the_retries_is_reported_and_flushed_by_a_later_tick_under_a_new_run_key(
     world: WalWorld, instance: dg.DagsterInstance
 ) -> None:
     fault_key = unique_name("fault")
-    PUT_FAILURES[fault_key] = 10  # outlasts the 3 retries of the run
+    PUT_FAILURES[fault_key] = 10  # outlasts the dataset's 3 tries in the run
     defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key))
     changes = [Change.upsert(f"k{i}", i) for i in range(4)]
     for change in changes:
@@ -111,7 +127,10 @@ def test_interruption_longer_than_the_retries_is_flushed_by_a_later_tick_under_a
     PUT_FAILURES[fault_key] = 0  # the fault clears
     recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
-    assert (failed.requested, failed.failed) == (1, 1)
+    assert (failed.requested, failed.succeeded) == (1, 1)  # the run itself records the failure
+    report = shard_report(failed.results[0])
+    assert (report["failed"], list(report["failures"])) == (1, ["orders"])
+    assert "injected: S3 is down" in report["failures"]["orders"]
     assert pending_after_failure == {PENDING}
     assert (recovered.requested, recovered.succeeded) == (1, 1)
     first_key = failed.results[0].dagster_run.tags["dagster/run_key"]
@@ -124,13 +143,21 @@ def _start_crash_child(world: WalWorld, hang_at: str) -> subprocess.Popen:
     spec = {
         "home": str(world.home),
         "resource": {
-            "endpoint_url": world.endpoint, "region": "us-east-1", "table": world.table,
-            "bucket": world.bucket, "prefix": world.prefix, "hang_at": hang_at,
+            "endpoint_url": world.endpoint,
+            "region": "us-east-1",
+            "table": world.table,
+            "bucket": world.bucket,
+            "prefix": world.prefix,
+            "hang_at": hang_at,
         },
     }
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FIXTURES_SCRIPT.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, str(FIXTURES_SCRIPT), json.dumps(spec)], stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "runstate_tests.wal.shell", json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
     )
 
 
@@ -146,37 +173,41 @@ def _kill_when_ready(child: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("hang_at", ["mid_marks", "after_delta_put"])
-def test_worker_crash_mid_flush_then_a_later_tick_applies_all_ten_once(
+def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everything_once(
     world: WalWorld, instance: dg.DagsterInstance, hang_at: str
 ) -> None:
-    changes = [Change.upsert(f"k{i}", {"v": i}) for i in range(10)]
-    for change in changes:
-        world.producer().append("orders", [change])
+    datasets = ["orders", "users", "items"]
+    changes = {ds: [Change.upsert(f"k{i}", {"v": i, "ds": ds}) for i in range(10)] for ds in datasets}
+    for ds in datasets:
+        for change in changes[ds]:
+            world.producer().append(ds, [change])
     child = _start_crash_child(world, hang_at)
     _kill_when_ready(child)
     lost_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-    assert len(lost_runs) == 1  # the killed run never reported anything
-    # The killed run stays STARTED; Dagster's run monitoring would fail it (dagster/max_runtime). Here
-    # stale_run_seconds=0 says "a run of this batch still STARTED at the next tick is dead".
+    assert len(lost_runs) >= 1  # the killed runs never reported anything
+    # The killed runs stay STARTED; Dagster's run monitoring would fail them (dagster/max_runtime). Here
+    # stale_run_seconds=0 says "a run still STARTED at the next tick is dead".
     defs = world.defs(world.resource(stale_run_seconds=0))
 
     tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
-    assert (tick.requested, tick.succeeded) == (1, 1)
-    statuses = world.statuses("orders")
-    assert sorted(statuses) == list(range(1, 11)) and all_applied(world, "orders")
-    version, state = reader_state(world, "orders")
-    assert (version, state) == (10, fold({}, changes))
-    manifest = DatasetReader(world.s3, world.bucket, world.prefix, "orders").manifest()
-    covered = [seq for ref in manifest.blobs() for seq in range(ref.first_seq, ref.last_seq + 1)]
-    assert covered == list(range(1, 11))  # every seq in exactly one blob: applied once
+    assert tick.requested >= 1 and tick.failed == 0
+    for ds in datasets:
+        assert sorted(world.statuses(ds)) == list(range(1, 11)) and all_applied(world, ds)
+        assert reader_state(world, ds) == (10, fold({}, changes[ds]))
+        manifest = DatasetReader(world.s3, world.bucket, world.prefix, ds).manifest()
+        covered = [seq for ref in manifest.blobs() for seq in range(ref.first_seq, ref.last_seq + 1)]
+        assert covered == list(range(1, 11))  # every seq in exactly one blob: applied once
 
 
-def test_a_lost_run_holds_its_batch_until_run_monitoring_fails_it(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_a_lost_run_holds_its_shard_until_run_monitoring_fails_it(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     for i in range(10):
         world.append("orders", f"k{i}", i)
     _kill_when_ready(_start_crash_child(world, "after_delta_put"))
     defs = world.defs()  # stale_run_seconds = 900: the lost run still counts as running
+    world.append("orders", "late", 1)  # new work for the same shard must wait too
 
     held = tick_sensor("wal_sensor", defs=defs, instance=instance)
     statuses_while_held = set(world.statuses("orders").values())
@@ -186,11 +217,12 @@ def test_a_lost_run_holds_its_batch_until_run_monitoring_fails_it(world: WalWorl
 
     assert held.requested == 0 and "running" in held.skip_reason and statuses_while_held == {PENDING}
     assert (recovered.requested, recovered.succeeded) == (1, 1)
-    assert recovered.results[0].dagster_run.tags["dagster/run_key"].endswith("-g1")
-    assert all_applied(world, "orders") and reader_state(world, "orders")[0] == 10
+    assert all_applied(world, "orders") and reader_state(world, "orders")[0] == 11
 
 
-def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     seq = world.append("orders", "a", 1, client_token="tok-1")
     again = world.append("orders", "a", 1, client_token="tok-1")  # a retried append: same row
@@ -206,7 +238,9 @@ def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(world:
     assert len(world.blob_keys("orders")) == 1 and reader_state(world, "orders") == (1, {"a": 1})
 
 
-def test_duplicate_run_of_a_flushed_batch_writes_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_duplicate_run_of_a_flushed_shard_writes_nothing(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     for i in range(3):
         world.append("orders", f"k{i}", i)
@@ -217,12 +251,14 @@ def test_duplicate_run_of_a_flushed_batch_writes_nothing(world: WalWorld, instan
     duplicate = defs.resolve_job_def("flush_wal").execute_in_process(run_config=run_config, instance=instance)
 
     assert duplicate.success
-    assert not duplicate.asset_materializations_for_node("flush_wal_batch")
+    assert not duplicate.asset_materializations_for_node("flush_wal_shard")
     assert DatasetReader(world.s3, world.bucket, world.prefix, "orders").manifest() == manifest_before
     assert len(world.blob_keys("orders")) == 1
 
 
-def test_large_batch_split_1200_rows_give_three_batches_at_500(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_large_batch_split_1200_rows_give_three_batches_at_500_in_one_shard_run(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     producer = world.producer()
     changes = [Change.upsert(f"k{i}", i) for i in range(1200)]
@@ -231,15 +267,16 @@ def test_large_batch_split_1200_rows_give_three_batches_at_500(world: WalWorld, 
 
     tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
-    assert (tick.requested, tick.succeeded) == (3, 3)
-    sizes = [len(run.dagster_run.run_config["ops"]["flush_wal_batch"]["config"]["seqs"]) for run in tick.results]
-    assert sizes == [500, 500, 200]
+    assert (tick.requested, tick.succeeded) == (1, 1)
+    assert [len(batch["seqs"]) for batch in planned_batches(tick.results[0])] == [500, 500, 200]
     blobs = world.blob_keys("big")
     assert [blob_rows(world, key) for key in blobs] == [500, 500, 200]
     assert all_applied(world, "big") and reader_state(world, "big") == (1200, fold({}, changes))
 
 
-def test_timer_drift_skipped_and_late_ticks_lose_nothing(world: WalWorld, instance: dg.DagsterInstance) -> None:
+def test_timer_drift_skipped_and_late_ticks_lose_nothing(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
     defs = world.defs()
     changes = [Change.upsert(f"k{i}", i) for i in range(9)]
     for change in changes[:3]:
@@ -259,16 +296,20 @@ def test_timer_drift_skipped_and_late_ticks_lose_nothing(world: WalWorld, instan
     assert all_applied(world, "orders") and reader_state(world, "orders") == (9, fold({}, changes))
 
 
-def test_the_sensor_is_the_30_second_flush_timer() -> None:
-    assert wal_sensor.minimum_interval_seconds == 30
+def test_the_sensor_ticks_every_5_s_and_a_shard_gets_at_most_two_runs_per_30_s_timer() -> None:
+    from runstate.defs.wal.resources import WalResource
+
+    assert wal_sensor.minimum_interval_seconds == SENSOR_INTERVAL_S == 5
     assert wal_sensor.job_name == "flush_wal"
+    assert WalResource().min_run_interval_s == 15
 
 
 def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_plain_fold(
     world: WalWorld, instance: dg.DagsterInstance
 ) -> None:
-    """Shell-level model check (the core's own runs 5,000 changes): random appends over 5 datasets, retried
-    appends with the same client token, S3 faults that sometimes outlast a run's retries, ticks in between."""
+    """Shell-level model check (the core's own runs 5,000 changes): random appends over 5 datasets in 2 shards,
+    retried appends with the same client token, S3 faults that sometimes outlast a dataset's tries in a run,
+    ticks in between."""
     import random
 
     rng = random.Random(20261126)
@@ -276,6 +317,7 @@ def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_pl
     defs = world.defs(world.resource(FlakyS3WalResource, fault_key=fault_key, max_batch_size=25))
     producer = world.producer()
     expected: dict[str, list[Change]] = {}
+    reported_failures = 0
     for step in range(240):
         dataset_id = f"ds{rng.randrange(5)}"
         key = f"k{rng.randrange(30)}"
@@ -286,20 +328,22 @@ def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_pl
             producer.append(dataset_id, [change], client_token=token)  # a retried append: no second row
         expected.setdefault(dataset_id, []).append(change)
         if step % 60 == 59:
-            PUT_FAILURES[fault_key] = rng.choice([0, 2, 6])  # 6 outlasts a run's 3 retries
-            tick_sensor("wal_sensor", defs=defs, instance=instance)
+            PUT_FAILURES[fault_key] = rng.choice([0, 2, 20])  # 20 outlasts 3 tries of every dataset of a run
+            tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
+            reported_failures += sum(shard_report(result)["failed"] for result in tick.results)
 
     PUT_FAILURES[fault_key] = 0
     for _ in range(10):  # the fault has cleared: later ticks drain everything
         if tick_sensor("wal_sensor", defs=defs, instance=instance).requested == 0:
             break
 
-    failed_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE]))
-    assert failed_runs  # the faults really outlasted some runs' retries
+    assert reported_failures  # the faults really outlasted some datasets' tries
     for dataset_id, changes in expected.items():
         assert len(world.statuses(dataset_id)) == len(changes)  # duplicates wrote no extra row
         assert all_applied(world, dataset_id)
         assert reader_state(world, dataset_id) == (len(changes), fold({}, changes))
+    shards = {run.tags[SHARD_TAG] for run in instance.get_runs()}
+    assert shards == {"0", "1"}
 
 
 def _recreate_wal_storage(world: WalWorld) -> None:

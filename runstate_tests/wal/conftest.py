@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import boto3
 import pytest
 
-from runstate.wal import ensure_blob_bucket, ensure_wal_table
+from runstate.wal import BlobStore, WalTable, ensure_blob_bucket, ensure_wal_table
 
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -34,6 +34,10 @@ class WalEnv:
 
     def target(self) -> dict[str, str]:
         return {"table": self.table, "bucket": self.bucket, "prefix": self.prefix}
+
+    def owners(self) -> tuple[WalTable, BlobStore]:
+        """The core's owners of this test's table and bucket."""
+        return WalTable(self.dynamodb, self.table), BlobStore(self.s3, self.bucket, self.prefix)
 
 
 @pytest.fixture

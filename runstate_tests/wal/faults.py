@@ -12,11 +12,18 @@ from typing import Any, Callable
 
 from botocore.exceptions import BotoCoreError
 
+from runstate.wal import WalServiceError
+
 
 class InjectedFault(BotoCoreError):
     """Stands for a network failure on one call (a BotoCoreError, as botocore's own connection errors are)."""
 
     fmt = "{message}"
+
+
+# What an injected fault surfaces as: WalTable and BlobStore wrap it in WalServiceError (naming the
+# table or bucket); the stream reader lets botocore's error through.
+FAULT_ERRORS = (InjectedFault, WalServiceError)
 
 
 class Faults:

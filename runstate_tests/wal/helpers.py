@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from runstate.wal import tables as t
-from runstate.wal.producer import query_rows
+from runstate.wal.table import WalTable
 
 
 def wal_rows(dynamodb: Any, table: str, dataset_id: str) -> list[dict[str, Any]]:
     """Every WAL row (seq >= 1) of a dataset, consistent read, seq order."""
-    return query_rows(dynamodb, table, dataset_id)
+    return WalTable(dynamodb, table).query_rows(dataset_id)
 
 
 def statuses(dynamodb: Any, table: str, dataset_id: str) -> dict[int, str]:

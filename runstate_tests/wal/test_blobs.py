@@ -42,8 +42,12 @@ def test_only_one_of_two_writers_holding_the_same_manifest_wins(wal):
     write_manifest(wal.s3, wal.bucket, wal.prefix, Manifest("orders").with_delta(ref), None)
     seen = read_manifest(wal.s3, wal.bucket, wal.prefix, "orders")
 
-    first = write_manifest(wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k2", "1" * 64, 10, 2, 2, 1)), seen.etag)
-    second = write_manifest(wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k3", "2" * 64, 10, 2, 2, 1)), seen.etag)
+    first = write_manifest(
+        wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k2", "1" * 64, 10, 2, 2, 1)), seen.etag
+    )
+    second = write_manifest(
+        wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k3", "2" * 64, 10, 2, 2, 1)), seen.etag
+    )
 
     assert (first, second) == (True, False)
     assert [r.key for r in read_manifest(wal.s3, wal.bucket, wal.prefix, "orders").deltas] == ["k1", "k2"]

@@ -58,9 +58,22 @@ def test_a_flush_killed_midway_is_completed_by_the_next_one(wal, operation, nth,
     changes = _append(wal, "orders", 10)
 
     child = subprocess.run(
-        [sys.executable, "-c", KILLER, wal.endpoint, wal.table, wal.bucket, wal.prefix, "orders", operation,
-         str(nth), "10"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            KILLER,
+            wal.endpoint,
+            wal.table,
+            wal.bucket,
+            wal.prefix,
+            "orders",
+            operation,
+            str(nth),
+            "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
     assert child.returncode == -signal.SIGKILL, child.stderr
@@ -69,7 +82,9 @@ def test_a_flush_killed_midway_is_completed_by_the_next_one(wal, operation, nth,
     result = flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=range(1, 11))
     applied_by_child = nth if operation == "UpdateItem" else 0
     assert result.applied == 10 - applied_by_child
-    assert all(status.startswith("Applied#") for status in statuses(wal.dynamodb, wal.table, "orders").values())
+    assert all(
+        status.startswith("Applied#") for status in statuses(wal.dynamodb, wal.table, "orders").values()
+    )
     assert last_applied_seqs(wal.dynamodb, wal.table) == {"orders": 10}
     assert reader.read() == (10, fold({}, changes))
     assert [k for k in object_keys(wal.s3, wal.bucket) if "/delta/" in k] == [

@@ -18,7 +18,7 @@ from runstate.wal.blobs import decode_delta, delta_key, encode_delta
 from runstate.wal.changes import fold
 from runstate.wal.source import last_applied_seqs
 
-from .faults import Faults, InjectedFault
+from .faults import FAULT_ERRORS, Faults
 from .helpers import object_keys, statuses, wal_rows
 
 NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
@@ -36,7 +36,13 @@ def _append(wal, dataset_id: str, count: int, start: int = 0) -> list[Change]:
 
 def _flush(wal, dataset_id: str, seqs, dynamodb=None, s3=None, **kwargs):
     return flush_batch(
-        dynamodb or wal.dynamodb, s3 or wal.s3, **wal.target(), dataset_id=dataset_id, seqs=seqs, now=NOW, **kwargs
+        dynamodb or wal.dynamodb,
+        s3 or wal.s3,
+        **wal.target(),
+        dataset_id=dataset_id,
+        seqs=seqs,
+        now=NOW,
+        **kwargs,
     )
 
 
@@ -86,7 +92,11 @@ def test_delta_encoding_is_deterministic():
     second, _ = encode_delta(list(reversed(rows)))
 
     assert first == second and count == 3
-    assert [(seq, c.op, c.key) for seq, c in decode_delta(first)] == [(1, "upsert", "a"), (1, "upsert", 7), (2, "delete", "a")]
+    assert [(seq, c.op, c.key) for seq, c in decode_delta(first)] == [
+        (1, "upsert", "a"),
+        (1, "upsert", 7),
+        (2, "delete", "a"),
+    ]
 
 
 def test_a_late_batch_finds_its_rows_applied_by_the_later_one(wal):
@@ -115,7 +125,7 @@ def test_put_failing_twice_then_succeeding_applies_everything_once(wal):
     fault = Faults(s3, "PutObject", count=2)
 
     for _ in range(2):
-        with pytest.raises(InjectedFault):
+        with pytest.raises(FAULT_ERRORS, match="injected"):
             _flush(wal, "orders", [1, 2, 3, 4, 5], s3=s3)
         assert set(statuses(wal.dynamodb, wal.table, "orders").values()) == {"Pending"}
     result = _flush(wal, "orders", [1, 2, 3, 4, 5], s3=s3)
@@ -132,7 +142,7 @@ def test_failure_midway_through_the_applied_updates_is_repaired_by_a_rerun(wal):
     is_row_mark = lambda params: params.get("Key", {}).get("SeqNo", {}).get("N") != "0"
     Faults(dynamodb, "UpdateItem", count=3, skip=5, when=is_row_mark)
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         _flush(wal, "orders", list(range(1, 13)), dynamodb=dynamodb, max_workers=1)
     half = statuses(wal.dynamodb, wal.table, "orders")
     # Committed to the manifest (readers see it), some rows still Pending, LastAppliedSeq not advanced.
@@ -155,7 +165,7 @@ def test_failure_after_the_manifest_put_is_repaired_by_a_rerun(wal):
     is_manifest = lambda params: params.get("Key", "").endswith("manifest.json")
     Faults(s3, "PutObject", count=1, after=True, when=is_manifest)
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         _flush(wal, "orders", [1, 2, 3], s3=s3)
     rerun = _flush(wal, "orders", [1, 2, 3], s3=s3)
 
@@ -172,7 +182,9 @@ def test_a_tampered_row_is_named_and_nothing_is_written(wal):
         ExpressionAttributeValues={":p": {"S": '[["upsert","k1",666]]'}},
     )
 
-    with pytest.raises(WalIntegrityError, match=r"dataset 'orders': WAL row seq 2 checksum mismatch \(expected"):
+    with pytest.raises(
+        WalIntegrityError, match=r"dataset 'orders': WAL row seq 2 checksum mismatch \(expected"
+    ):
         _flush(wal, "orders", [1, 2, 3])
 
     assert object_keys(wal.s3, wal.bucket) == []
@@ -205,6 +217,7 @@ def test_both_read_paths_give_the_same_blob_and_catch_a_missing_seq(wal, monkeyp
         _flush(wal, "orders", [6])
     result = _flush(wal, "orders", [5])
 
-    assert result.blob_bytes == len(encode_delta(
-        (seq, [change]) for seq, change in enumerate(changes, start=1))[0])
+    assert result.blob_bytes == len(
+        encode_delta((seq, [change]) for seq, change in enumerate(changes, start=1))[0]
+    )
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (5, fold({}, changes))

@@ -1,5 +1,5 @@
 """THE MODEL CHECK: a random workload with duplicate appends and injected faults, driven through
-stream/sweep -> plan -> flush (plus compactions and concurrent readers) until drained; then every
+stream/sweep -> plan -> shard flushes (plus compactions and concurrent readers) until drained; then every
 dataset's reader state must equal the plain fold of all its changes in SeqNo order.
 
 Scale with RUNSTATE_WAL_MODEL_CHANGES (default 5000) and RUNSTATE_WAL_MODEL_SEED.
@@ -19,34 +19,39 @@ import pytest
 
 from runstate.wal import (
     BlobIntegrityError,
+    BlobStore,
     Change,
     DatasetReader,
     WalProducer,
+    WalTable,
     compact_dataset,
-    flush_batch,
     plan_batches,
     read_stream,
     sweep_pending,
 )
+from runstate.wal.shards import flush_shard, plan_shards
 from runstate.wal.changes import fold
 
-from .faults import Faults, InjectedFault
+from .faults import FAULT_ERRORS, Faults
 from .helpers import wal_rows
 
 CHANGES = int(os.environ.get("RUNSTATE_WAL_MODEL_CHANGES", "5000"))
 SEED = int(os.environ.get("RUNSTATE_WAL_MODEL_SEED", "20261126"))
 DATASETS = [f"ds{n:02d}" for n in range(20)]
 APPEND_THREADS = 4
+SHARDS = 3
 
 
 def _random_value(rng: random.Random):
-    return rng.choice([
-        rng.randint(-(10**12), 10**12),
-        f"v{rng.random():.6f}",
-        {"n": rng.randint(0, 9), "tags": [rng.choice("abc") for _ in range(rng.randint(0, 3))]},
-        [rng.random(), None, True],
-        None,
-    ])
+    return rng.choice(
+        [
+            rng.randint(-(10**12), 10**12),
+            f"v{rng.random():.6f}",
+            {"n": rng.randint(0, 9), "tags": [rng.choice("abc") for _ in range(rng.randint(0, 3))]},
+            [rng.random(), None, True],
+            None,
+        ]
+    )
 
 
 def _workload(rng: random.Random) -> list[tuple[str, str, list[Change]]]:
@@ -57,7 +62,9 @@ def _workload(rng: random.Random) -> list[tuple[str, str, list[Change]]]:
         changes = []
         for _ in range(min(rng.randint(1, 12), CHANGES - total)):
             key = rng.choice([rng.randint(0, 30), f"k{rng.randint(0, 30)}"])
-            changes.append(Change.delete(key) if rng.random() < 0.2 else Change.upsert(key, _random_value(rng)))
+            changes.append(
+                Change.delete(key) if rng.random() < 0.2 else Change.upsert(key, _random_value(rng))
+            )
         appends.append((dataset_id, f"tok-{len(appends)}", changes))
         total += len(changes)
     return appends
@@ -73,7 +80,9 @@ class Model:
 
     def record(self, dataset_id: str, seq: int, changes: list[Change]) -> None:
         with self.lock:
-            assert self.by_seq[dataset_id].setdefault(seq, changes) == changes, f"{dataset_id} seq {seq} reused"
+            assert self.by_seq[dataset_id].setdefault(seq, changes) == changes, (
+                f"{dataset_id} seq {seq} reused"
+            )
 
     def fold_upto(self, dataset_id: str, version: int) -> dict:
         seqs = self.by_seq[dataset_id]
@@ -108,6 +117,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
 
     # Flusher (the sensor + flush runs) with faults on S3, DynamoDB and the stream.
     flush_ddb, flush_s3, streams = wal.client("dynamodb"), wal.client("s3"), wal.client("dynamodbstreams")
+    flush_table, flush_blobs = WalTable(flush_ddb, wal.table), BlobStore(flush_s3, wal.bucket, wal.prefix)
     fault_rng = random.Random(SEED + 4)
     Faults(flush_s3, "PutObject", rate=0.05, rng=fault_rng)
     Faults(flush_s3, "PutObject", rate=0.03, after=True, rng=fault_rng)
@@ -127,35 +137,39 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
                 stream_keys, new_cursor = read_stream(streams, flush_ddb, wal.table, cursor)
                 cursor = None if flush_rng.random() < 0.05 else new_cursor  # sometimes the cursor is lost
                 keys = stream_keys + sweep_pending(flush_ddb, wal.table)
-            except InjectedFault:
+            except FAULT_ERRORS:
                 stats["tick_failures"] += 1
                 continue
             batches = plan_batches(keys, max_batch_size=flush_rng.choice([5, 50, 500]))
-            flush_rng.shuffle(batches)  # runs may execute in any order
-            for batch in batches:
-                try:
-                    flush_batch(flush_ddb, flush_s3, **wal.target(), dataset_id=batch.dataset_id, seqs=batch.seqs)
-                    stats["flushes"] += 1
-                except InjectedFault:
-                    stats["flush_failures"] += 1
+            plans = plan_shards(batches, SHARDS)
+            flush_rng.shuffle(plans)  # shard runs may execute in any order
+            for plan in plans:  # one shard run: its datasets in parallel, one try each (faults stay faults)
+                for outcome in flush_shard(flush_table, flush_blobs, plan.batches, workers=4, attempts=1):
+                    stats["flushes" if outcome.ok else "flush_failures"] += 1
             if round_no % 3 == 1:
                 dataset_id = flush_rng.choice(DATASETS)
                 try:
-                    compact_dataset(flush_ddb, flush_s3, **wal.target(), dataset_id=dataset_id, retention_days=0)
+                    compact_dataset(
+                        flush_ddb, flush_s3, **wal.target(), dataset_id=dataset_id, retention_days=0
+                    )
                     stats["compactions"] += 1
-                except InjectedFault:
+                except FAULT_ERRORS:
                     stats["compaction_failures"] += 1
             if drained_before and not keys and _all_visible(wal, model):
                 return
             if not drained_before:
-                time.sleep(0.5)  # the flush timer while the producers write (not an assertion, nothing waits on it)
+                time.sleep(
+                    0.5
+                )  # the flush timer while the producers write (not an assertion, nothing waits on it)
         raise AssertionError("the WAL did not drain")
 
     def reader_loop() -> None:
         read_rng = random.Random(SEED + 6)
         while not appending_done.is_set():
             dataset_id = read_rng.choice(DATASETS)
-            observations.append((dataset_id, *DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).read()))
+            observations.append(
+                (dataset_id, *DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).read())
+            )
             time.sleep(0.5)  # a consumer polling; each read fetches and verifies every blob of the dataset
 
     parts = [appends[i::APPEND_THREADS] for i in range(APPEND_THREADS)]
@@ -187,21 +201,27 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
     assert stats["flush_failures"] > 0 and stats["flushes"] > 0
     later = datetime.now(timezone.utc) + timedelta(hours=2)
     for dataset_id in DATASETS:
-        compact_dataset(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, retention_days=0, now=later)
+        compact_dataset(
+            wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, retention_days=0, now=later
+        )
         expected_version = max(model.by_seq[dataset_id], default=0)
         assert DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).read() == (
-            expected_version, model.fold_upto(dataset_id, expected_version))
+            expected_version,
+            model.fold_upto(dataset_id, expected_version),
+        )
     elapsed = time.monotonic() - started
-    print(f"model check: {CHANGES} changes, {len(appends)} appends, {model.duplicates} duplicate appends, "
-          f"{len(observations)} mid-run reads, stats {dict(stats)}, appends done at {appended_after:.1f}s, "
-          f"total {elapsed:.1f}s")
+    print(
+        f"model check: {CHANGES} changes, {len(appends)} appends, {model.duplicates} duplicate appends, "
+        f"{len(observations)} mid-run reads, stats {dict(stats)}, appends done at {appended_after:.1f}s, "
+        f"total {elapsed:.1f}s"
+    )
 
 
 def _retry(call):
     for _ in range(100):
         try:
             return call()
-        except InjectedFault:
+        except FAULT_ERRORS:
             continue
     raise AssertionError("an append kept failing")
 
@@ -211,7 +231,8 @@ def _all_visible(wal, model: Model) -> bool:
         with model.lock:
             targets = {ds: max(seqs, default=0) for ds, seqs in model.by_seq.items()}
         return all(
-            DatasetReader(wal.s3, wal.bucket, wal.prefix, ds).version >= version for ds, version in targets.items()
+            DatasetReader(wal.s3, wal.bucket, wal.prefix, ds).version >= version
+            for ds, version in targets.items()
         )
     except BlobIntegrityError:
         return False

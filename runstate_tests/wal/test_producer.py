@@ -10,7 +10,7 @@ import pytest
 from runstate.wal import Change, WalInputError, WalProducer
 from runstate.wal.producer import MAX_PAYLOAD_BYTES
 
-from .faults import Faults, InjectedFault
+from .faults import FAULT_ERRORS, Faults
 from .helpers import item_count, wal_rows
 
 
@@ -126,7 +126,7 @@ def test_retry_after_a_lost_response_writes_one_row(wal):
     producer = WalProducer(client, wal.table)
     changes = [Change.upsert("k", 1)]
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         producer.append("orders", changes, client_token="req-1")
     seq = producer.append("orders", changes, client_token="req-1")
 
@@ -142,7 +142,7 @@ def test_retry_after_a_failure_before_the_row_write_writes_one_row(wal):
     producer = WalProducer(client, wal.table)
     WalProducer(wal.dynamodb, wal.table).append("orders", [Change.upsert("other", 0)])
 
-    with pytest.raises(InjectedFault):
+    with pytest.raises(FAULT_ERRORS, match="injected"):
         producer.append("orders", [Change.upsert("k", 1)], client_token="req-1")
     WalProducer(wal.dynamodb, wal.table).append("orders", [Change.upsert("other", 2)])
     seq = producer.append("orders", [Change.upsert("k", 1)], client_token="req-1")

@@ -25,7 +25,9 @@ def test_a_dataset_never_flushed_reads_empty_at_version_zero(wal):
 
 
 def test_state_is_the_fold_of_every_delta_with_int_and_str_keys_distinct(wal):
-    changes = _flushed(wal, "orders", [[Change.upsert(1, "int"), Change.upsert("1", "str")], [Change.delete(1)]])
+    changes = _flushed(
+        wal, "orders", [[Change.upsert(1, "int"), Change.upsert("1", "str")], [Change.delete(1)]]
+    )
 
     version, state = DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read()
 

@@ -6,7 +6,16 @@ import json
 
 import pytest
 
-from runstate.wal import Batch, Change, WalKey, WalProducer, flush_batch, plan_batches, read_stream, sweep_pending
+from runstate.wal import (
+    Batch,
+    Change,
+    WalKey,
+    WalProducer,
+    flush_batch,
+    plan_batches,
+    read_stream,
+    sweep_pending,
+)
 from runstate.wal.source import last_applied_seqs
 
 

@@ -22,24 +22,35 @@ def _record(seq: int, dataset_id: str, wal_seq: int, status: str = "Pending") ->
 
 class FakeStreams:
     def __init__(self, shards: dict[str, dict[str, Any]]) -> None:
-        self.shards = shards  # id -> {"parent": id|None, "records": [...], "closed": bool, "trimmed_below": int}
+        self.shards = (
+            shards  # id -> {"parent": id|None, "records": [...], "closed": bool, "trimmed_below": int}
+        )
         self.fail_next_get_records: str | None = None
 
     def describe_stream(self, StreamArn: str, **_: Any) -> dict[str, Any]:
-        shards = [{"ShardId": sid, **({"ParentShardId": s["parent"]} if s["parent"] else {})}
-                  for sid, s in self.shards.items()]
+        shards = [
+            {"ShardId": sid, **({"ParentShardId": s["parent"]} if s["parent"] else {})}
+            for sid, s in self.shards.items()
+        ]
         return {"StreamDescription": {"Shards": shards}}
 
-    def get_shard_iterator(self, StreamArn: str, ShardId: str, ShardIteratorType: str, SequenceNumber: str = "") -> dict:
+    def get_shard_iterator(
+        self, StreamArn: str, ShardId: str, ShardIteratorType: str, SequenceNumber: str = ""
+    ) -> dict:
         shard = self.shards[ShardId]
         if ShardIteratorType == "TRIM_HORIZON":
             start = 0
         else:
             after = int(SequenceNumber)
             if after < shard.get("trimmed_below", 0):
-                raise ClientError({"Error": {"Code": "TrimmedDataAccessException", "Message": "trimmed"}}, "GetShardIterator")
-            start = next((i for i, r in enumerate(shard["records"]) if int(r["dynamodb"]["SequenceNumber"]) > after),
-                         len(shard["records"]))
+                raise ClientError(
+                    {"Error": {"Code": "TrimmedDataAccessException", "Message": "trimmed"}},
+                    "GetShardIterator",
+                )
+            start = next(
+                (i for i, r in enumerate(shard["records"]) if int(r["dynamodb"]["SequenceNumber"]) > after),
+                len(shard["records"]),
+            )
         return {"ShardIterator": f"{ShardId}|{start}"}
 
     def get_records(self, ShardIterator: str, Limit: int) -> dict:
@@ -63,12 +74,17 @@ class FakeTable:
 
 
 def test_a_closed_parent_is_read_to_its_end_then_its_children_and_marked_done():
-    streams = FakeStreams({
-        "child-b": {"parent": "parent", "records": [_record(30, "b", 1)], "closed": False},
-        "parent": {"parent": None, "records": [_record(10, "a", 1), _record(11, "a", 2, "Applied#2026-11")],
-                   "closed": True},
-        "child-a": {"parent": "parent", "records": [_record(20, "a", 3)], "closed": False},
-    })
+    streams = FakeStreams(
+        {
+            "child-b": {"parent": "parent", "records": [_record(30, "b", 1)], "closed": False},
+            "parent": {
+                "parent": None,
+                "records": [_record(10, "a", 1), _record(11, "a", 2, "Applied#2026-11")],
+                "closed": True,
+            },
+            "child-a": {"parent": "parent", "records": [_record(20, "a", 3)], "closed": False},
+        }
+    )
 
     keys, cursor = read_stream(streams, FakeTable(), "wal", None)
     again, _ = read_stream(streams, FakeTable(), "wal", cursor)
@@ -80,11 +96,17 @@ def test_a_closed_parent_is_read_to_its_end_then_its_children_and_marked_done():
 
 
 def test_a_trimmed_position_restarts_the_shard_at_trim_horizon():
-    shard = {"parent": None, "records": [_record(50, "a", 7), _record(51, "a", 8)], "closed": False,
-             "trimmed_below": 50}
+    shard = {
+        "parent": None,
+        "records": [_record(50, "a", 7), _record(51, "a", 8)],
+        "closed": False,
+        "trimmed_below": 50,
+    }
     streams = FakeStreams({"s": shard})
 
-    keys, cursor = read_stream(streams, FakeTable(), "wal", {"stream_arn": ARN, "shards": {"s": "12"}, "done": []})
+    keys, cursor = read_stream(
+        streams, FakeTable(), "wal", {"stream_arn": ARN, "shards": {"s": "12"}, "done": []}
+    )
 
     assert keys == [WalKey("a", 7), WalKey("a", 8)]
     assert cursor["shards"] == {"s": "51"}
@@ -111,8 +133,9 @@ def test_shards_gone_from_the_stream_are_forgotten():
 
 
 def test_empty_pages_before_the_records_are_followed():
-    streams = FakeStreams({"s": {"parent": None, "records": [_record(1, "a", 1)], "closed": False,
-                                 "leading_empty_pages": 2}})
+    streams = FakeStreams(
+        {"s": {"parent": None, "records": [_record(1, "a", 1)], "closed": False, "leading_empty_pages": 2}}
+    )
 
     keys, _ = read_stream(streams, FakeTable(), "wal", None)
 

@@ -4,7 +4,7 @@ import dagster as dg
 
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import rebuild_snapshot_from_wal
+from runstate.wal import rebuild_snapshot
 
 
 @dg.asset(
@@ -15,14 +15,7 @@ from runstate.wal import rebuild_snapshot_from_wal
 )
 def dataset_snapshots(context: dg.AssetExecutionContext, wal: WalResource) -> dg.MaterializeResult:
     dataset_id = context.partition_key
-    result = rebuild_snapshot_from_wal(
-        wal.dynamodb_client(),
-        wal.s3_client(),
-        table=wal.table_name,
-        bucket=wal.bucket_name,
-        prefix=wal.blob_prefix,
-        dataset_id=dataset_id,
-    )
+    result = rebuild_snapshot(wal.wal_table(), wal.blob_store(), dataset_id)
     context.log.info(f"dataset {dataset_id!r}: rebuilt snapshot {result}")
     return dg.MaterializeResult(metadata=result_metadata(result))
 

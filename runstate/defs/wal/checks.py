@@ -9,7 +9,9 @@ from runstate.wal import oldest_pending_age_s
 MAX_PENDING_AGE_S = 3600
 
 
-@dg.asset_check(asset=dataset_snapshots, description="Fails when the oldest Pending WAL row is older than 1 h.")
+@dg.asset_check(
+    asset=dataset_snapshots, description="Fails when the oldest Pending WAL row is older than 1 h."
+)
 def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
     age = oldest_pending_age_s(wal.dynamodb_client(), wal.table_name)
     return dg.AssetCheckResult(

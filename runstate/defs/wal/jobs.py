@@ -1,13 +1,15 @@
-"""`flush_wal` (one batch of one dataset to a delta blob) and `compact_wal` (snapshots, trim, archive)."""
+"""`flush_wal` (one shard's planned batches to delta blobs) and `compact_wal` (snapshots, trim, archive)."""
 
+import json
 from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
-from runstate.defs.wal.partitions import DATASET_TAG
+from runstate.defs.wal.partitions import SHARD_TAG
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import compact_dataset, flush_batch, wal_status
+from runstate.wal import Batch, compact, wal_status
+from runstate.wal.shards import DatasetOutcome, flush_shard
 
 SNAPSHOTS_ASSET = dg.AssetKey("dataset_snapshots")
 MAX_RETRY_WAIT_S = 300
@@ -20,65 +22,117 @@ def flush_retry_policy(max_retries: int = 7, delay: float = 2.0) -> dg.RetryPoli
     """
     longest = (2**max_retries) * delay
     if longest > MAX_RETRY_WAIT_S:
-        raise ValueError(f"flush retry policy could wait {longest:.0f} s > {MAX_RETRY_WAIT_S} s before a retry")
-    return dg.RetryPolicy(max_retries=max_retries, delay=delay, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
+        raise ValueError(
+            f"flush retry policy could wait {longest:.0f} s > {MAX_RETRY_WAIT_S} s before a retry"
+        )
+    return dg.RetryPolicy(
+        max_retries=max_retries, delay=delay, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+    )
 
 
-# The production policy: up to 7 retries, waits of about 2, 6, 14, 30, 62, 126 and 254 s (~8 min in all).
+# For failures of the run as a whole (a dataset's own failures are retried and reported inside the run):
+# up to 7 retries, waits of about 2, 6, 14, 30, 62, 126 and 254 s (~8 min in all).
 FLUSH_RETRY_POLICY = flush_retry_policy()
 
 
-class FlushConfig(dg.Config):
+class BatchConfig(dg.Config):
     """One planned batch: a dataset and the WAL seqs to apply, ascending."""
 
     dataset_id: str = Field(description="The dataset whose WAL rows are flushed.")
     seqs: list[int] = Field(description="SeqNos of the batch, as planned by wal_sensor.")
 
 
+class ShardFlushConfig(dg.Config):
+    """One shard's plan, as wal_sensor made it."""
+
+    shard: int = Field(ge=0, description="The flush shard (runstate/wal_shard tag) the datasets map to.")
+    batches: list[BatchConfig] = Field(description="The shard's planned batches, in (dataset, seq) order.")
+
+
 class CompactConfig(dg.Config):
-    dataset_ids: list[str] = Field(default_factory=list, description="Datasets to compact; empty means every dataset.")
-    retention_days: Optional[int] = Field(default=None, description="Applied rows older than this are trimmed; empty means the resource's.")
+    dataset_ids: list[str] = Field(
+        default_factory=list, description="Datasets to compact; empty means every dataset."
+    )
+    retention_days: Optional[int] = Field(
+        default=None, description="Applied rows older than this are trimmed; empty means the resource's."
+    )
 
 
-def build_flush_job(retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str = "flush_wal") -> dg.JobDefinition:
+def snapshot_materialization(outcome: DatasetOutcome) -> dg.AssetMaterialization:
+    """The dataset_snapshots partition's record of what one shard run applied to it."""
+    results = outcome.results
+    blobs = [result for result in results if result.blob_key]
+    return dg.AssetMaterialization(
+        asset_key=SNAPSHOTS_ASSET,
+        partition=outcome.dataset_id,
+        metadata={
+            "rows": sum(result.rows for result in results),
+            "applied": outcome.applied,
+            "skipped": sum(result.skipped for result in results),
+            "first_seq": results[0].first_seq,
+            "last_seq": results[-1].last_seq,
+            "blob_key": blobs[-1].blob_key if blobs else "",
+            "blobs": len(blobs),
+            "blob_bytes": sum(result.blob_bytes for result in results),
+            "version": results[-1].version,
+            "flush_s": round(outcome.seconds, 3),
+            "attempts": outcome.attempts,
+        },
+    )
+
+
+def shard_metadata(shard: int, outcomes: list[DatasetOutcome]) -> dict[str, object]:
+    failed = {outcome.dataset_id: outcome.error for outcome in outcomes if not outcome.ok}
+    return {
+        "shard": shard,
+        "datasets": len(outcomes),
+        "flushed": len(outcomes) - len(failed),
+        "failed": len(failed),
+        "rows_applied": sum(outcome.applied for outcome in outcomes),
+        "slowest_dataset_s": round(max((outcome.seconds for outcome in outcomes), default=0.0), 3),
+        "failures": dg.MetadataValue.json(failed),
+    }
+
+
+def build_flush_job(
+    retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str = "flush_wal"
+) -> dg.JobDefinition:
     """The flush job; tests build one with a faster policy so a fault-then-recover run takes milliseconds."""
 
-    @dg.op(name="flush_wal_batch", retry_policy=retry_policy)
-    def flush_wal_batch(context: dg.OpExecutionContext, config: FlushConfig, wal: WalResource) -> None:
-        """Apply one batch: blob first, then Applied marks, then LastAppliedSeq and the manifest (all idempotent)."""
-        result = flush_batch(
-            wal.dynamodb_client(),
-            wal.s3_client(),
-            table=wal.table_name,
-            bucket=wal.bucket_name,
-            prefix=wal.blob_prefix,
-            dataset_id=config.dataset_id,
-            seqs=config.seqs,
+    @dg.op(name="flush_wal_shard", retry_policy=retry_policy)
+    def flush_wal_shard(
+        context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource
+    ) -> dg.Output:
+        """Flush the shard's batches: datasets in parallel, each in seq order; failures reported per dataset."""
+        outcomes = flush_shard(
+            wal.wal_table(),
+            wal.blob_store(),
+            [Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches],
+            workers=wal.flush_workers,
+            attempts=wal.flush_attempts,
+            retry_delay_s=wal.flush_retry_delay_s,
+            catch_up_rows=wal.max_batch_size,
         )
+        for outcome in outcomes:
+            if outcome.applied:
+                context.log_event(snapshot_materialization(outcome))
+            if not outcome.ok:
+                # Its rows stay Pending: the next wal_sensor tick plans the dataset again.
+                context.log.error(f"dataset {outcome.dataset_id!r} not flushed: {outcome.error}")
+        metadata = shard_metadata(config.shard, outcomes)
         context.log.info(
-            f"dataset {config.dataset_id!r}: applied {result.applied}, skipped {result.skipped} "
-            f"(seqs {result.first_seq}..{result.last_seq}) -> {result.blob_key}"
+            f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}"
         )
-        if result.applied:
-            context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=SNAPSHOTS_ASSET,
-                    partition=config.dataset_id,
-                    metadata={
-                        "rows": result.rows,
-                        "applied": result.applied,
-                        "skipped": result.skipped,
-                        "first_seq": result.first_seq,
-                        "last_seq": result.last_seq,
-                        "blob_key": result.blob_key,
-                        "blob_bytes": result.blob_bytes,
-                    },
-                )
-            )
+        return dg.Output(metadata["flushed"], metadata=metadata)
 
-    @dg.job(name=name, description="Flush one planned WAL batch of one dataset to a delta blob and mark it Applied.")
+    # One op: running it in the run worker itself saves a second process (and code-location load) per run.
+    @dg.job(
+        name=name,
+        executor_def=dg.in_process_executor,
+        description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",
+    )
     def flush_job() -> None:
-        flush_wal_batch()
+        flush_wal_shard()
 
     return flush_job
 
@@ -89,40 +143,30 @@ flush_wal = build_flush_job()
 @dg.op(retry_policy=FLUSH_RETRY_POLICY)
 def compact_wal_datasets(context: dg.OpExecutionContext, config: CompactConfig, wal: WalResource) -> None:
     """Per dataset: a new snapshot from the old one plus its deltas, trim old Applied rows, archive old blobs."""
-    dynamodb, s3 = wal.dynamodb_client(), wal.s3_client()
-    dataset_ids = config.dataset_ids or [status.dataset_id for status in wal_status(dynamodb, wal.table_name)]
+    table, blobs = wal.wal_table(), wal.blob_store()
+    dataset_ids = config.dataset_ids or [status.dataset_id for status in wal_status(table.client, table.name)]
     retention_days = wal.retention_days if config.retention_days is None else config.retention_days
     for dataset_id in dataset_ids:
-        result = compact_dataset(
-            dynamodb,
-            s3,
-            table=wal.table_name,
-            bucket=wal.bucket_name,
-            prefix=wal.blob_prefix,
-            dataset_id=dataset_id,
-            retention_days=retention_days,
-        )
+        result = compact(table, blobs, dataset_id, retention_days=retention_days)
         context.log.info(f"dataset {dataset_id!r}: {result}")
-        snapshot_key = getattr(result, "snapshot_key", None)
-        if snapshot_key:
+        if result.snapshot_key:
+            metadata = {k: v for k, v in vars(result).items() if isinstance(v, (int, float, str))}
             context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=SNAPSHOTS_ASSET,
-                    partition=dataset_id,
-                    metadata={k: v for k, v in vars(result).items() if isinstance(v, (int, float, str)) and v is not None},
-                )
+                dg.AssetMaterialization(SNAPSHOTS_ASSET, partition=dataset_id, metadata=metadata)
             )
 
 
-@dg.job(description="Compact datasets: new snapshot blobs, trim Applied WAL rows past retention, archive old blobs.")
+@dg.job(
+    description="Compact datasets: new snapshot blobs, trim Applied WAL rows past retention, archive old blobs."
+)
 def compact_wal() -> None:
     compact_wal_datasets()
 
 
-def compaction_run_request(dataset_id: str, day: str) -> dg.RunRequest:
-    """One compaction run per dataset per day, tagged like a flush so the two never overlap."""
+def compaction_run_request(shard: int, dataset_ids: list[str], day: str) -> dg.RunRequest:
+    """One compaction run per flush shard per day, tagged with the shard so it never overlaps its flushes."""
     return dg.RunRequest(
-        run_key=f"compact-{dataset_id}-{day}",
-        run_config={"ops": {"compact_wal_datasets": {"config": {"dataset_ids": [dataset_id]}}}},
-        tags={DATASET_TAG: dataset_id},
+        run_key=f"compact-shard{shard}-{day}",
+        run_config={"ops": {"compact_wal_datasets": {"config": {"dataset_ids": sorted(dataset_ids)}}}},
+        tags={SHARD_TAG: str(shard)},
     )

@@ -1,11 +1,11 @@
-"""`wal_compaction_schedule` (daily, one compaction run per dataset) and the WAL lag check's schedule."""
+"""`wal_compaction_schedule` (daily, one compaction run per flush shard) and the WAL lag check's schedule."""
 
 import dagster as dg
 
 from runstate.defs.wal.checks import wal_lag_job
 from runstate.defs.wal.jobs import compact_wal, compaction_run_request
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import wal_status
+from runstate.wal.shards import shard_of
 
 
 @dg.schedule(
@@ -13,14 +13,16 @@ from runstate.wal import wal_status
     cron_schedule="0 3 * * *",
     execution_timezone="UTC",
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Daily at 03:00 UTC: one compact_wal run per dataset, tagged so it never overlaps a flush.",
+    description="Daily at 03:00 UTC: one compact_wal run per flush shard, tagged so it never overlaps its flushes.",
 )
 def wal_compaction_schedule(context: dg.ScheduleEvaluationContext, wal: WalResource):
     day = context.scheduled_execution_time.strftime("%Y-%m-%d")
-    datasets = [status.dataset_id for status in wal_status(wal.dynamodb_client(), wal.table_name)]
-    if not datasets:
+    by_shard: dict[int, list[str]] = {}
+    for dataset_id in wal.wal_table().metas():
+        by_shard.setdefault(shard_of(dataset_id, wal.shards), []).append(dataset_id)
+    if not by_shard:
         return dg.SkipReason("no datasets in the WAL")
-    return [compaction_run_request(dataset_id, day) for dataset_id in datasets]
+    return [compaction_run_request(shard, datasets, day) for shard, datasets in sorted(by_shard.items())]
 
 
 wal_lag_schedule = dg.ScheduleDefinition(

@@ -1,18 +1,20 @@
-"""`wal_sensor`: the 30 s flush timer. It tails the WAL stream, sweeps the Pending index, plans batches
-and requests one `flush_wal` run per batch.
+"""`wal_sensor`: the flush timer. It tails the WAL stream, sweeps the Pending index, plans batches, groups
+them by flush shard and requests at most one `flush_wal` run per shard that has work.
 
-Run keys and failures. The daemon never launches a run_key that already has a run, yet a batch whose
-run failed must be flushed again once the fault clears. So a run_key is `<batch key>-g<generation>`:
-the batch key is the core's deterministic key of (dataset, seqs), and the generation counts the runs of
-that batch (found by the `runstate/wal_batch` tag) that are dead: FAILURE, CANCELED, or STARTED for
-longer than `stale_run_seconds` (a worker killed outright never reports failure; Dagster's run
-monitoring fails it at the same moment through the run's `dagster/max_runtime` tag). While a run of the
-batch is alive (including the daemon's auto-retry of a failed run, which carries the same tags) the
-tick requests nothing for it; once every run of it is dead the next tick requests generation + 1 (its
-key is new, so the daemon launches it). A succeeded batch is not planned again while its rows stay
-Applied; if the same seqs turn up Pending again (the WAL table was recreated under a kept Dagster
-database), finished runs count towards the generation, so they are flushed too. A duplicate run is
-harmless: the flush skips rows already Applied.
+Timing. The sensor evaluates every SENSOR_INTERVAL_S; a shard gets a run when it has Pending rows, no
+live flush run (queued, starting or running), and its last flush run was requested at least
+`min_run_interval_s` ago (15 s: at most 2 runs per shard per 30 s timer period). So a row waits for at
+most one run interval plus a tick before its run is requested, whatever the number of datasets.
+
+Run keys and failures. The daemon never launches a run_key that already has a run, yet a plan whose
+run failed must be flushed again once the fault clears. So a run_key is `<plan key>-g<generation>`:
+the plan key is deterministic over (shard, batches), and the generation counts the runs of that plan
+(found by the `runstate/wal_batch` tag) that are dead (FAILURE, CANCELED, or STARTED for longer than
+`stale_run_seconds`: a worker killed outright never reports failure; Dagster's run monitoring fails it
+at the same moment through the run's `dagster/max_runtime` tag) or succeeded (a dataset that failed
+inside a successful run is planned again, and may give the same plan). While a flush run of the shard
+is alive, including the daemon's auto-retry of a failed one, the shard gets nothing new. A duplicate
+run is harmless: the flush skips rows already Applied.
 """
 
 import json
@@ -22,14 +24,17 @@ from typing import Any
 
 import dagster as dg
 
-from runstate.defs.wal.partitions import BATCH_TAG, DATASET_TAG, MAX_RUNTIME_TAG, datasets_partitions
+from runstate.defs.wal.partitions import BATCH_TAG, MAX_RUNTIME_TAG, SHARD_TAG, datasets_partitions
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import Batch, last_applied_seqs, plan_batches, read_stream, sweep_pending
+from runstate.wal import WalKey, plan_batches, read_stream
+from runstate.wal.shards import ShardPlan, plan_shards
 
-FLUSH_INTERVAL_S = 30
+SENSOR_INTERVAL_S = 5
 FLUSH_JOB = "flush_wal"
 CURSOR_VERSION = 1
 DEAD_STATUSES = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+# Enough to see a shard's live run and its latest request: a shard has at most one live flush at a time.
+RECENT_SHARD_RUNS = 20
 
 
 @dataclass
@@ -51,27 +56,29 @@ class WalSensorCursor:
             return cls()
         if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
             return cls()
-        return cls(stream=data.get("stream"), ticks=int(data.get("ticks", 0)), planned_rows=int(data.get("planned_rows", 0)))
+        return cls(
+            stream=data.get("stream"),
+            ticks=int(data.get("ticks", 0)),
+            planned_rows=int(data.get("planned_rows", 0)),
+        )
 
     def dump(self) -> str:
-        payload = {"v": CURSOR_VERSION, "stream": self.stream, "ticks": self.ticks, "planned_rows": self.planned_rows}
+        payload = {
+            "v": CURSOR_VERSION,
+            "stream": self.stream,
+            "ticks": self.ticks,
+            "planned_rows": self.planned_rows,
+        }
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
 class BatchRuns:
-    """What the instance knows about the runs of one batch."""
+    """What the instance knows about the runs of one plan."""
 
     dead: int  # FAILURE, CANCELED, or STARTED longer than stale_run_seconds
     alive: int  # queued, starting or running (and not stale), e.g. a daemon auto-retry of a failed run
     succeeded: int
-
-
-def batch_runs(instance: dg.DagsterInstance, batch_key: str, stale_run_seconds: float, now: float) -> BatchRuns:
-    records = instance.get_run_records(filters=dg.RunsFilter(tags={BATCH_TAG: batch_key}))
-    dead = sum(1 for record in records if _is_dead(record, stale_run_seconds, now))
-    succeeded = sum(1 for record in records if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS)
-    return BatchRuns(dead=dead, alive=len(records) - dead - succeeded, succeeded=succeeded)
 
 
 def _is_dead(record: Any, stale_run_seconds: float, now: float) -> bool:
@@ -79,17 +86,49 @@ def _is_dead(record: Any, stale_run_seconds: float, now: float) -> bool:
     if status in DEAD_STATUSES:
         return True
     started = record.start_time
-    return status == dg.DagsterRunStatus.STARTED and started is not None and now - started >= stale_run_seconds
+    return (
+        status == dg.DagsterRunStatus.STARTED and started is not None and now - started >= stale_run_seconds
+    )
 
 
-def flush_run_request(batch: Batch, generation: int, wal: WalResource) -> dg.RunRequest:
-    tags = {DATASET_TAG: batch.dataset_id, BATCH_TAG: batch.run_key}
+def _count(records: list[Any], stale_run_seconds: float, now: float) -> BatchRuns:
+    dead = sum(1 for record in records if _is_dead(record, stale_run_seconds, now))
+    succeeded = sum(1 for record in records if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS)
+    return BatchRuns(dead=dead, alive=len(records) - dead - succeeded, succeeded=succeeded)
+
+
+def batch_runs(
+    instance: dg.DagsterInstance, plan_key: str, stale_run_seconds: float, now: float
+) -> BatchRuns:
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={BATCH_TAG: plan_key}))
+    return _count(list(records), stale_run_seconds, now)
+
+
+@dataclass(frozen=True)
+class ShardRuns:
+    alive: bool
+    last_requested: float | None  # epoch seconds of the newest flush run of the shard
+
+
+def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: float, now: float) -> ShardRuns:
+    records = list(
+        instance.get_run_records(
+            filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={SHARD_TAG: str(shard)}), limit=RECENT_SHARD_RUNS
+        )
+    )
+    last = records[0].create_timestamp.timestamp() if records else None
+    return ShardRuns(alive=_count(records, stale_run_seconds, now).alive > 0, last_requested=last)
+
+
+def flush_run_request(plan: ShardPlan, generation: int, wal: WalResource) -> dg.RunRequest:
+    tags = {SHARD_TAG: str(plan.shard), BATCH_TAG: plan.key}
     if wal.stale_run_seconds > 0:
         tags[MAX_RUNTIME_TAG] = str(wal.stale_run_seconds)
+    batches = [{"dataset_id": batch.dataset_id, "seqs": list(batch.seqs)} for batch in plan.batches]
     return dg.RunRequest(
         job_name=FLUSH_JOB,
-        run_key=f"{batch.run_key}-g{generation}",
-        run_config={"ops": {"flush_wal_batch": {"config": {"dataset_id": batch.dataset_id, "seqs": list(batch.seqs)}}}},
+        run_key=f"{plan.key}-g{generation}",
+        run_config={"ops": {"flush_wal_shard": {"config": {"shard": plan.shard, "batches": batches}}}},
         tags=tags,
     )
 
@@ -100,57 +139,69 @@ class TickPlan:
     new_datasets: list[str]
     cursor: WalSensorCursor
     batches: int
-    held: int  # batches left alone because a live run of theirs exists
+    held: int  # shards left alone because a flush run of theirs is alive
+    waiting: int = 0  # shards whose last run was requested less than min_run_interval_s ago
 
     @property
     def skip_reason(self) -> str:
-        if self.held:
-            return f"{self.held} planned batch(es) already have a running flush"
+        if self.held or self.waiting:
+            return (
+                f"{self.held} shard(s) already have a running flush, "
+                f"{self.waiting} shard(s) flushed less than the run interval ago"
+            )
         return "no pending WAL rows"
 
 
 def evaluate_wal_tick(
     instance: dg.DagsterInstance, cursor: WalSensorCursor, wal: WalResource, now: float | None = None
 ) -> TickPlan:
-    """Read stream + sweep, plan batches, and turn each batch without a live run into a run request."""
-    dynamodb = wal.dynamodb_client()
-    streamed, stream_cursor = read_stream(wal.streams_client(), dynamodb, wal.table_name, cursor.stream)
+    """Read stream + sweep, plan batches, and turn each shard with work into at most one run request."""
+    table = wal.wal_table()
+    streamed, stream_cursor = read_stream(wal.streams_client(), table.client, table.name, cursor.stream)
     # The sweep is what makes a lost cursor, a trimmed stream or a failed run harmless.
-    swept = sweep_pending(dynamodb, wal.table_name)
-    # Old stream records of rows applied since are dropped, so no run is requested for them. Swept rows are
-    # kept even below LastAppliedSeq: such a row is a crash leftover that a flush repairs.
-    # One query of the meta rows: every dataset's LastAppliedSeq, and the full list of datasets.
-    applied = last_applied_seqs(dynamodb, wal.table_name)
+    swept = [WalKey(row.dataset_id, row.seq) for row in table.pending()]
+    # One query of the meta rows: every dataset's LastAppliedSeq, and the full list of datasets. Old stream
+    # records of rows applied since are dropped; swept rows are kept even below LastAppliedSeq (a crash
+    # leftover that a flush repairs).
+    applied = {dataset_id: meta.last_applied_seq for dataset_id, meta in table.metas().items()}
     fresh = [key for key in streamed if key.seq_no > applied.get(key.dataset_id, 0)]
     batches = plan_batches([*fresh, *swept], max_batch_size=wal.max_batch_size)
     now = time.time() if now is None else now
-    requests, held = [], 0
-    for batch in batches:
-        runs = batch_runs(instance, batch.run_key, wal.stale_run_seconds, now)
-        # A live run of this batch (ours, or the daemon's auto-retry of a failed one) will apply it.
-        if runs.alive:
+    requests, held, waiting = [], 0, 0
+    for plan in plan_shards(batches, wal.shards):
+        shard = shard_runs(instance, plan.shard, wal.stale_run_seconds, now)
+        if shard.alive:  # that run (or the daemon's retry of it) flushes; new rows wait for the next one
             held += 1
-            continue
-        # A batch planned again after a run of it succeeded is a new incarnation of those seqs (the WAL
-        # table was recreated, e.g. moto restarted beside a kept Dagster database): it needs a new key too.
-        requests.append(flush_run_request(batch, runs.dead + runs.succeeded, wal))
+        elif shard.last_requested is not None and now - shard.last_requested < wal.min_run_interval_s:
+            waiting += 1
+        else:
+            runs = batch_runs(instance, plan.key, wal.stale_run_seconds, now)
+            requests.append(flush_run_request(plan, runs.dead + runs.succeeded, wal))
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
-    new_datasets = sorted(({b.dataset_id for b in batches} | set(applied)) - known)
+    new_datasets = sorted(({batch.dataset_id for batch in batches} | set(applied)) - known)
     next_cursor = WalSensorCursor(
-        stream=stream_cursor, ticks=cursor.ticks + 1, planned_rows=cursor.planned_rows + sum(len(b.seqs) for b in batches)
+        stream=stream_cursor,
+        ticks=cursor.ticks + 1,
+        planned_rows=cursor.planned_rows + sum(len(batch.seqs) for batch in batches),
     )
-    return TickPlan(requests, new_datasets, next_cursor, batches=len(batches), held=held)
+    return TickPlan(requests, new_datasets, next_cursor, batches=len(batches), held=held, waiting=waiting)
 
 
 @dg.sensor(
     job_name=FLUSH_JOB,  # by name, so tests can bind a flush_wal built with a faster retry policy
-    minimum_interval_seconds=FLUSH_INTERVAL_S,
+    minimum_interval_seconds=SENSOR_INTERVAL_S,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Every 30 s: tail the WAL stream, sweep Pending rows, request one flush_wal run per batch.",
+    description="Every 5 s: tail the WAL stream, sweep Pending rows, request at most one flush_wal run per "
+    "flush shard with work (and at most one per shard per run interval).",
 )
 def wal_sensor(context: dg.SensorEvaluationContext, wal: WalResource) -> dg.SensorResult:
     plan = evaluate_wal_tick(context.instance, WalSensorCursor.parse(context.cursor), wal)
-    partition_requests = [datasets_partitions.build_add_request(plan.new_datasets)] if plan.new_datasets else []
-    if not plan.requests:
-        return dg.SensorResult(skip_reason=plan.skip_reason, cursor=plan.cursor.dump(), dynamic_partitions_requests=partition_requests)
-    return dg.SensorResult(run_requests=plan.requests, cursor=plan.cursor.dump(), dynamic_partitions_requests=partition_requests)
+    partition_requests = (
+        [datasets_partitions.build_add_request(plan.new_datasets)] if plan.new_datasets else []
+    )
+    return dg.SensorResult(
+        run_requests=plan.requests,
+        skip_reason=None if plan.requests else plan.skip_reason,
+        cursor=plan.cursor.dump(),
+        dynamic_partitions_requests=partition_requests,
+    )

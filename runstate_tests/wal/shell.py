@@ -1,11 +1,10 @@
-"""Fixtures and helpers of the WAL shell tests: a WAL table + bucket of the test's own on moto's server,
-a Dagster instance on disk (so a child process can share it), and Definitions bound to both.
+"""Fixtures and helpers of the WAL shell tests (Dagster layer and CLI): a WAL table + bucket of the test's
+own on moto's server, a Dagster instance on disk (so a child process can share it), and Definitions
+bound to both. Test modules import the fixtures from here (`from runstate_tests.wal.shell import ...`).
 
-Imported explicitly by the test modules (`from wal_fixtures import ...`), never through conftest.
-
-Run as a script it is the child process of the crash test: it ticks wal_sensor against the shared
-instance with a client that blocks inside the flush at a chosen point, after printing READY, so the
-parent can SIGKILL it mid-flush.
+Run as a module (`python -m runstate_tests.wal.shell SPEC`) it is the child process of the crash tests:
+it ticks wal_sensor against the shared instance with a client that blocks inside the flush at a chosen
+point, after printing READY, so the parent can SIGKILL it mid-flush.
 """
 
 from __future__ import annotations
@@ -25,12 +24,15 @@ from botocore.exceptions import ClientError
 from runstate.defs.wal import build_defs
 from runstate.defs.wal.jobs import build_flush_job
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import Change, WalProducer, ensure_blob_bucket, ensure_wal_table
+from runstate.wal import BlobStore, Change, WalProducer, ensure_blob_bucket, ensure_wal_table
 from runstate.wal import tables as t
-from runstate.wal.producer import query_rows
+from runstate.wal.table import WalTable
 
 # Fast retries so a fault-then-recover run takes milliseconds; the production policy is tested on its own.
 FAST_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=0.01, backoff=dg.Backoff.EXPONENTIAL)
+# The resource settings of the tests: ticks are driven back to back (no run interval), the flush of a
+# dataset is tried 3 times with millisecond waits, and 2 shards so multi-dataset tests span both.
+TEST_RESOURCE = dict(min_run_interval_s=0, flush_retry_delay_s=0.01, flush_shards=2)
 
 
 def unique_name(prefix: str) -> str:
@@ -49,7 +51,12 @@ class WalWorld:
 
     def resource(self, resource_class: type[WalResource] = WalResource, **overrides: Any) -> WalResource:
         config: dict[str, Any] = dict(
-            endpoint_url=self.endpoint, region="us-east-1", table=self.table, bucket=self.bucket, prefix=self.prefix
+            endpoint_url=self.endpoint,
+            region="us-east-1",
+            table=self.table,
+            bucket=self.bucket,
+            prefix=self.prefix,
+            **TEST_RESOURCE,
         )
         config.update(overrides)
         return resource_class(**config)
@@ -65,14 +72,13 @@ class WalWorld:
 
     def rows(self, dataset_id: str) -> list[dict[str, Any]]:
         """Every WAL row (seq >= 1) of a dataset, strongly consistent."""
-        return query_rows(self.dynamodb, self.table, dataset_id)
+        return WalTable(self.dynamodb, self.table).query_rows(dataset_id)
 
     def statuses(self, dataset_id: str) -> dict[int, str]:
         return {int(item[t.SEQ_NO]["N"]): item[t.STATUS_IDX]["S"] for item in self.rows(dataset_id)}
 
     def blob_keys(self, dataset_id: str, kind: str = "delta") -> list[str]:
-        response = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=f"{self.prefix}{dataset_id}/{kind}/")
-        return sorted(obj["Key"] for obj in response.get("Contents", []))
+        return BlobStore(self.s3, self.bucket, self.prefix).keys(dataset_id, kind)
 
 
 @pytest.fixture
@@ -104,7 +110,9 @@ PUT_FAILURES: dict[str, int] = {}
 def _fail_delta_put(fault_key: str, params: dict[str, Any], **_: Any) -> None:
     if "/delta/" in params.get("Key", "") and PUT_FAILURES.get(fault_key, 0) > 0:
         PUT_FAILURES[fault_key] -= 1
-        raise ClientError({"Error": {"Code": "ServiceUnavailable", "Message": "injected: S3 is down"}}, "PutObject")
+        raise ClientError(
+            {"Error": {"Code": "ServiceUnavailable", "Message": "injected: S3 is down"}}, "PutObject"
+        )
 
 
 class FlakyS3WalResource(WalResource):
@@ -115,7 +123,9 @@ class FlakyS3WalResource(WalResource):
     def s3_client(self):
         client = super().s3_client()
         if not getattr(client, "_runstate_fault_hook", False):
-            client.meta.events.register("before-parameter-build.s3.PutObject", lambda **kw: _fail_delta_put(self.fault_key, **kw))
+            client.meta.events.register(
+                "before-parameter-build.s3.PutObject", lambda **kw: _fail_delta_put(self.fault_key, **kw)
+            )
             client._runstate_fault_hook = True
         return client
 
@@ -181,7 +191,7 @@ def crash_child_main(argv: list[str]) -> None:
     from runstate.defs.ticking import tick_sensor
 
     spec = json.loads(argv[0])
-    resource = HangingWalResource(**spec["resource"])
+    resource = HangingWalResource(**spec["resource"], **TEST_RESOURCE)
     defs = build_defs(wal=resource, flush_job=build_flush_job(FAST_RETRY_POLICY))
     with dg.DagsterInstance.from_config(spec["home"]) as inst:
         tick_sensor("wal_sensor", defs=defs, instance=inst)

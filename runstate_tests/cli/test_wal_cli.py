@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from typing import Iterator
 
 import pytest
@@ -10,8 +13,9 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
+from runstate.wal import Change
 
-from wal_fixtures import WalWorld, world  # noqa: F401
+from runstate_tests.wal.shell import WalWorld
 
 
 @pytest.fixture
@@ -33,7 +37,10 @@ def run(cli: CliRunner, *args: str) -> tuple[int, str]:
 
 
 def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> None:
-    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (0, "orders seq 1\n")
+    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (
+        0,
+        "orders seq 1\n",
+    )
     assert run(cli, "append", "--dataset", "orders", "--delete", "sku2") == (0, "orders seq 2\n")
     code, before = run(cli, "status")
     assert code == 0 and "orders" in before and before.split("\n")[1].split()[1] == "2"  # 2 pending
@@ -42,10 +49,20 @@ def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> 
     assert code == 0 and "requested 1 run(s): 1 succeeded, 0 failed" in ticked
 
     code, read = run(cli, "read", "--dataset", "orders")
-    assert code == 0 and json.loads(read) == {"dataset": "orders", "version": 2, "state": {"sku1": {"qty": 2}}}
+    assert code == 0 and json.loads(read) == {
+        "dataset": "orders",
+        "version": 2,
+        "state": {"sku1": {"qty": 2}},
+        "int_state": {},
+    }
     code, after = run(cli, "status", "--json")
     [row] = json.loads(after)
-    assert (row["dataset_id"], row["pending_count"], row["oldest_pending_age_s"], row["last_applied_seq"]) == ("orders", 0, None, 2)
+    assert (
+        row["dataset_id"],
+        row["pending_count"],
+        row["oldest_pending_age_s"],
+        row["last_applied_seq"],
+    ) == ("orders", 0, None, 2)
 
 
 def test_a_second_tick_with_nothing_pending_says_so(cli: CliRunner) -> None:
@@ -73,6 +90,18 @@ def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: 
         (["--dataset", "orders", "--upsert", "novalue"], "is not KEY=JSON"),
         (["--dataset", "orders"], "at least one --upsert"),
         (["--dataset", "orders", "--upsert", "big=" + json.dumps("x" * 500_000)], "400"),
+        (["--dataset", "orders\n", "--upsert", "a=1"], "dataset id 'orders\\n' is invalid"),
+        (
+            ["--dataset", "orders", "--upsert", "a=1", "--client-token", "t\n"],
+            "client token 't\\n' is invalid",
+        ),
+        (
+            ["--dataset", "orders", "--upsert", "deep=" + "[" * 995 + "]" * 995],
+            "nested deeper than 64 levels",
+        ),
+        (["--dataset", "orders", "--upsert", "deep=" + "[" * 65 + "]" * 65], "nested deeper than 64 levels"),
+        (["--dataset", "orders", "--upsert", 'a="\\ud800"'], "UTF-8 cannot encode"),
+        (["--dataset", "orders", "--upsert", "a=1", "--delete", "\ud800"], "UTF-8 cannot encode"),
     ],
 )
 def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
@@ -81,7 +110,19 @@ def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
     code, output = run(cli, "append", *args)
 
     assert code != 0 and message in output
-    assert world.statuses("orders") == {}
+    assert "Traceback" not in output and [line for line in output.splitlines() if line.startswith("Error:")]
+    assert world.statuses("orders") == {} and world.statuses("orders\n") == {}
+
+
+def test_read_keeps_the_int_key_1_and_the_str_key_1_apart(cli: CliRunner, world: WalWorld) -> None:
+    world.producer().append("orders", [Change.upsert(1, "int"), Change.upsert("1", "str")])
+    run(cli, "tick")
+
+    code, output = run(cli, "read", "--dataset", "orders")
+
+    assert code == 0
+    document = json.loads(output)
+    assert (document["state"], document["int_state"]) == ({"1": "str"}, {"1": "int"})
 
 
 def test_read_of_a_corrupt_blob_names_the_blob(cli: CliRunner, world: WalWorld) -> None:
@@ -101,4 +142,30 @@ def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: 
 
     code, output = run(cli, "status")
 
-    assert code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
+    assert (
+        code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output
+    )
+
+
+def test_append_read_and_status_never_import_dagster_or_pyarrow_before_they_need_it(world: WalWorld) -> None:
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from runstate.cli import main\n"
+        "for args in (['wal', 'append', '--dataset', 'orders', '--upsert', 'a=1'], ['wal', 'status'],\n"
+        "             ['wal', 'read', '--dataset', 'orders']):\n"
+        "    assert CliRunner().invoke(main, args).exit_code == 0, args\n"
+        "print(sorted(m for m in ('dagster', 'pyarrow', 'pyspark', 'snowflake.connector') if m in sys.modules))\n"
+    )
+    env = {
+        **os.environ,
+        "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint,
+        "RUNSTATE_WAL_TABLE": world.table,
+        "RUNSTATE_BLOB_BUCKET": world.bucket,
+        "RUNSTATE_BLOB_PREFIX": world.prefix,
+    }
+
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
