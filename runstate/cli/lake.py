@@ -97,6 +97,7 @@ def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
 
     from runstate.spark import SparkSetupError, build_session, settings_from_runstate
     from runstate.wal.changes import validate_dataset_id
+    from runstate.wal import state_document
     from runstate.wal.lake import LakeError, read_table
 
     validate_dataset_id(dataset_id)  # before a JVM is started for nothing
@@ -106,7 +107,7 @@ def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
         raise LakeError(f"Spark could not start: {' '.join(str(error).split())}") from None
     spark.sparkContext.setLogLevel("ERROR")
     reached, state = read_table(spark, dataset_id, version)
-    return {"dataset": dataset_id, "version": reached, "state": state}
+    return state_document(dataset_id, reached, state)
 
 
 def install(wal: click.Group) -> None:
@@ -120,8 +121,7 @@ def install(wal: click.Group) -> None:
                 raise click.UsageError("--version needs --engine spark (Iceberg time travel)")
             ctx.invoke(blob_read, **options)
             return
-        document = read_with_spark(options["dataset_id"], version)
-        click.echo(json.dumps(document, sort_keys=True, default=str))
+        click.echo(json.dumps(read_with_spark(options["dataset_id"], version), sort_keys=True))
 
     params = [
         *blob_read.params,
