@@ -82,10 +82,14 @@ def pg_schema(pg_database: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """moto's real HTTP server on a free loopback port."""
-    from moto.server import ThreadedMotoServer
+    """moto's real HTTP server on a free loopback port, serialised as `runstate services up` runs it.
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    Plain ThreadedMotoServer lets two conditional PutItems on one key both succeed under load, which
+    DynamoDB never does; runstate_tests/services/test_moto_atomicity.py shows it.
+    """
+    from runstate.services.moto_server import SerializedMotoServer
+
+    server = SerializedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"

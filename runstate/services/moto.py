@@ -1,12 +1,19 @@
-"""moto's HTTP server for DynamoDB and S3, on a free loopback port, detached from the CLI."""
+"""moto's HTTP server for DynamoDB and S3, on a free loopback port, detached from the CLI.
+
+It is our `runstate.services.moto_server`, not plain `moto_server`: that one lets two conditional writes
+on one item both succeed under load, which DynamoDB never does (see that module).
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from runstate.services.http import http_answers
-from runstate.services.state import EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, find_binary
+from runstate.services.state import EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, is_running
+
+SERVER_MODULE = "runstate.services.moto_server"
 
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -20,14 +27,21 @@ def healthy(url: str) -> bool:
 
 
 def moto_argv(port: int) -> list[str]:
+    return [sys.executable, "-m", SERVER_MODULE, "-H", LOOPBACK, "-p", str(port)]
+
+
+def is_serialized(record: ServiceRecord) -> bool:
+    """Whether a recorded moto is our serialised server (an older `up` started plain moto_server)."""
     try:
-        binary = str(find_binary("moto_server", hint=""))
-        return [binary, "-H", LOOPBACK, "-p", str(port)]
-    except ServiceError:
-        return [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return is_running(record) and SERVER_MODULE.encode() in cmdline
 
 
-def ensure_moto(caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None) -> ServiceRecord:
+def ensure_moto(
+    caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None
+) -> ServiceRecord:
     if caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
         url = caller_env["RUNSTATE_AWS_ENDPOINT_URL"]
         if not http_answers(url):
@@ -35,6 +49,8 @@ def ensure_moto(caller_env: Mapping[str, str], previous: ServiceRecord | None, *
                                "or unset it to let `runstate services up` start moto.")
         return ServiceRecord("moto", EXTERNAL, url)
     _require_moto_installed()
+    if previous is not None and previous.started_by_us and not is_serialized(previous):
+        previous = None  # replaced by a serialised server; `up` stops the old one once the new one answers
     return embedded_service("moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy)
 
 
