@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -26,7 +27,11 @@ SNOWFLAKE_LOCK_TABLE = "SCHEMA_MIGRATIONS_LOCK"
 
 
 class MigrationError(RuntimeError):
-    pass
+    """A migration cannot be discovered, applied or checked; the message names the file or the server."""
+
+
+class InvalidSchemaName(MigrationError, ValueError):
+    """A schema name that would have to be quoted; refused before any SQL runs."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,28 @@ def discover(backend: str) -> list[Migration]:
 
 
 def check_schema_name(schema: str) -> str:
-    if not _SCHEMA_RE.match(schema or ""):
-        raise ValueError(f"schema name {schema!r} must match {_SCHEMA_RE.pattern}")
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
+        raise InvalidSchemaName(f"schema name {schema!r} must match {_SCHEMA_RE.pattern}")
     return schema
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return url
+
+
+@contextmanager
+def postgres_errors(dsn: str) -> Iterator[None]:
+    """A driver error (server down, wrong database, failing DDL) becomes one MigrationError naming the server."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise MigrationError(f"postgres {redact(dsn)}: {detail}") from exc
 
 
 def _lock_key(schema: str) -> int:
@@ -94,7 +118,7 @@ def upgrade_postgres(dsn: str, schema: str = "runstate") -> list[Migration]:
     """Apply every pending Postgres migration into `schema`; returns what was applied."""
     check_schema_name(schema)
     pending: list[Migration] = []
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_errors(dsn), psycopg.connect(dsn) as conn, conn.cursor() as cur:
         # Advisory lock before CREATE SCHEMA: concurrent CREATE SCHEMA IF NOT EXISTS can still collide.
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
         _postgres_bootstrap(cur, schema)
@@ -114,7 +138,7 @@ def upgrade_postgres(dsn: str, schema: str = "runstate") -> list[Migration]:
 
 def status_postgres(dsn: str, schema: str = "runstate") -> list[MigrationStatus]:
     check_schema_name(schema)
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_errors(dsn), psycopg.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migrations",))
         exists = cur.fetchone()[0] is not None
         applied = {}

@@ -22,6 +22,9 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
 # Hermetic: the developer's .runstate/env (from `services up`) must not leak endpoints into tests.
 os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
+# Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
+# checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
+os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="runstate-test-dagster-")
 
 ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

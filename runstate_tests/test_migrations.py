@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -191,3 +194,38 @@ def test_a_held_snowflake_lock_gives_a_clear_error(snowflake_schema):
 
     with pytest.raises(migrations.MigrationError, match="lock is held.*DROP TABLE"):
         migrations.upgrade_snowflake(conn, schema, lock_timeout_s=1)
+
+
+def _db_status_in_a_shell(**env: str) -> subprocess.CompletedProcess:
+    """`runstate db status` as a user runs it: its own process, so a traceback would show on stderr."""
+    runstate = str(Path(sys.executable).parent / "runstate")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFLAKE_")}
+    return subprocess.run([runstate, "db", "status"], env={**clean, **env}, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[-2000:]
+    return lines[0]
+
+
+def test_db_status_with_an_unreachable_snowflake_says_so_in_one_line(fresh_database):
+    result = _db_status_in_a_shell(RUNSTATE_PG_URL=fresh_database, RUNSTATE_EVENTSTORE="snowflake",
+                                   SNOWFLAKE_ACCOUNT="fakesnow", SNOWFLAKE_USER="fake", SNOWFLAKE_PASSWORD="snow",
+                                   SNOWFLAKE_HOST="127.0.0.1", SNOWFLAKE_PORT="1", SNOWFLAKE_PROTOCOL="http")
+
+    assert "snowflake 127.0.0.1:1: cannot connect" in _one_error_line(result)
+
+
+def test_db_status_with_an_unreachable_postgres_says_so_in_one_line():
+    result = _db_status_in_a_shell(RUNSTATE_PG_URL="postgresql://postgres:secret@127.0.0.1:1/runstate")
+
+    line = _one_error_line(result)
+    assert "postgres postgresql://postgres:***@127.0.0.1:1/runstate" in line and "secret" not in line
+
+
+def test_db_status_with_an_unsafe_schema_says_so_in_one_line(fresh_database):
+    result = _db_status_in_a_shell(RUNSTATE_PG_URL=fresh_database, RUNSTATE_SCHEMA="x;drop")
+
+    assert "schema name 'x;drop' must match" in _one_error_line(result)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from contextlib import closing
+from contextlib import closing, contextmanager
+from typing import Iterator
 
 import click
 
 from runstate import migrations
 from runstate.config import Settings, settings
+from runstate.migrations import MigrationError
+
+# A wrong host or port should fail in seconds, not after the connector's default of two minutes.
+LOGIN_TIMEOUT_S = 20
 
 
 def _snowflake_connection(s: Settings):
@@ -20,7 +25,24 @@ def _snowflake_connection(s: Settings):
                                           "warehouse") if s.snowflake.get(k)}
     if s.snowflake.get("port"):
         kwargs["port"] = int(s.snowflake["port"])
-    return snowflake.connector.connect(**kwargs)
+    where = f"{kwargs.get('host') or kwargs['account']}:{kwargs.get('port', 443)}"
+    try:
+        return snowflake.connector.connect(**kwargs, login_timeout=LOGIN_TIMEOUT_S)
+    except snowflake.connector.errors.Error as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise MigrationError(f"snowflake {where}: cannot connect: {detail}") from exc
+
+
+@contextmanager
+def _snowflake_errors(schema: str) -> Iterator[None]:
+    """A connector error while migrating or reading the status becomes one line naming the schema."""
+    import snowflake.connector
+
+    try:
+        yield
+    except snowflake.connector.errors.Error as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise MigrationError(f"snowflake {schema}: {detail}") from exc
 
 
 def _snowflake_schema(s: Settings) -> str:
@@ -32,9 +54,15 @@ def _ensure_wal_resources(s: Settings) -> str:
 
     from runstate.wal import ensure_blob_bucket, ensure_wal_table
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
     kwargs = {"endpoint_url": s.aws_endpoint_url, "region_name": s.aws_region}
-    ensure_wal_table(boto3.client("dynamodb", **kwargs), s.wal_table)
-    ensure_blob_bucket(boto3.client("s3", **kwargs), s.blob_bucket)
+    try:
+        ensure_wal_table(boto3.client("dynamodb", **kwargs), s.wal_table)
+        ensure_blob_bucket(boto3.client("s3", **kwargs), s.blob_bucket)
+    except (BotoCoreError, ClientError) as exc:
+        where = s.aws_endpoint_url or "AWS"
+        raise MigrationError(f"WAL table {s.wal_table!r} / bucket {s.blob_bucket!r} at {where}: {exc}") from exc
     return f"WAL table {s.wal_table!r} and blob bucket {s.blob_bucket!r} are ready"
 
 
@@ -54,7 +82,7 @@ def upgrade(skip_aws: bool) -> None:
         click.echo(f"  + {migration.version}_{migration.name}")
     conn = _snowflake_connection(s)
     if conn is not None:
-        with closing(conn):
+        with closing(conn), _snowflake_errors(_snowflake_schema(s)):
             done = migrations.upgrade_snowflake(conn, _snowflake_schema(s))
         click.echo(f"snowflake {_snowflake_schema(s)}: applied {len(done)} migration(s)")
     if not skip_aws:
@@ -68,7 +96,7 @@ def status() -> None:
     rows = [("postgres", row) for row in migrations.status_postgres(s.pg_url, s.schema)]
     conn = _snowflake_connection(s)
     if conn is not None:
-        with closing(conn):
+        with closing(conn), _snowflake_errors(_snowflake_schema(s)):
             rows += [("snowflake", row) for row in migrations.status_snowflake(conn, _snowflake_schema(s))]
     for backend, row in rows:
         click.echo(f"{backend:<10}{row.version}_{row.name:<32} {'applied' if row.applied else 'PENDING'}")

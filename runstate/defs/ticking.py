@@ -6,11 +6,15 @@ has a run (the daemon's rule), executes the rest in-process and stores the new c
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dagster as dg
 from dagster import DagsterInstance, RunsFilter
+
+from runstate.config import settings
+from runstate.services.dev import dagster_home
 
 CURSOR_KEY = "runstate.tick_cursor.{}"
 
@@ -38,10 +42,14 @@ def default_defs() -> dg.Definitions:
 
 
 def default_instance() -> DagsterInstance:
-    """The configured instance when DAGSTER_HOME is set, otherwise an ephemeral one."""
-    import os
+    """The deployment's instance, the one the daemon uses: DAGSTER_HOME, else the checkout's dagster.yaml.
 
-    return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+    Never an ephemeral instance: a tick must find the cursor the previous tick stored, the runs its
+    run_keys already launched, and leave its runs where the UI shows them.
+    """
+    # dagster.yaml reads its storage URL from DAGSTER_PG_URL; the settings know the default, as for `runstate dev`.
+    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
+    return DagsterInstance.from_config(str(dagster_home(os.environ)))
 
 
 def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_key: str) -> bool:

@@ -24,6 +24,7 @@ import psycopg
 from psycopg import errors, sql
 
 from runstate import migrations
+from runstate.migrations import redact
 from runstate.config import dagster_url_for, state_dir
 from runstate.services.state import (
     EMBEDDED, EXTERNAL, LOOPBACK, MACHINE, ServiceError, ServiceRecord, free_port, is_running,
@@ -57,13 +58,6 @@ def database_of(url: str) -> str:
         raise ServiceError(f"Postgres URL {redact(url)} names no database; add one, e.g. .../runstate")
     return name
 
-
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url
 
 
 def answers(url: str, timeout: int = 2) -> bool:
