@@ -11,7 +11,7 @@ from runstate import services as svc
 
 @click.group()
 def services() -> None:
-    """Start, stop and inspect the embedded dev services; endpoints go to .runstate/env."""
+    """Start, stop and inspect the embedded dev services; endpoints go to the project's .env."""
 
 
 @services.command()

@@ -1,8 +1,8 @@
 """The embedded dev services behind `runstate services up|down|status` (no Dagster here).
 
 `up` chooses or starts Postgres, a moto server and a fakesnow server, creates the databases,
-applies the migrations, and writes the chosen endpoints to `.runstate/env` (read by
-`runstate.config`) and the pids to `.runstate/services.json`. It is idempotent: healthy services
+applies the migrations, and writes the chosen endpoints to a block of the project's `.env` (read by
+`runstate.config` and by Dagster's CLI) and the pids to `.runstate/services.json`. It is idempotent: healthy services
 are reused. `down` stops only what `up` started, by recorded pid and start time.
 """
 
@@ -15,14 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from runstate.config import Settings, env_file
+from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records,
+    EMBEDDED, EXTERNAL, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records, remove_env_block,
     require_free_port, save_records, services_file, services_lock, stop_process, write_env_file,
 )
 
 __all__ = ["ServiceError", "ServiceRecord", "UpReport", "StatusRow", "up", "down", "status", "caller_environment"]
+
+# Where an older `up` wrote the endpoints, before they moved to the project's `.env`.
+def LEGACY_ENV_FILE() -> Path:  # noqa: N802
+    return state_dir() / "env"
+
 
 # Postgres shuts down fast (rolls back, closes clients) on SIGINT; SIGTERM would wait for every client.
 STOP_SIGNALS = {"postgres": signal.SIGINT, "moto": signal.SIGTERM, "fakesnow": signal.SIGTERM}
@@ -49,7 +54,7 @@ class StatusRow:
 def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> dict[str, str]:
     """The environment, minus variables that merely point at services we started ourselves.
 
-    Such values reach the environment when `.runstate/env` is loaded (the CLI loads it at start);
+    Such values reach the environment when `.env` is loaded (the CLI loads it at start);
     they must not turn our own moto into an "external" one that `down` would leave running, nor
     pin the machine's Postgres once it stops answering.
     """
@@ -76,7 +81,7 @@ def up(
     *, pg_port: int | None = None, moto_port: int | None = None, fakesnow_port: int | None = None,
     embedded_pg: bool = False, log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
-    """Reuse or start every service, prepare databases and migrations, write `.runstate/env`."""
+    """Reuse or start every service, prepare databases and migrations, write the `.env` block."""
     with services_lock():
         previous = load_records()
         env = caller_environment(previous)
@@ -99,6 +104,7 @@ def up(
             _save_with_rest(records, previous)
         values = endpoint_values(env, records)
         env_path = write_env_file(values)
+        LEGACY_ENV_FILE().unlink(missing_ok=True)
         # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
         # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
         notes = _prepare(env, records, values)
@@ -186,8 +192,9 @@ def down(*, log: Callable[[str], None] = lambda _: None) -> list[str]:
                 log(f"{name:<9} stopped (pid {record.pid})")
             else:
                 log(f"{name:<9} was not running (pid {record.pid})")
-        for path in (services_file(), env_file()):
-            path.unlink(missing_ok=True)
+        services_file().unlink(missing_ok=True)
+        remove_env_block()
+        LEGACY_ENV_FILE().unlink(missing_ok=True)
     return stopped
 
 

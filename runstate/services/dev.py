@@ -48,9 +48,10 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     env = dict(environ)
     env.setdefault("DAGSTER_HOME", str(dagster_home(environ)))
     env.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
-    root = repo_root()
-    child = subprocess.Popen(dagster_dev_argv(port, root), cwd=root, env=env, start_new_session=True,
-                             preexec_fn=default_signal_dispositions)
+    # In the project home, where `.env` lives: Dagster's CLI loads `.env` from its working folder (over the
+    # environment), so it must be this project's block, never another checkout's.
+    child = subprocess.Popen(dagster_dev_argv(port, repo_root()), cwd=project_home(), env=env,
+                             start_new_session=True, preexec_fn=default_signal_dispositions)
     return supervise(child)
 
 

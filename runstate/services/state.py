@@ -1,4 +1,4 @@
-"""Bookkeeping for the embedded dev services: `.runstate/services.json`, `.runstate/env`, pids and ports.
+"""Bookkeeping for the embedded dev services: `.runstate/services.json`, the `.env` block, pids and ports.
 
 Everything here is plain process management (no Dagster). A service that `up` started is
 recorded with its pid and the pid's start time, so `down` signals exactly that process and never
@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from runstate.config import state_dir
+from runstate.config import env_file, state_dir
 
 LOOPBACK = "127.0.0.1"
 SERVICE_NAMES = ("postgres", "moto", "fakesnow")
@@ -75,14 +76,55 @@ def save_records(records: Mapping[str, ServiceRecord]) -> None:
     _atomic_write(path, json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n")
 
 
+ENV_BLOCK_START = "# >>> runstate services: written by `runstate services up`, removed by `down` >>>"
+ENV_BLOCK_END = "# <<< runstate services <<<"
+_UNQUOTED = re.compile(r"[A-Za-z0-9_./:@+%,=?&-]*")
+
+
 def write_env_file(values: Mapping[str, str]) -> Path:
-    """KEY=VALUE lines that `runstate.config` reads; the process environment still wins over them."""
-    path = state_dir() / "env"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["# written by `runstate services up`; the process environment overrides these"]
-    lines += [f"{key}={value}" for key, value in values.items()]
-    _atomic_write(path, "\n".join(lines) + "\n")
+    """The endpoints as a block of the project's `.env`; the user's own lines there are kept as they are.
+
+    `runstate` reads it (the process environment wins), and so does Dagster's CLI started in the project
+    folder (where `.env` wins), so plain `dagster dev` finds the same services as `runstate dev`.
+    """
+    path = env_file()
+    lines = [ENV_BLOCK_START, *(f"{key}={_env_value(key, value)}" for key, value in values.items()), ENV_BLOCK_END]
+    _atomic_write(path, "\n".join([*_lines_outside_block(path), *lines]) + "\n")
     return path
+
+
+def remove_env_block() -> None:
+    """Take our block out of `.env`; the file goes only when nothing of the user's is left in it."""
+    path = env_file()
+    if not path.exists():
+        return
+    rest = _lines_outside_block(path)
+    if any(line.strip() for line in rest):
+        _atomic_write(path, "\n".join(rest) + "\n")
+    else:
+        path.unlink()
+
+
+def _lines_outside_block(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    kept, inside = [], False
+    for line in path.read_text().splitlines():
+        if line == ENV_BLOCK_START:
+            inside = True
+        elif line == ENV_BLOCK_END:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return kept
+
+
+def _env_value(key: str, value: str) -> str:
+    if _UNQUOTED.fullmatch(value):
+        return value
+    if "'" in value or "\n" in value:
+        raise ServiceError(f"{key}: the value {value!r} cannot be written to .env; pass it in the environment")
+    return f"'{value}'"  # single quotes: dotenv takes the text literally
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -42,10 +42,12 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     dagster_name, dagster_url = dagster_database
     env = clean_env(services_home, RUNSTATE_PG_URL=fresh_database, DAGSTER_PG_URL=dagster_url)
 
+    (services_home / ".env").write_text("MY_OWN_SETTING=kept\n")  # a user's .env: our block joins it
     up = runstate_cli("services", "up", env=env)
     assert up.returncode == 0, up.stderr
 
-    written = read_env_file(services_home / ".runstate" / "env")
+    written = read_env_file(services_home / ".env")
+    assert written["MY_OWN_SETTING"] == "kept"
     assert written["RUNSTATE_PG_URL"] == fresh_database
     assert written["DAGSTER_PG_URL"] == dagster_url
     with psycopg.connect(_server_url(fresh_database, "postgres")) as conn:
@@ -81,7 +83,7 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     assert "postgres  external: not ours, left running" in down.stdout
     assert process_start_time(pids["moto"]) is None
     assert process_start_time(pids["fakesnow"]) is None
-    assert not (services_home / ".runstate" / "env").exists()
+    assert read_env_file(services_home / ".env") == {"MY_OWN_SETTING": "kept"}
     assert runstate_cli("services", "status", env=env).returncode == 1
     with psycopg.connect(fresh_database) as conn:  # the configured server is never stopped
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -144,7 +146,7 @@ def test_a_taken_port_is_refused_before_anything_starts(services_home, runstate_
     assert f"moto: port {port} on 127.0.0.1 is taken" in up.stderr
     assert "--moto-port" in up.stderr
     assert _records(services_home) == {}
-    assert not (services_home / ".runstate" / "env").exists()
+    assert not (services_home / ".env").exists()
 
 
 def test_missing_postgres_binaries_say_what_to_do(services_home, runstate_cli, tmp_path):

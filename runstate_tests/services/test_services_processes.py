@@ -76,3 +76,20 @@ def test_the_machine_postgres_we_chose_is_not_pinned_by_its_own_env_file_entry(m
     caller = services.caller_environment(machine)
 
     assert "RUNSTATE_PG_URL" not in caller and "DAGSTER_PG_URL" not in caller
+
+
+def test_the_env_block_keeps_the_users_lines_and_round_trips_through_dagsters_parser(tmp_path, monkeypatch):
+    from dagster._core.secrets.env_file import get_env_var_dict
+
+    from runstate.services.state import remove_env_block, write_env_file
+
+    monkeypatch.setenv("RUNSTATE_HOME", str(tmp_path))
+    (tmp_path / ".env").write_text("# mine\nMY_TOKEN=abc\n")
+    values = {"RUNSTATE_PG_URL": "postgresql://postgres:p w#d@127.0.0.1:5432/runstate", "SNOWFLAKE_PORT": "6001"}
+
+    write_env_file(values)
+    write_env_file({**values, "SNOWFLAKE_PORT": "6002"})  # a second `up` replaces the block, never appends
+
+    assert get_env_var_dict(str(tmp_path)) == {"MY_TOKEN": "abc", **values, "SNOWFLAKE_PORT": "6002"}
+    remove_env_block()
+    assert (tmp_path / ".env").read_text() == "# mine\nMY_TOKEN=abc\n"
