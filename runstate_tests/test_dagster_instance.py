@@ -58,6 +58,14 @@ def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instan
     assert instance.telemetry_enabled is False
 
 
+def test_sensors_schedules_and_the_queue_are_tuned_for_freshness(instance):
+    """A slow sensor must not delay wal_sensor, and a queued flush must not wait long for its turn."""
+    assert instance.get_settings("sensors") == {"use_threads": True, "num_workers": 4}
+    assert instance.get_settings("schedules")["use_threads"] is True
+    assert instance.run_coordinator.dequeue_interval_seconds <= 2
+    assert instance.run_coordinator.inst_data.config_dict["dequeue_use_threads"] is True
+
+
 def test_the_storage_url_is_read_from_the_environment_not_written_down():
     config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
 
