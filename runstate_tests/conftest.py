@@ -49,11 +49,29 @@ def drop_database(name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that touch Spark share one xdist worker, so the suite starts one JVM, not one per worker."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    if getattr(config.option, "loadgroup", False):  # set in xdist workers under --dist loadgroup
+        _suffix_xdist_groups(items)
+
+
+def _suffix_xdist_groups(items: list[pytest.Item]) -> None:
+    """What `--dist loadgroup` relies on: a group's name as the node id's `@suffix`.
+
+    pytest-xdist 3.8 writes the suffix to `item._nodeid`, which pytest 9 no longer reads (the id lives in
+    `item._id`), so every group was spread over the workers: one JVM per worker, one deployment per worker.
+    """
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def _upgrade_in_process(dsn: str, schema: str, sql_root: str | None, barrier, re
     """Runs in a child process: wait for the other one, then upgrade at the same moment."""
     if sql_root:
         migrations.SQL_ROOT = Path(sql_root)
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=300)  # spawned interpreters start slowly on a loaded machine
     try:
         applied = migrations.upgrade_postgres(dsn, schema)
         results.put(("ok", [m.version for m in applied]))
@@ -53,9 +53,9 @@ def _race(dsn: str, schema: str, sql_root: Path | None, processes: int = 2) -> l
                                                                   barrier, results)) for _ in range(processes)]
     for worker in workers:
         worker.start()
-    outcomes = [results.get(timeout=120) for _ in workers]
+    outcomes = [results.get(timeout=600) for _ in workers]
     for worker in workers:
-        worker.join(timeout=60)
+        worker.join(timeout=300)
         assert worker.exitcode == 0
     return outcomes
 

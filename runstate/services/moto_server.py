@@ -35,7 +35,7 @@ class SerializedApp:
         self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        _buffer_request_body(environ)
+        buffer_request_body(environ)
         with self._lock:
             result = self._app(environ, start_response)
             try:
@@ -47,7 +47,7 @@ class SerializedApp:
         return [body]
 
 
-def _buffer_request_body(environ: dict[str, Any]) -> None:
+def buffer_request_body(environ: dict[str, Any]) -> None:
     """Read the whole body off the socket before the lock, so a slow upload never holds it."""
     from werkzeug.wsgi import get_input_stream
 
