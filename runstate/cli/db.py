@@ -7,9 +7,7 @@ from typing import Iterator
 
 import click
 
-from runstate import migrations
 from runstate.config import Settings, settings
-from runstate.migrations import MigrationError
 
 # A wrong host or port should fail in seconds, not after the connector's default of two minutes.
 LOGIN_TIMEOUT_S = 20
@@ -25,6 +23,8 @@ def _snowflake_connection(s: Settings):
                                           "warehouse") if s.snowflake.get(k)}
     if s.snowflake.get("port"):
         kwargs["port"] = int(s.snowflake["port"])
+    from runstate.migrations import MigrationError
+
     where = f"{kwargs.get('host') or kwargs['account']}:{kwargs.get('port', 443)}"
     try:
         return snowflake.connector.connect(**kwargs, login_timeout=LOGIN_TIMEOUT_S)
@@ -37,6 +37,8 @@ def _snowflake_connection(s: Settings):
 def _snowflake_errors(schema: str) -> Iterator[None]:
     """A connector error while migrating or reading the status becomes one line naming the schema."""
     import snowflake.connector
+
+    from runstate.migrations import MigrationError
 
     try:
         yield
@@ -55,6 +57,8 @@ def _ensure_wal_resources(s: Settings) -> str:
     from runstate.wal import ensure_blob_bucket, ensure_wal_table
 
     from botocore.exceptions import BotoCoreError, ClientError
+
+    from runstate.migrations import MigrationError
 
     kwargs = {"endpoint_url": s.aws_endpoint_url, "region_name": s.aws_region}
     try:
@@ -75,6 +79,8 @@ def db() -> None:
 @click.option("--skip-aws", is_flag=True, help="Do not create the DynamoDB WAL table and the S3 bucket.")
 def upgrade(skip_aws: bool) -> None:
     """Apply pending migrations; safe to run twice, and from two processes at once."""
+    from runstate import migrations
+
     s = settings()
     applied = migrations.upgrade_postgres(s.pg_url, s.schema)
     click.echo(f"postgres {s.schema}: applied {len(applied)} migration(s)")
@@ -92,6 +98,8 @@ def upgrade(skip_aws: bool) -> None:
 @db.command()
 def status() -> None:
     """List applied and pending migrations."""
+    from runstate import migrations
+
     s = settings()
     rows = [("postgres", row) for row in migrations.status_postgres(s.pg_url, s.schema)]
     conn = _snowflake_connection(s)

@@ -50,7 +50,9 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     env.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
     # In the project home, where `.env` lives: Dagster's CLI loads `.env` from its working folder (over the
     # environment), so it must be this project's block, never another checkout's.
-    child = subprocess.Popen(dagster_dev_argv(port, repo_root()), cwd=project_home(), env=env,
+    home = project_home()
+    home.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(dagster_dev_argv(port, repo_root()), cwd=home, env=env,
                              start_new_session=True, preexec_fn=default_signal_dispositions)
     return supervise(child)
 
