@@ -21,7 +21,8 @@ from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment")]
+# The suite's 600 s per-test timeout would cut a wait short on a loaded machine; each wait has its own deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
 # The sensor's 30 s timer, the queue, a run worker's start and the flush, on a loaded 2-core machine.
 FLUSH_DEADLINE_S = 400
@@ -183,6 +184,39 @@ def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deploymen
 def backfill_done(deployment: Deployment, backfill_id: str) -> str | None:
     status = deployment.graphql(BACKFILL_STATUS, {"id": backfill_id})["partitionBackfillOrError"]["status"]
     return None if status in ("REQUESTED", "CANCELING", "FAILING") else status
+
+
+def test_a_maintenance_job_submitted_from_the_cli_is_run_by_the_daemon(deployment: Deployment):
+    table = f"events_{uuid.uuid4().hex[:8]}"
+    create_iceberg_table(deployment, "lakedb", table, snapshots=3)
+
+    deployment.cli("maintenance", "sync", timeout=900)  # the catalog into the table cache, as a user does
+    job_id = deployment.cli("maintenance", "submit", f"lakedb.{table}", "-a", "rewrite_manifests").stdout.strip()
+    status = poll(lambda: maintenance_job_finished(deployment, job_id), timeout=900, every=5,
+                  what=f"maintenance job {job_id}")
+
+    assert status == "completed", deployment.log_tail()
+
+
+def create_iceberg_table(deployment: Deployment, namespace: str, table: str, snapshots: int) -> None:
+    """A small table in the deployment's `lake` catalog (pyiceberg writes the same catalog tables as Spark)."""
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    warehouse = deployment.home / ".runstate" / "warehouse"  # where the deployment's Spark looks
+    warehouse.mkdir(parents=True, exist_ok=True)
+    catalog = SqlCatalog("lake", uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+                         warehouse=warehouse.as_uri())
+    catalog.create_namespace_if_not_exists(namespace)
+    schema = pa.schema([("id", pa.int64()), ("kind", pa.string())])
+    created = catalog.create_table(f"{namespace}.{table}", schema=schema)
+    for n in range(snapshots):
+        created.append(pa.table({"id": [n], "kind": ["click"]}))
+
+
+def maintenance_job_finished(deployment: Deployment, job_id: str) -> str | None:
+    job = json.loads(deployment.cli("maintenance", "status", job_id, "--json").stdout)["job"]
+    return job["status"] if job["status"] in ("completed", "failed", "cancelled") else None
 
 
 def test_run_recorder_records_every_finished_run(deployment: Deployment):

@@ -25,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 ENDPOINT_VARS = ("RUNSTATE_", "DAGSTER_PG_URL", "DAGSTER_HOME", "SNOWFLAKE_")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # each wait has its own deadline
 
 
 @pytest.fixture
