@@ -87,7 +87,7 @@ def redact(url: str) -> str:
 
 @contextmanager
 def postgres_errors(dsn: str) -> Iterator[None]:
-    """A driver error (server down, wrong database, failing DDL) becomes one MigrationError naming the server."""
+    """A driver error (server down, wrong database, failing DDL) is a MigrationError naming the server."""
     try:
         yield
     except psycopg.Error as exc:
@@ -96,7 +96,9 @@ def postgres_errors(dsn: str) -> Iterator[None]:
 
 
 def _lock_key(schema: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"runstate.migrate.{schema}".encode()).digest()[:8], "big", signed=True)
+    return int.from_bytes(
+        hashlib.sha256(f"runstate.migrate.{schema}".encode()).digest()[:8], "big", signed=True
+    )
 
 
 def _postgres_bootstrap(cur: psycopg.Cursor, schema: str) -> None:
@@ -143,7 +145,9 @@ def status_postgres(dsn: str, schema: str = "runstate") -> list[MigrationStatus]
         exists = cur.fetchone()[0] is not None
         applied = {}
         if exists:
-            cur.execute(sql.SQL("SELECT version, checksum FROM {}.schema_migrations").format(sql.Identifier(schema)))
+            cur.execute(
+                sql.SQL("SELECT version, checksum FROM {}.schema_migrations").format(sql.Identifier(schema))
+            )
             applied = dict(cur.fetchall())
     return [MigrationStatus(m.version, m.name, m.version in applied) for m in discover("postgres")]
 
@@ -152,11 +156,14 @@ def _check_unchanged(migration: Migration, recorded_checksum: str) -> None:
     if recorded_checksum != migration.checksum:
         raise MigrationError(
             f"migration {migration.path.name} was edited after it was applied "
-            f"(recorded sha256 {recorded_checksum[:12]}.., file {migration.checksum[:12]}..); add a new file instead"
+            f"(recorded sha256 {recorded_checksum[:12]}.., file {migration.checksum[:12]}..); "
+            "add a new file instead"
         )
 
 
-def upgrade_snowflake(conn: Any, schema: str = "RUNSTATE", *, lock_timeout_s: float = 300.0) -> list[Migration]:
+def upgrade_snowflake(
+    conn: Any, schema: str = "RUNSTATE", *, lock_timeout_s: float = 300.0
+) -> list[Migration]:
     """Apply pending Snowflake migrations through a DB-API connection from snowflake-connector."""
     check_schema_name(schema)
     cur = conn.cursor()
@@ -215,7 +222,8 @@ def status_snowflake(conn: Any, schema: str = "RUNSTATE") -> list[MigrationStatu
     cur = conn.cursor()
     applied: set[str] = set()
     cur.execute(
-        "SELECT COUNT(*) FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'SCHEMA_MIGRATIONS'",
+        "SELECT COUNT(*) FROM INFORMATION_SCHEMA.TABLES"
+        " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'SCHEMA_MIGRATIONS'",
         (schema.upper(),),
     )
     if cur.fetchone()[0]:

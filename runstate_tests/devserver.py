@@ -17,8 +17,11 @@ def free_port() -> int:
 
 def graphql_version(port: int) -> str | None:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": "{version}"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)["data"]["version"]
@@ -40,8 +43,11 @@ def wait_for_graphql(port: int, process, timeout: float = 180) -> str | None:
 def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
     """One GraphQL call to the webserver; raises on transport errors and on GraphQL errors."""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = json.load(response)
     if body.get("errors"):

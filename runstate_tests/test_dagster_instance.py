@@ -1,4 +1,4 @@
-"""The instance from dagster.yaml: Postgres storage, queued runs with tag limits, run retries, no telemetry."""
+"""The instance from dagster.yaml: Postgres storage, queued runs with tag limits, retries, no telemetry."""
 
 from __future__ import annotations
 
@@ -36,9 +36,15 @@ def test_a_run_lands_in_postgres_run_and_event_storage(instance, fresh_database)
 
     assert result.success
     with psycopg.connect(fresh_database) as conn:
-        run = conn.execute("SELECT pipeline_name, status FROM runs WHERE run_id = %s", (result.run_id,)).fetchone()
-        events = conn.execute("SELECT count(*) FROM event_logs WHERE run_id = %s", (result.run_id,)).fetchone()[0]
-        tags = dict(conn.execute("SELECT key, value FROM run_tags WHERE run_id = %s", (result.run_id,)).fetchall())
+        run = conn.execute(
+            "SELECT pipeline_name, status FROM runs WHERE run_id = %s", (result.run_id,)
+        ).fetchone()
+        events = conn.execute(
+            "SELECT count(*) FROM event_logs WHERE run_id = %s", (result.run_id,)
+        ).fetchone()[0]
+        tags = dict(
+            conn.execute("SELECT key, value FROM run_tags WHERE run_id = %s", (result.run_id,)).fetchall()
+        )
     assert run == ("hello_job", "SUCCESS")
     assert events > 0
     assert tags["runstate/dataset"] == "orders"
@@ -138,7 +144,9 @@ def test_a_run_key_launched_by_an_earlier_tick_is_not_launched_again(deployment_
     defs = dg.Definitions(jobs=[hello_job], sensors=[counting_sensor])
     tick_sensor("counting_sensor", defs=defs)
     with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
-        instance.run_storage.set_cursor_values({CURSOR_KEY.format("counting_sensor"): ""})  # the cursor is lost
+        instance.run_storage.set_cursor_values(
+            {CURSOR_KEY.format("counting_sensor"): ""}
+        )  # the cursor is lost
 
     again = tick_sensor("counting_sensor", defs=defs)
 

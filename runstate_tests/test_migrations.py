@@ -49,8 +49,13 @@ def _race(dsn: str, schema: str, sql_root: Path | None, processes: int = 2) -> l
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes)
     results = context.Queue()
-    workers = [context.Process(target=_upgrade_in_process, args=(dsn, schema, str(sql_root) if sql_root else None,
-                                                                  barrier, results)) for _ in range(processes)]
+    workers = [
+        context.Process(
+            target=_upgrade_in_process,
+            args=(dsn, schema, str(sql_root) if sql_root else None, barrier, results),
+        )
+        for _ in range(processes)
+    ]
     for worker in workers:
         worker.start()
     outcomes = [results.get(timeout=600) for _ in workers]
@@ -102,7 +107,9 @@ def test_the_real_migrations_survive_two_concurrent_processes(fresh_database):
 def test_a_migration_edited_after_it_was_applied_is_refused(fresh_database, counted_sql_root, monkeypatch):
     monkeypatch.setattr(migrations, "SQL_ROOT", counted_sql_root)
     migrations.upgrade_postgres(fresh_database, "edited")
-    (counted_sql_root / "postgres" / "002_count_once.sql").write_text("INSERT INTO counter (id) VALUES (2);\n")
+    (counted_sql_root / "postgres" / "002_count_once.sql").write_text(
+        "INSERT INTO counter (id) VALUES (2);\n"
+    )
 
     with pytest.raises(migrations.MigrationError, match="002_count_once.sql was edited after it was applied"):
         migrations.upgrade_postgres(fresh_database, "edited")
@@ -116,7 +123,9 @@ def test_a_badly_named_migration_file_is_refused(tmp_path, monkeypatch):
     (tmp_path / "postgres" / "1_Oops.sql").write_text("SELECT 1;\n")
     monkeypatch.setattr(migrations, "SQL_ROOT", tmp_path)
 
-    with pytest.raises(migrations.MigrationError, match="1_Oops.sql: migration files are named NNN_snake_name.sql"):
+    with pytest.raises(
+        migrations.MigrationError, match="1_Oops.sql: migration files are named NNN_snake_name.sql"
+    ):
         migrations.discover("postgres")
 
 
@@ -127,8 +136,10 @@ def test_an_unsafe_schema_name_is_refused_before_any_sql(fresh_database, schema)
 
     with psycopg.connect(fresh_database) as conn:
         created = conn.execute(
-            "SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%%' AND nspname <> 'information_schema'"
-            " AND nspname <> 'public'").fetchone()[0]
+            "SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%%'"
+            " AND nspname <> 'information_schema'"
+            " AND nspname <> 'public'"
+        ).fetchone()[0]
     assert created == 0
 
 
@@ -200,20 +211,30 @@ def _db_status_in_a_shell(**env: str) -> subprocess.CompletedProcess:
     """`runstate db status` as a user runs it: its own process, so a traceback would show on stderr."""
     runstate = str(Path(sys.executable).parent / "runstate")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFLAKE_")}
-    return subprocess.run([runstate, "db", "status"], env={**clean, **env}, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [runstate, "db", "status"], env={**clean, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def _one_error_line(result: subprocess.CompletedProcess) -> str:
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[-2000:]
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[
+        -2000:
+    ]
     return lines[0]
 
 
 def test_db_status_with_an_unreachable_snowflake_says_so_in_one_line(fresh_database):
-    result = _db_status_in_a_shell(RUNSTATE_PG_URL=fresh_database, RUNSTATE_EVENTSTORE="snowflake",
-                                   SNOWFLAKE_ACCOUNT="fakesnow", SNOWFLAKE_USER="fake", SNOWFLAKE_PASSWORD="snow",
-                                   SNOWFLAKE_HOST="127.0.0.1", SNOWFLAKE_PORT="1", SNOWFLAKE_PROTOCOL="http")
+    result = _db_status_in_a_shell(
+        RUNSTATE_PG_URL=fresh_database,
+        RUNSTATE_EVENTSTORE="snowflake",
+        SNOWFLAKE_ACCOUNT="fakesnow",
+        SNOWFLAKE_USER="fake",
+        SNOWFLAKE_PASSWORD="snow",
+        SNOWFLAKE_HOST="127.0.0.1",
+        SNOWFLAKE_PORT="1",
+        SNOWFLAKE_PROTOCOL="http",
+    )
 
     assert "snowflake 127.0.0.1:1: cannot connect" in _one_error_line(result)
 

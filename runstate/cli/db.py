@@ -19,8 +19,11 @@ def _snowflake_connection(s: Settings):
         return None
     import snowflake.connector
 
-    kwargs = {k: s.snowflake[k] for k in ("account", "user", "password", "database", "host", "protocol", "role",
-                                          "warehouse") if s.snowflake.get(k)}
+    kwargs = {
+        k: s.snowflake[k]
+        for k in ("account", "user", "password", "database", "host", "protocol", "role", "warehouse")
+        if s.snowflake.get(k)
+    }
     if s.snowflake.get("port"):
         kwargs["port"] = int(s.snowflake["port"])
     from runstate.migrations import MigrationError
@@ -53,12 +56,10 @@ def _snowflake_schema(s: Settings) -> str:
 
 def _ensure_wal_resources(s: Settings) -> str:
     import boto3
-
-    from runstate.wal import ensure_blob_bucket, ensure_wal_table
-
     from botocore.exceptions import BotoCoreError, ClientError
 
     from runstate.migrations import MigrationError
+    from runstate.wal import ensure_blob_bucket, ensure_wal_table
 
     kwargs = {"endpoint_url": s.aws_endpoint_url, "region_name": s.aws_region}
     try:
@@ -66,7 +67,9 @@ def _ensure_wal_resources(s: Settings) -> str:
         ensure_blob_bucket(boto3.client("s3", **kwargs), s.blob_bucket)
     except (BotoCoreError, ClientError) as exc:
         where = s.aws_endpoint_url or "AWS"
-        raise MigrationError(f"WAL table {s.wal_table!r} / bucket {s.blob_bucket!r} at {where}: {exc}") from exc
+        raise MigrationError(
+            f"WAL table {s.wal_table!r} / bucket {s.blob_bucket!r} at {where}: {exc}"
+        ) from exc
     return f"WAL table {s.wal_table!r} and blob bucket {s.blob_bucket!r} are ready"
 
 

@@ -12,7 +12,9 @@ from runstate.config import load_env_file_into_environ
 
 @click.command()
 @click.option("--port", type=int, default=3000, show_default=True, help="Port for the Dagster webserver.")
-@click.option("--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints).")
+@click.option(
+    "--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints)."
+)
 def dev(port: int, no_services: bool) -> None:
     """Start `dagster dev` (webserver + daemon); stops cleanly on SIGINT or SIGTERM."""
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver

@@ -2,7 +2,8 @@
 
 `up` chooses or starts Postgres, a moto server and a fakesnow server, creates the databases,
 applies the migrations, and writes the chosen endpoints to a block of the project's `.env` (read by
-`runstate.config` and by Dagster's CLI) and the pids to `.runstate/services.json`. It is idempotent: healthy services
+`runstate.config` and by Dagster's CLI) and the pids to `.runstate/services.json`. It is idempotent: healthy
+services
 are reused. `down` stops only what `up` started, by recorded pid and start time.
 """
 
@@ -18,11 +19,33 @@ from typing import Callable, Iterator, Mapping
 from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records, remove_env_block,
-    require_free_port, save_records, services_file, services_lock, stop_process, write_env_file,
+    EMBEDDED,
+    EXTERNAL,
+    SERVICE_NAMES,
+    ServiceError,
+    ServiceRecord,
+    is_running,
+    load_records,
+    remove_env_block,
+    require_free_port,
+    save_records,
+    services_file,
+    services_lock,
+    stop_process,
+    write_env_file,
 )
 
-__all__ = ["ServiceError", "ServiceRecord", "UpReport", "StatusRow", "up", "down", "status", "caller_environment"]
+__all__ = [
+    "ServiceError",
+    "ServiceRecord",
+    "UpReport",
+    "StatusRow",
+    "up",
+    "down",
+    "status",
+    "caller_environment",
+]
+
 
 # Where an older `up` wrote the endpoints, before they moved to the project's `.env`.
 def LEGACY_ENV_FILE() -> Path:  # noqa: N802
@@ -78,8 +101,12 @@ def _ours(records: Mapping[str, ServiceRecord], name: str) -> bool:
 
 
 def up(
-    *, pg_port: int | None = None, moto_port: int | None = None, fakesnow_port: int | None = None,
-    embedded_pg: bool = False, log: Callable[[str], None] = lambda _: None,
+    *,
+    pg_port: int | None = None,
+    moto_port: int | None = None,
+    fakesnow_port: int | None = None,
+    embedded_pg: bool = False,
+    log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
     """Reuse or start every service, prepare databases and migrations, write the `.env` block."""
     with services_lock():
@@ -88,8 +115,9 @@ def up(
         _check_requested_ports(previous, {"postgres": pg_port, "moto": moto_port, "fakesnow": fakesnow_port})
         records: dict[str, ServiceRecord] = {}
         try:
-            records["postgres"] = postgres.ensure_postgres(env, previous.get("postgres"), force_embedded=embedded_pg,
-                                                           port=pg_port)
+            records["postgres"] = postgres.ensure_postgres(
+                env, previous.get("postgres"), force_embedded=embedded_pg, port=pg_port
+            )
             _save_with_rest(records, previous)
             log(f"postgres  {records['postgres'].kind:<8} {postgres.redact(records['postgres'].url)}")
             records["moto"] = moto.ensure_moto(env, previous.get("moto"), port=moto_port)
@@ -113,7 +141,9 @@ def up(
     return UpReport(records, values, env_path, notes)
 
 
-def _check_requested_ports(previous: Mapping[str, ServiceRecord], requested: Mapping[str, int | None]) -> None:
+def _check_requested_ports(
+    previous: Mapping[str, ServiceRecord], requested: Mapping[str, int | None]
+) -> None:
     """Refuse a taken port before anything starts, unless our own running service already holds it."""
     options = {"postgres": "--pg-port", "moto": "--moto-port", "fakesnow": "--fakesnow-port"}
     for name, port in requested.items():
@@ -143,26 +173,41 @@ def endpoint_values(env: Mapping[str, str], records: Mapping[str, ServiceRecord]
         values.update(moto.TEST_CREDENTIALS)
     snow = records["fakesnow"]
     if snow.kind == EMBEDDED:
-        values.update({"SNOWFLAKE_HOST": "127.0.0.1", "SNOWFLAKE_PORT": str(snow.port), "SNOWFLAKE_PROTOCOL": "http",
-                       **fakesnow.FAKE_CREDENTIALS, "SNOWFLAKE_DATABASE": fakesnow.DATABASE})
+        values.update(
+            {
+                "SNOWFLAKE_HOST": "127.0.0.1",
+                "SNOWFLAKE_PORT": str(snow.port),
+                "SNOWFLAKE_PROTOCOL": "http",
+                **fakesnow.FAKE_CREDENTIALS,
+                "SNOWFLAKE_DATABASE": fakesnow.DATABASE,
+            }
+        )
     return values
 
 
-def _prepare(env: Mapping[str, str], records: Mapping[str, ServiceRecord], values: Mapping[str, str]) -> list[str]:
+def _prepare(
+    env: Mapping[str, str], records: Mapping[str, ServiceRecord], values: Mapping[str, str]
+) -> list[str]:
     """Databases, migrations, the WAL table and bucket: all idempotent, so they run on every `up`."""
     settings = Settings.from_env({**env, **{k: v for k, v in values.items() if k not in env}})
     notes = []
     with _step("postgres: creating databases and applying migrations"):
-        applied = postgres.prepare_databases(values["RUNSTATE_PG_URL"], values["DAGSTER_PG_URL"], settings.schema)
-    notes.append(f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}")
+        applied = postgres.prepare_databases(
+            values["RUNSTATE_PG_URL"], values["DAGSTER_PG_URL"], settings.schema
+        )
+    notes.append(
+        f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}"
+    )
     with _step("moto: creating the WAL table and blob bucket"):
         notes.append(moto.create_wal_resources(records["moto"].url, settings.wal_table, settings.blob_bucket))
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
-            # The same schema rule as the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
+            # The schema rule of the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
             schema = (settings.snowflake.get("schema") or "RUNSTATE").upper()
             applied = fakesnow.prepare_database(records["fakesnow"].port, schema)
-        notes.append(f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}")
+        notes.append(
+            f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}"
+        )
     return notes
 
 

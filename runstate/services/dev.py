@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Mapping
 
 from runstate.config import project_home
-from runstate.services.state import LOOPBACK, ServiceError, default_signal_dispositions, find_binary, require_free_port
+from runstate.services.state import (
+    LOOPBACK,
+    ServiceError,
+    default_signal_dispositions,
+    find_binary,
+    require_free_port,
+)
 
 SHUTDOWN_GRACE_SECONDS = 60.0
 
@@ -52,8 +58,13 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     # environment), so it must be this project's block, never another checkout's.
     home = project_home()
     home.mkdir(parents=True, exist_ok=True)
-    child = subprocess.Popen(dagster_dev_argv(port, repo_root()), cwd=home, env=env,
-                             start_new_session=True, preexec_fn=default_signal_dispositions)
+    child = subprocess.Popen(
+        dagster_dev_argv(port, repo_root()),
+        cwd=home,
+        env=env,
+        start_new_session=True,
+        preexec_fn=default_signal_dispositions,
+    )
     return supervise(child)
 
 

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Mapping
 
 from runstate.services.http import http_answers
-from runstate.services.state import EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, is_running
+from runstate.services.state import (
+    EXTERNAL,
+    LOOPBACK,
+    ServiceError,
+    ServiceRecord,
+    embedded_service,
+    is_running,
+)
 
 SERVER_MODULE = "runstate.services.moto_server"
 
@@ -45,21 +52,27 @@ def ensure_moto(
     if caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
         url = caller_env["RUNSTATE_AWS_ENDPOINT_URL"]
         if not http_answers(url):
-            raise ServiceError(f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
-                               "or unset it to let `runstate services up` start moto.")
+            raise ServiceError(
+                f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
+                "or unset it to let `runstate services up` start moto."
+            )
         return ServiceRecord("moto", EXTERNAL, url)
     _require_moto_installed()
     if previous is not None and previous.started_by_us and not is_serialized(previous):
         previous = None  # replaced by a serialised server; `up` stops the old one once the new one answers
-    return embedded_service("moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy)
+    return embedded_service(
+        "moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy
+    )
 
 
 def _require_moto_installed() -> None:
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        raise ServiceError("moto: the moto server is not installed in this Python; "
-                           "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server]).") from None
+        raise ServiceError(
+            "moto: the moto server is not installed in this Python; "
+            "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server])."
+        ) from None
 
 
 def create_wal_resources(url: str, table: str, bucket: str) -> str:
@@ -70,9 +83,12 @@ def create_wal_resources(url: str, table: str, bucket: str) -> str:
         return "skipped the WAL table and blob bucket: runstate.wal.tables is not there yet"
     import boto3
 
-    client_args = dict(endpoint_url=url, region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
-                       aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                       aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    client_args = dict(
+        endpoint_url=url,
+        region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
+        aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
     tables.ensure_wal_table(boto3.client("dynamodb", **client_args), table)
     tables.ensure_blob_bucket(boto3.client("s3", **client_args), bucket)
     return f"WAL table {table!r} and blob bucket {bucket!r} are ready"

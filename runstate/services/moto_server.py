@@ -74,7 +74,7 @@ def make_moto_server(host: str, port: int) -> Any:
 
 
 class SerializedMotoServer:
-    """In-process, on a thread: the same start/get_host_and_port/stop interface as moto's ThreadedMotoServer."""
+    """In-process, on a thread: the start/get_host_and_port/stop interface of moto's ThreadedMotoServer."""
 
     def __init__(self, ip_address: str = "127.0.0.1", port: int = 0) -> None:
         self._server = make_moto_server(ip_address, port)

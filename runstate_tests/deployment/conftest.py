@@ -42,7 +42,9 @@ class Deployment:
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """`runstate ...` as a user types it, against this deployment."""
-        result = subprocess.run([RUNSTATE, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [RUNSTATE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         assert result.returncode == 0, f"runstate {' '.join(args)}: {result.stderr[-3000:]}"
         return result
 
@@ -52,8 +54,13 @@ class Deployment:
     def aws(self, service: str) -> Any:
         import boto3
 
-        return boto3.client(service, endpoint_url=self.moto.url, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client(
+            service,
+            endpoint_url=self.moto.url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def event_store(self) -> Any:
         from runstate.eventstore import PostgresEventStore
@@ -82,16 +89,26 @@ def deployment() -> Iterator[Deployment]:
     moto = GatedMotoServer()
     env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
     env.update(
-        RUNSTATE_HOME=str(home), DAGSTER_HOME=str(deployment_dagster_yaml(home)), RUNSTATE_PG_URL=pg_url,
+        RUNSTATE_HOME=str(home),
+        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
+        RUNSTATE_PG_URL=pg_url,
         DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto.url, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1", DAGSTER_TELEMETRY_ENABLED="false",
+        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        DAGSTER_TELEMETRY_ENABLED="false",
     )
     port = free_port()
     log = home / "dev.log"
     with open(log, "wb") as out:
-        dev = subprocess.Popen([RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+        dev = subprocess.Popen(
+            [RUNSTATE, "dev", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deployment = Deployment(port, env, home, pg_url, moto, log)
     try:
         assert wait_for_graphql(port, dev, timeout=STARTUP_S), deployment.log_tail()
@@ -107,10 +124,13 @@ def deployment() -> Iterator[Deployment]:
 
 
 def _location_loaded(deployment: Deployment) -> bool:
-    query = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError { __typename }"
+    query = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError {"
+    query += " __typename }"
     query += " } } } }"
     entries = deployment.graphql(query)["workspaceOrError"]["locationEntries"]
-    return any((entry["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation" for entry in entries)
+    return any(
+        (entry["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation" for entry in entries
+    )
 
 
 def _stop(dev: subprocess.Popen) -> None:

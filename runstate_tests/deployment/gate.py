@@ -64,7 +64,9 @@ class GatedMotoServer:
         from werkzeug.serving import make_server
 
         self.gate = Gate(serialized_moto_app())
-        self._server = make_server("127.0.0.1", 0, self.gate, threaded=True, request_handler=MotoRequestHandler)
+        self._server = make_server(
+            "127.0.0.1", 0, self.gate, threaded=True, request_handler=MotoRequestHandler
+        )
         self._thread = threading.Thread(target=self._server.serve_forever, name="gated-moto", daemon=True)
         self._thread.start()
 

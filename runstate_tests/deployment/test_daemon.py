@@ -1,4 +1,4 @@
-"""The deployment as users drive it: `runstate dev`'s daemon, run queue and default launcher, and the UI's API.
+"""The deployment as users drive it: `runstate dev`'s daemon, run queue and default launcher, the UI's API.
 
 Every assertion is an outcome a user can see (rows applied, what a reader gets, a run's status, the
 events recorded), never which op ran or how many runs it took: flushes and maintenance may group
@@ -21,7 +21,7 @@ from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
 
-# The suite's 600 s per-test timeout would cut a wait short on a loaded machine; each wait has its own deadline.
+# The suite's 600 s per-test timeout would cut a wait short on a loaded machine; each wait has a deadline.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
 # The sensor's 30 s timer, the queue, a run worker's start and the flush, on a loaded 2-core machine.
@@ -48,7 +48,9 @@ def dataset_state(deployment: Deployment, dataset: str) -> tuple[int, dict]:
 
 
 def pending_rows(deployment: Deployment, dataset: str) -> int:
-    rows = [row for row in wal_status(deployment.aws("dynamodb"), "runstate_wal") if row.dataset_id == dataset]
+    rows = [
+        row for row in wal_status(deployment.aws("dynamodb"), "runstate_wal") if row.dataset_id == dataset
+    ]
     return rows[0].pending_count if rows else -1
 
 
@@ -77,10 +79,12 @@ def launch(deployment: Deployment, job: str, run_config: dict) -> str:
 
 def append_events_config(run_id: str) -> dict:
     now = datetime.now(timezone.utc).isoformat()
-    events = [{"event_type": "RunStarted", "emitted_at": now},
-              {"event_type": "StepStarted", "step_id": "extract", "emitted_at": now},
-              {"event_type": "StepCompleted", "step_id": "extract", "emitted_at": now},
-              {"event_type": "RunCompleted", "emitted_at": now}]
+    events = [
+        {"event_type": "RunStarted", "emitted_at": now},
+        {"event_type": "StepStarted", "step_id": "extract", "emitted_at": now},
+        {"event_type": "StepCompleted", "step_id": "extract", "emitted_at": now},
+        {"event_type": "RunCompleted", "emitted_at": now},
+    ]
     return {"ops": {"append_events_op": {"config": {"run_id": run_id, "events": events}}}}
 
 
@@ -90,16 +94,20 @@ def test_wal_appends_are_flushed_by_the_daemons_sensor(deployment: Deployment):
     for key, value in (("sku1", 1), ("sku2", 2), ("sku1", 3)):
         deployment.cli("wal", "append", "--dataset", dataset, "--upsert", f"{key}={json.dumps(value)}")
 
-    version, state = poll(lambda: visible(deployment, dataset, 3), timeout=FLUSH_DEADLINE_S, every=2,
-                          what=f"{dataset} flushed")
+    version, state = poll(
+        lambda: visible(deployment, dataset, 3), timeout=FLUSH_DEADLINE_S, every=2, what=f"{dataset} flushed"
+    )
     assert (version, state) == (3, {"sku1": 3, "sku2": 2})
 
 
 def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(deployment: Deployment):
     dataset = f"crash_{uuid.uuid4().hex[:8]}"
     # Hold the flush after its blob is committed, at the first "mark the rows Applied" write.
-    marks_applied = (lambda environ, body: environ.get("HTTP_X_AMZ_TARGET", "").endswith(".UpdateItem")
-                     and f'"{dataset}"'.encode() in body and b'"Applied#' in body)
+    marks_applied = lambda environ, body: (
+        environ.get("HTTP_X_AMZ_TARGET", "").endswith(".UpdateItem")
+        and f'"{dataset}"'.encode() in body
+        and b'"Applied#' in body
+    )
     deployment.moto.gate.arm(marks_applied)
     try:
         deployment.cli("wal", "append", "--dataset", dataset, "--upsert", "x=1")
@@ -113,11 +121,22 @@ def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(
         deployment.moto.gate.disarm()
 
     assert killed and in_flight
-    statuses = [poll(lambda run_id=run_id: finished(deployment, run_id), timeout=RUN_DEADLINE_S, every=2,
-                     what=f"run {run_id} of the killed worker ends") for run_id in in_flight]
+    statuses = [
+        poll(
+            lambda run_id=run_id: finished(deployment, run_id),
+            timeout=RUN_DEADLINE_S,
+            every=2,
+            what=f"run {run_id} of the killed worker ends",
+        )
+        for run_id in in_flight
+    ]
     assert "FAILURE" in statuses or "CANCELED" in statuses, statuses
-    version, state = poll(lambda: visible(deployment, dataset, 3), timeout=FLUSH_DEADLINE_S, every=2,
-                          what=f"{dataset} flushed after the crash")
+    version, state = poll(
+        lambda: visible(deployment, dataset, 3),
+        timeout=FLUSH_DEADLINE_S,
+        every=2,
+        what=f"{dataset} flushed after the crash",
+    )
     assert (version, state) == (3, {"x": 3})
 
 
@@ -140,7 +159,9 @@ def kill_run_processes(pid: int) -> list[int]:
             break
         chain.append(parent)
     for member in chain:
-        assert not any(name in _cmdline(member) for name in ("dagster dev", "dagster-daemon", "webserver")), chain
+        assert not any(name in _cmdline(member) for name in ("dagster dev", "dagster-daemon", "webserver")), (
+            chain
+        )
     for member in reversed(chain):
         os.kill(member, signal.SIGKILL)
     return chain
@@ -165,16 +186,24 @@ def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deploymen
     status = poll(lambda: finished(deployment, run_id), timeout=RUN_DEADLINE_S, every=2, what="append_events")
 
     assert status == "SUCCESS", deployment.log_tail()
-    assert [e.event_type for e in store.fetch(workflow_run)] == ["RunStarted", "StepStarted", "StepCompleted",
-                                                                 "RunCompleted"]
+    assert [e.event_type for e in store.fetch(workflow_run)] == [
+        "RunStarted",
+        "StepStarted",
+        "StepCompleted",
+        "RunCompleted",
+    ]
     assert workflow_run in store.stale_runs()
 
     day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     params = {"assetSelection": [{"path": ["run_snapshots"]}], "partitionNames": [day], "fromFailure": False}
     launched = deployment.graphql(BACKFILL, {"params": params})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    backfill = poll(lambda: backfill_done(deployment, launched["backfillId"]), timeout=RUN_DEADLINE_S, every=2,
-                    what="run_snapshots backfill")
+    backfill = poll(
+        lambda: backfill_done(deployment, launched["backfillId"]),
+        timeout=RUN_DEADLINE_S,
+        every=2,
+        what="run_snapshots backfill",
+    )
 
     assert backfill in ("COMPLETED", "COMPLETED_SUCCESS"), backfill
     assert workflow_run not in store.stale_runs()
@@ -191,22 +220,31 @@ def test_a_maintenance_job_submitted_from_the_cli_is_run_by_the_daemon(deploymen
     create_iceberg_table(deployment, "lakedb", table, snapshots=3)
 
     deployment.cli("maintenance", "sync", timeout=900)  # the catalog into the table cache, as a user does
-    job_id = deployment.cli("maintenance", "submit", f"lakedb.{table}", "-a", "rewrite_manifests").stdout.strip()
-    status = poll(lambda: maintenance_job_finished(deployment, job_id), timeout=900, every=5,
-                  what=f"maintenance job {job_id}")
+    job_id = deployment.cli(
+        "maintenance", "submit", f"lakedb.{table}", "-a", "rewrite_manifests"
+    ).stdout.strip()
+    status = poll(
+        lambda: maintenance_job_finished(deployment, job_id),
+        timeout=900,
+        every=5,
+        what=f"maintenance job {job_id}",
+    )
 
     assert status == "completed", deployment.log_tail()
 
 
 def create_iceberg_table(deployment: Deployment, namespace: str, table: str, snapshots: int) -> None:
-    """A small table in the deployment's `lake` catalog (pyiceberg writes the same catalog tables as Spark)."""
+    """A small table in the deployment's `lake` catalog (pyiceberg writes the catalog tables Spark reads)."""
     import pyarrow as pa
     from pyiceberg.catalog.sql import SqlCatalog
 
     warehouse = deployment.home / ".runstate" / "warehouse"  # where the deployment's Spark looks
     warehouse.mkdir(parents=True, exist_ok=True)
-    catalog = SqlCatalog("lake", uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-                         warehouse=warehouse.as_uri())
+    catalog = SqlCatalog(
+        "lake",
+        uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        warehouse=warehouse.as_uri(),
+    )
     catalog.create_namespace_if_not_exists(namespace)
     schema = pa.schema([("id", pa.int64()), ("kind", pa.string())])
     created = catalog.create_table(f"{namespace}.{table}", schema=schema)
@@ -228,8 +266,11 @@ def test_run_recorder_records_every_finished_run(deployment: Deployment):
     terminal = {"SUCCESS": "RunCompleted", "FAILURE": "RunFailed", "CANCELED": "RunCancelled"}
 
     def unrecorded() -> dict[str, str] | None:
-        missing = {run_id: status for run_id, status in done.items()
-                   if terminal[status] not in {event.event_type for event in store.fetch(run_id)}}
+        missing = {
+            run_id: status
+            for run_id, status in done.items()
+            if terminal[status] not in {event.event_type for event in store.fetch(run_id)}
+        }
         return missing or None
 
     assert own in done

@@ -33,24 +33,31 @@ def project(tmp_path: Path, fresh_database: str, moto_endpoint: str, monkeypatch
     for name in ("dagster.yaml", "workspace.yaml"):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     monkeypatch.setenv("RUNSTATE_HOME", str(tmp_path))  # where write_env_file puts `.env`
-    write_env_file({
-        "RUNSTATE_PG_URL": fresh_database,
-        "DAGSTER_PG_URL": fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
-        "RUNSTATE_AWS_ENDPOINT_URL": moto_endpoint,
-    })
+    write_env_file(
+        {
+            "RUNSTATE_PG_URL": fresh_database,
+            "DAGSTER_PG_URL": fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
+            "RUNSTATE_AWS_ENDPOINT_URL": moto_endpoint,
+        }
+    )
     yield tmp_path
 
 
 def bare_env(project: Path, **extra: str) -> dict[str, str]:
-    """The caller's environment without a single endpoint; RUNSTATE_HOME names the project, as a checkout would."""
+    """The caller's environment without one endpoint in it; RUNSTATE_HOME names the project, as a checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENDPOINT_VARS)}
     return {**env, "RUNSTATE_HOME": str(project), "DAGSTER_TELEMETRY_ENABLED": "false", **extra}
 
 
 def validate(project: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([DAGSTER, "definitions", "validate", "-w", "workspace.yaml"], cwd=project,
-                          env=bare_env(project, DAGSTER_HOME=str(project)), capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [DAGSTER, "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=project,
+        env=bare_env(project, DAGSTER_HOME=str(project)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_dagster_definitions_validate_finds_the_instance_settings_in_dot_env(project):
@@ -68,13 +75,20 @@ def test_plain_dagster_dev_serves_the_deployment_on_the_dot_env_instance(project
     log = project / "dagster-dev.log"
     with open(log, "wb") as out:
         # No DAGSTER_HOME: dagster dev makes a temporary home but reads dagster.yaml from its folder.
-        dev = subprocess.Popen([DAGSTER, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
-                               cwd=project, env=bare_env(project), stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        dev = subprocess.Popen(
+            [DAGSTER, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+            cwd=project,
+            env=bare_env(project),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         assert wait_for_graphql(port, dev, timeout=300), log.read_text()[-3000:]
         location = poll(lambda: _loaded_location(port), timeout=300, what="code location loaded")
-        queue = graphql(port, "{ instance { runQueueConfig { maxConcurrentRuns tagConcurrencyLimitsYaml } } }")
+        queue = graphql(
+            port, "{ instance { runQueueConfig { maxConcurrentRuns tagConcurrencyLimitsYaml } } }"
+        )
 
         assert location == "runstate"
         config = queue["instance"]["runQueueConfig"]

@@ -50,7 +50,9 @@ def moto_process(module: str) -> Iterator[str]:
     """A moto server process (plain or ours), preempted between the read and the write of every put."""
     port = free_port()
     code = f"{PREEMPTED_AFTER_READ}\nfrom {module} import main\nmain(['-H', '127.0.0.1', '-p', '{port}'])\n"
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -66,17 +68,26 @@ def moto_process(module: str) -> Iterator[str]:
 
 def dynamodb(url: str):
     config = Config(max_pool_connections=RACERS * 2, retries={"max_attempts": 1}, read_timeout=120)
-    return boto3.client("dynamodb", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                        aws_secret_access_key="testing", config=config)
+    return boto3.client(
+        "dynamodb",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        config=config,
+    )
 
 
 def wins_per_key(url: str) -> Counter[int]:
     """Every racer tries a conditional first write of each key; how many of them succeeded, per key."""
     client = dynamodb(url)
     table = f"race_{uuid.uuid4().hex[:8]}"
-    client.create_table(TableName=table, KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
-                        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
-                        BillingMode="PAY_PER_REQUEST")
+    client.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
     wins: Counter[int] = Counter()
     count_lock = threading.Lock()
     together = threading.Barrier(RACERS)
@@ -85,8 +96,11 @@ def wins_per_key(url: str) -> Counter[int]:
         for key in range(KEYS):
             together.wait(timeout=120)
             try:
-                client.put_item(TableName=table, Item={"pk": {"S": f"k{key}"}, "by": {"N": str(racer_id)}},
-                                ConditionExpression="attribute_not_exists(pk)")
+                client.put_item(
+                    TableName=table,
+                    Item={"pk": {"S": f"k{key}"}, "by": {"N": str(racer_id)}},
+                    ConditionExpression="attribute_not_exists(pk)",
+                )
             except client.exceptions.ConditionalCheckFailedException:
                 continue
             with count_lock:
@@ -117,8 +131,10 @@ def test_a_stalled_upload_does_not_hold_up_other_requests():
     with moto_process(OURS) as url:
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port)) as stalled:
-            stalled.sendall(b"PUT /stalled-bucket/key HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                            b"Content-Length: 1000\r\n\r\n" + b"x" * 10)
+            stalled.sendall(
+                b"PUT /stalled-bucket/key HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Length: 1000\r\n\r\n" + b"x" * 10
+            )
 
             tables = dynamodb(url).list_tables()  # read_timeout 120 s: a held lock would surface as an error
 
@@ -128,8 +144,13 @@ def test_a_stalled_upload_does_not_hold_up_other_requests():
 def test_a_chunked_upload_arrives_whole():
     """Transfer-Encoding: chunked has no Content-Length; the buffered body must still reach moto."""
     with moto_process(OURS) as url:
-        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="testing",
-                          aws_secret_access_key="testing")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
         s3.create_bucket(Bucket="chunks")
         body = b"".join(f"line {n}\n".encode() for n in range(5000))
         conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=60)
