@@ -1,7 +1,10 @@
 """One frozen Settings object, read from the environment once.
 
-Values come from the process environment first, then from `.runstate/env` (written by
-`runstate services up`), then from the embedded defaults.
+Values come from the process environment first, then from the project's `.env` (the block that
+`runstate services up` writes there, plus anything the user adds), then from the embedded defaults.
+`.env` is Dagster's convention too: `dagster dev`, `dagster-webserver`, `dagster-daemon run` and
+`dagster definitions validate` load it from the folder they start in (and there it wins over the
+process environment).
 """
 
 from __future__ import annotations
@@ -31,24 +34,21 @@ def state_dir() -> Path:
 
 
 def env_file() -> Path:
-    return state_dir() / "env"
+    """The project's `.env`, where Dagster's CLI looks for it when started in the project folder."""
+    return project_home() / ".env"
 
 
 def read_env_file(path: Path | None = None) -> dict[str, str]:
+    from dotenv import dotenv_values  # the parser Dagster's CLI uses, so both read the file alike
+
     path = path or env_file()
     if not path.exists():
         return {}
-    values: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip()
-    return values
+    return {key: value for key, value in dotenv_values(path).items() if value is not None}
 
 
 def load_env_file_into_environ() -> None:
-    """Make `.runstate/env` visible to child processes (dagster dev) without overriding the caller."""
+    """Make `.env` visible to child processes (dagster dev) without overriding the caller."""
     for key, value in read_env_file().items():
         os.environ.setdefault(key, value)
 

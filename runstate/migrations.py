@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -26,7 +27,11 @@ SNOWFLAKE_LOCK_TABLE = "SCHEMA_MIGRATIONS_LOCK"
 
 
 class MigrationError(RuntimeError):
-    pass
+    """A migration cannot be discovered, applied or checked; the message names the file or the server."""
+
+
+class InvalidSchemaName(MigrationError, ValueError):
+    """A schema name that would have to be quoted; refused before any SQL runs."""
 
 
 @dataclass(frozen=True)
@@ -66,13 +71,34 @@ def discover(backend: str) -> list[Migration]:
 
 
 def check_schema_name(schema: str) -> str:
-    if not _SCHEMA_RE.match(schema or ""):
-        raise ValueError(f"schema name {schema!r} must match {_SCHEMA_RE.pattern}")
+    if not isinstance(schema, str) or not _SCHEMA_RE.fullmatch(schema):
+        raise InvalidSchemaName(f"schema name {schema!r} must match {_SCHEMA_RE.pattern}")
     return schema
 
 
+def redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return url
+
+
+@contextmanager
+def postgres_errors(dsn: str) -> Iterator[None]:
+    """A driver error (server down, wrong database, failing DDL) is a MigrationError naming the server."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise MigrationError(f"postgres {redact(dsn)}: {detail}") from exc
+
+
 def _lock_key(schema: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"runstate.migrate.{schema}".encode()).digest()[:8], "big", signed=True)
+    return int.from_bytes(
+        hashlib.sha256(f"runstate.migrate.{schema}".encode()).digest()[:8], "big", signed=True
+    )
 
 
 def _postgres_bootstrap(cur: psycopg.Cursor, schema: str) -> None:
@@ -94,7 +120,7 @@ def upgrade_postgres(dsn: str, schema: str = "runstate") -> list[Migration]:
     """Apply every pending Postgres migration into `schema`; returns what was applied."""
     check_schema_name(schema)
     pending: list[Migration] = []
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_errors(dsn), psycopg.connect(dsn) as conn, conn.cursor() as cur:
         # Advisory lock before CREATE SCHEMA: concurrent CREATE SCHEMA IF NOT EXISTS can still collide.
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema),))
         _postgres_bootstrap(cur, schema)
@@ -114,12 +140,14 @@ def upgrade_postgres(dsn: str, schema: str = "runstate") -> list[Migration]:
 
 def status_postgres(dsn: str, schema: str = "runstate") -> list[MigrationStatus]:
     check_schema_name(schema)
-    with psycopg.connect(dsn) as conn, conn.cursor() as cur:
+    with postgres_errors(dsn), psycopg.connect(dsn) as conn, conn.cursor() as cur:
         cur.execute("SELECT to_regclass(%s)", (f"{schema}.schema_migrations",))
         exists = cur.fetchone()[0] is not None
         applied = {}
         if exists:
-            cur.execute(sql.SQL("SELECT version, checksum FROM {}.schema_migrations").format(sql.Identifier(schema)))
+            cur.execute(
+                sql.SQL("SELECT version, checksum FROM {}.schema_migrations").format(sql.Identifier(schema))
+            )
             applied = dict(cur.fetchall())
     return [MigrationStatus(m.version, m.name, m.version in applied) for m in discover("postgres")]
 
@@ -128,11 +156,14 @@ def _check_unchanged(migration: Migration, recorded_checksum: str) -> None:
     if recorded_checksum != migration.checksum:
         raise MigrationError(
             f"migration {migration.path.name} was edited after it was applied "
-            f"(recorded sha256 {recorded_checksum[:12]}.., file {migration.checksum[:12]}..); add a new file instead"
+            f"(recorded sha256 {recorded_checksum[:12]}.., file {migration.checksum[:12]}..); "
+            "add a new file instead"
         )
 
 
-def upgrade_snowflake(conn: Any, schema: str = "RUNSTATE", *, lock_timeout_s: float = 300.0) -> list[Migration]:
+def upgrade_snowflake(
+    conn: Any, schema: str = "RUNSTATE", *, lock_timeout_s: float = 300.0
+) -> list[Migration]:
     """Apply pending Snowflake migrations through a DB-API connection from snowflake-connector."""
     check_schema_name(schema)
     cur = conn.cursor()
@@ -191,7 +222,8 @@ def status_snowflake(conn: Any, schema: str = "RUNSTATE") -> list[MigrationStatu
     cur = conn.cursor()
     applied: set[str] = set()
     cur.execute(
-        "SELECT COUNT(*) FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'SCHEMA_MIGRATIONS'",
+        "SELECT COUNT(*) FROM INFORMATION_SCHEMA.TABLES"
+        " WHERE TABLE_SCHEMA = %s AND TABLE_NAME = 'SCHEMA_MIGRATIONS'",
         (schema.upper(),),
     )
     if cur.fetchone()[0]:

@@ -22,6 +22,9 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
 # Hermetic: the developer's .runstate/env (from `services up`) must not leak endpoints into tests.
 os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
+# Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
+# checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
+os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="runstate-test-dagster-")
 
 ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -46,11 +49,33 @@ def drop_database(name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that touch Spark share one xdist worker, so the suite starts one JVM, not one per worker."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+    if getattr(config.option, "loadgroup", False):  # set in xdist workers under --dist loadgroup
+        _suffix_xdist_groups(items)
+
+
+def _suffix_xdist_groups(items: list[pytest.Item]) -> None:
+    """What `--dist loadgroup` relies on: a group's name as the node id's `@suffix`.
+
+    pytest-xdist 3.8 writes the suffix to `item._nodeid`, which pytest 9 no longer reads (the id lives in
+    `item._id`), so every group was spread over the workers: one JVM per worker, one deployment per worker.
+    """
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        groups = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        if groups and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(scope="session")
@@ -82,10 +107,14 @@ def pg_schema(pg_database: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """moto's real HTTP server on a free loopback port."""
-    from moto.server import ThreadedMotoServer
+    """moto's real HTTP server on a free loopback port, serialised as `runstate services up` runs it.
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    Plain ThreadedMotoServer lets two conditional PutItems on one key both succeed under load, which
+    DynamoDB never does; runstate_tests/services/test_moto_atomicity.py shows it.
+    """
+    from runstate.services.moto_server import SerializedMotoServer
+
+    server = SerializedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"

@@ -17,8 +17,11 @@ def free_port() -> int:
 
 def graphql_version(port: int) -> str | None:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": "{version}"}).encode(),
-        headers={"Content-Type": "application/json"}, method="POST")
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": "{version}"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.load(response)["data"]["version"]
@@ -35,3 +38,30 @@ def wait_for_graphql(port: int, process, timeout: float = 180) -> str | None:
             return version
         time.sleep(0.5)
     return None
+
+
+def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 60) -> dict:
+    """One GraphQL call to the webserver; raises on transport errors and on GraphQL errors."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        body = json.load(response)
+    if body.get("errors"):
+        raise AssertionError(f"GraphQL errors: {body['errors']}")
+    return body["data"]
+
+
+def poll(check, *, timeout: float, every: float = 1.0, what: str):
+    """Call check() until it returns something truthy; the last value goes into the failure message."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")

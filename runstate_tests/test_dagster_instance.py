@@ -1,4 +1,4 @@
-"""The instance from dagster.yaml: Postgres storage, queued runs with tag limits, run retries, no telemetry."""
+"""The instance from dagster.yaml: Postgres storage, queued runs with tag limits, retries, no telemetry."""
 
 from __future__ import annotations
 
@@ -36,9 +36,15 @@ def test_a_run_lands_in_postgres_run_and_event_storage(instance, fresh_database)
 
     assert result.success
     with psycopg.connect(fresh_database) as conn:
-        run = conn.execute("SELECT pipeline_name, status FROM runs WHERE run_id = %s", (result.run_id,)).fetchone()
-        events = conn.execute("SELECT count(*) FROM event_logs WHERE run_id = %s", (result.run_id,)).fetchone()[0]
-        tags = dict(conn.execute("SELECT key, value FROM run_tags WHERE run_id = %s", (result.run_id,)).fetchall())
+        run = conn.execute(
+            "SELECT pipeline_name, status FROM runs WHERE run_id = %s", (result.run_id,)
+        ).fetchone()
+        events = conn.execute(
+            "SELECT count(*) FROM event_logs WHERE run_id = %s", (result.run_id,)
+        ).fetchone()[0]
+        tags = dict(
+            conn.execute("SELECT key, value FROM run_tags WHERE run_id = %s", (result.run_id,)).fetchall()
+        )
     assert run == ("hello_job", "SUCCESS")
     assert events > 0
     assert tags["runstate/dataset"] == "orders"
@@ -56,6 +62,14 @@ def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instan
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 3
     assert instance.run_monitoring_enabled
     assert instance.telemetry_enabled is False
+
+
+def test_sensors_schedules_and_the_queue_are_tuned_for_freshness(instance):
+    """A slow sensor must not delay wal_sensor, and a queued flush must not wait long for its turn."""
+    assert instance.get_settings("sensors") == {"use_threads": True, "num_workers": 4}
+    assert instance.get_settings("schedules")["use_threads"] is True
+    assert instance.run_coordinator.dequeue_interval_seconds <= 2
+    assert instance.run_coordinator.inst_data.config_dict["dequeue_use_threads"] is True
 
 
 def test_the_storage_url_is_read_from_the_environment_not_written_down():
@@ -79,3 +93,61 @@ def test_the_queue_admits_one_run_per_wal_shard_and_one_per_table(instance):
     assert not counter.is_blocked(run(**{"runstate/wal_shard": "1"}))
     assert counter.is_blocked(run(**{"runstate/table": "db.events"}))
     assert not counter.is_blocked(run(**{"runstate/table": "db.other"}))
+
+
+# ----- ticks use the deployment's instance (never an ephemeral one)
+
+
+@dg.sensor(job=hello_job, minimum_interval_seconds=1)
+def counting_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+    """Requests run `n` on tick `n`, where n comes from the cursor: a lost cursor re-requests run 1."""
+    tick = int(context.cursor or 0) + 1
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"tick-{tick}")], cursor=str(tick))
+
+
+@pytest.fixture
+def deployment_env(fresh_database: str, monkeypatch) -> str:
+    """No DAGSTER_HOME, as in a shell: the checkout's dagster.yaml, on a database of the test's own."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    dagster_url = fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1)
+    monkeypatch.setenv("DAGSTER_PG_URL", dagster_url)
+    return fresh_database
+
+
+def test_without_dagster_home_a_tick_uses_the_checkouts_instance(deployment_env):
+    from runstate.defs.ticking import default_instance
+
+    with default_instance() as instance:
+        assert instance.root_directory == str(REPO_ROOT)
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert not instance.is_ephemeral
+
+
+def test_two_ticks_share_a_cursor_and_their_runs_are_in_the_instance(deployment_env):
+    from runstate.defs.ticking import tick_sensor
+
+    defs = dg.Definitions(jobs=[hello_job], sensors=[counting_sensor])
+
+    first = tick_sensor("counting_sensor", defs=defs)
+    second = tick_sensor("counting_sensor", defs=defs)
+
+    assert (first.succeeded, second.succeeded) == (1, 1)
+    with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/sensor_name": "counting_sensor"}))
+        assert sorted(run.tags["dagster/run_key"] for run in runs) == ["tick-1", "tick-2"]
+        assert {run.status for run in runs} == {dg.DagsterRunStatus.SUCCESS}
+
+
+def test_a_run_key_launched_by_an_earlier_tick_is_not_launched_again(deployment_env):
+    from runstate.defs.ticking import CURSOR_KEY, tick_sensor
+
+    defs = dg.Definitions(jobs=[hello_job], sensors=[counting_sensor])
+    tick_sensor("counting_sensor", defs=defs)
+    with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
+        instance.run_storage.set_cursor_values(
+            {CURSOR_KEY.format("counting_sensor"): ""}
+        )  # the cursor is lost
+
+    again = tick_sensor("counting_sensor", defs=defs)
+
+    assert again.skipped_run_keys == ["tick-1"] and again.results == []

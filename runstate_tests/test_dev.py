@@ -18,7 +18,13 @@ import pytest
 from runstate_tests.devserver import free_port, graphql_version, wait_for_graphql
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
-SERVICE_VARS = ("RUNSTATE_PG_URL", "DAGSTER_PG_URL", "RUNSTATE_AWS_ENDPOINT_URL", "RUNSTATE_HOME", "DAGSTER_HOME")
+SERVICE_VARS = (
+    "RUNSTATE_PG_URL",
+    "DAGSTER_PG_URL",
+    "RUNSTATE_AWS_ENDPOINT_URL",
+    "RUNSTATE_HOME",
+    "DAGSTER_HOME",
+)
 
 pytestmark = pytest.mark.slow
 
@@ -69,19 +75,29 @@ def dev_home():
 def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, dev_home):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and not k.startswith("SNOWFLAKE_")}
-    env.update(RUNSTATE_HOME=str(dev_home), RUNSTATE_PG_URL=fresh_database,
-               DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1))
+    env.update(
+        RUNSTATE_HOME=str(dev_home),
+        RUNSTATE_PG_URL=fresh_database,
+        DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
+    )
     log = dev_home / "dev.log"
     with open(log, "wb") as out:
-        dev = subprocess.Popen([RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                               preexec_fn=_ignore_int_and_term)
+        dev = subprocess.Popen(
+            [RUNSTATE, "dev", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_ignore_int_and_term,
+        )
     try:
         version = wait_for_graphql(port, dev)
         assert version == dagster.__version__, log.read_text()[-3000:]
         services = json.loads((dev_home / ".runstate" / "services.json").read_text())
         service_pids = {r["pid"] for r in services.values() if r["pid"]}  # they outlive dev, by design
         dagster_processes = {pid: _cmdline(pid) for pid in _descendants(dev.pid) - service_pids}
-        assert any("dagster" in cmd and " dev " in cmd for cmd in dagster_processes.values()), dagster_processes
+        assert any("dagster" in cmd and " dev " in cmd for cmd in dagster_processes.values()), (
+            dagster_processes
+        )
 
         dev.send_signal(signal.SIGTERM)
         code = dev.wait(timeout=120)
@@ -102,10 +118,17 @@ def test_dev_refuses_a_taken_port_with_what_to_do(dev_home):
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS} | {"RUNSTATE_HOME": str(dev_home)}
+        env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS} | {
+            "RUNSTATE_HOME": str(dev_home)
+        }
 
-        dev = subprocess.run([RUNSTATE, "dev", "--no-services", "--port", str(port)], env=env, capture_output=True,
-                             text=True, timeout=120)
+        dev = subprocess.run(
+            [RUNSTATE, "dev", "--no-services", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     assert dev.returncode == 1
     assert f"dagster dev: port {port} on 127.0.0.1 is taken" in dev.stderr and "--port" in dev.stderr

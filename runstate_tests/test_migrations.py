@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -34,7 +37,7 @@ def _upgrade_in_process(dsn: str, schema: str, sql_root: str | None, barrier, re
     """Runs in a child process: wait for the other one, then upgrade at the same moment."""
     if sql_root:
         migrations.SQL_ROOT = Path(sql_root)
-    barrier.wait(timeout=60)
+    barrier.wait(timeout=300)  # spawned interpreters start slowly on a loaded machine
     try:
         applied = migrations.upgrade_postgres(dsn, schema)
         results.put(("ok", [m.version for m in applied]))
@@ -46,13 +49,18 @@ def _race(dsn: str, schema: str, sql_root: Path | None, processes: int = 2) -> l
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes)
     results = context.Queue()
-    workers = [context.Process(target=_upgrade_in_process, args=(dsn, schema, str(sql_root) if sql_root else None,
-                                                                  barrier, results)) for _ in range(processes)]
+    workers = [
+        context.Process(
+            target=_upgrade_in_process,
+            args=(dsn, schema, str(sql_root) if sql_root else None, barrier, results),
+        )
+        for _ in range(processes)
+    ]
     for worker in workers:
         worker.start()
-    outcomes = [results.get(timeout=120) for _ in workers]
+    outcomes = [results.get(timeout=600) for _ in workers]
     for worker in workers:
-        worker.join(timeout=60)
+        worker.join(timeout=300)
         assert worker.exitcode == 0
     return outcomes
 
@@ -99,7 +107,9 @@ def test_the_real_migrations_survive_two_concurrent_processes(fresh_database):
 def test_a_migration_edited_after_it_was_applied_is_refused(fresh_database, counted_sql_root, monkeypatch):
     monkeypatch.setattr(migrations, "SQL_ROOT", counted_sql_root)
     migrations.upgrade_postgres(fresh_database, "edited")
-    (counted_sql_root / "postgres" / "002_count_once.sql").write_text("INSERT INTO counter (id) VALUES (2);\n")
+    (counted_sql_root / "postgres" / "002_count_once.sql").write_text(
+        "INSERT INTO counter (id) VALUES (2);\n"
+    )
 
     with pytest.raises(migrations.MigrationError, match="002_count_once.sql was edited after it was applied"):
         migrations.upgrade_postgres(fresh_database, "edited")
@@ -113,7 +123,9 @@ def test_a_badly_named_migration_file_is_refused(tmp_path, monkeypatch):
     (tmp_path / "postgres" / "1_Oops.sql").write_text("SELECT 1;\n")
     monkeypatch.setattr(migrations, "SQL_ROOT", tmp_path)
 
-    with pytest.raises(migrations.MigrationError, match="1_Oops.sql: migration files are named NNN_snake_name.sql"):
+    with pytest.raises(
+        migrations.MigrationError, match="1_Oops.sql: migration files are named NNN_snake_name.sql"
+    ):
         migrations.discover("postgres")
 
 
@@ -124,8 +136,10 @@ def test_an_unsafe_schema_name_is_refused_before_any_sql(fresh_database, schema)
 
     with psycopg.connect(fresh_database) as conn:
         created = conn.execute(
-            "SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%%' AND nspname <> 'information_schema'"
-            " AND nspname <> 'public'").fetchone()[0]
+            "SELECT count(*) FROM pg_namespace WHERE nspname NOT LIKE 'pg_%%'"
+            " AND nspname <> 'information_schema'"
+            " AND nspname <> 'public'"
+        ).fetchone()[0]
     assert created == 0
 
 
@@ -191,3 +205,48 @@ def test_a_held_snowflake_lock_gives_a_clear_error(snowflake_schema):
 
     with pytest.raises(migrations.MigrationError, match="lock is held.*DROP TABLE"):
         migrations.upgrade_snowflake(conn, schema, lock_timeout_s=1)
+
+
+def _db_status_in_a_shell(**env: str) -> subprocess.CompletedProcess:
+    """`runstate db status` as a user runs it: its own process, so a traceback would show on stderr."""
+    runstate = str(Path(sys.executable).parent / "runstate")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SNOWFLAKE_")}
+    return subprocess.run(
+        [runstate, "db", "status"], env={**clean, **env}, capture_output=True, text=True, timeout=300
+    )
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[
+        -2000:
+    ]
+    return lines[0]
+
+
+def test_db_status_with_an_unreachable_snowflake_says_so_in_one_line(fresh_database):
+    result = _db_status_in_a_shell(
+        RUNSTATE_PG_URL=fresh_database,
+        RUNSTATE_EVENTSTORE="snowflake",
+        SNOWFLAKE_ACCOUNT="fakesnow",
+        SNOWFLAKE_USER="fake",
+        SNOWFLAKE_PASSWORD="snow",
+        SNOWFLAKE_HOST="127.0.0.1",
+        SNOWFLAKE_PORT="1",
+        SNOWFLAKE_PROTOCOL="http",
+    )
+
+    assert "snowflake 127.0.0.1:1: cannot connect" in _one_error_line(result)
+
+
+def test_db_status_with_an_unreachable_postgres_says_so_in_one_line():
+    result = _db_status_in_a_shell(RUNSTATE_PG_URL="postgresql://postgres:secret@127.0.0.1:1/runstate")
+
+    line = _one_error_line(result)
+    assert "postgres postgresql://postgres:***@127.0.0.1:1/runstate" in line and "secret" not in line
+
+
+def test_db_status_with_an_unsafe_schema_says_so_in_one_line(fresh_database):
+    result = _db_status_in_a_shell(RUNSTATE_PG_URL=fresh_database, RUNSTATE_SCHEMA="x;drop")
+
+    assert "schema name 'x;drop' must match" in _one_error_line(result)

@@ -7,24 +7,23 @@ import sys
 
 import click
 
-from runstate import services as svc
 from runstate.config import load_env_file_into_environ
-from runstate.services.dev import run_dagster_dev
 
 
 @click.command()
 @click.option("--port", type=int, default=3000, show_default=True, help="Port for the Dagster webserver.")
-@click.option("--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints).")
+@click.option(
+    "--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints)."
+)
 def dev(port: int, no_services: bool) -> None:
     """Start `dagster dev` (webserver + daemon); stops cleanly on SIGINT or SIGTERM."""
-    try:
-        if not no_services:
-            svc.up(log=click.echo)
-        load_env_file_into_environ()
-        code = run_dagster_dev(port, os.environ)
-    except svc.ServiceError as exc:
-        raise click.ClickException(str(exc)) from exc
-    sys.exit(code)
+    from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
+    from runstate.services.dev import run_dagster_dev
+
+    if not no_services:
+        svc.up(log=click.echo)
+    load_env_file_into_environ()
+    sys.exit(run_dagster_dev(port, os.environ))
 
 
 COMMANDS = [dev]

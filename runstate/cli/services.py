@@ -6,32 +6,42 @@ import sys
 
 import click
 
-from runstate import services as svc
-
 
 @click.group()
 def services() -> None:
-    """Start, stop and inspect the embedded dev services; endpoints go to .runstate/env."""
+    """Start, stop and inspect the embedded dev services; endpoints go to the project's .env."""
 
 
 @services.command()
-@click.option("--pg-port", type=int, default=None, help="Port for an embedded Postgres cluster (default: a free one).")
+@click.option(
+    "--pg-port", type=int, default=None, help="Port for an embedded Postgres cluster (default: a free one)."
+)
 @click.option("--moto-port", type=int, default=None, help="Port for moto_server (default: a free one).")
-@click.option("--fakesnow-port", type=int, default=None, help="Port for the fakesnow server (default: a free one).")
-@click.option("--embedded-pg", is_flag=True, help="initdb a cluster under .runstate/pg even when 5432 answers.")
+@click.option(
+    "--fakesnow-port", type=int, default=None, help="Port for the fakesnow server (default: a free one)."
+)
+@click.option(
+    "--embedded-pg", is_flag=True, help="initdb a cluster under .runstate/pg even when 5432 answers."
+)
 def up(pg_port: int | None, moto_port: int | None, fakesnow_port: int | None, embedded_pg: bool) -> None:
     """Start (or reuse) Postgres, moto and fakesnow; create databases; apply migrations."""
-    try:
-        report = svc.up(pg_port=pg_port, moto_port=moto_port, fakesnow_port=fakesnow_port, embedded_pg=embedded_pg,
-                        log=click.echo)
-    except svc.ServiceError as exc:
-        raise click.ClickException(str(exc)) from exc
+    from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
+
+    report = svc.up(
+        pg_port=pg_port,
+        moto_port=moto_port,
+        fakesnow_port=fakesnow_port,
+        embedded_pg=embedded_pg,
+        log=click.echo,
+    )
     click.echo(f"endpoints written to {report.env_path}")
 
 
 @services.command()
 def down() -> None:
     """Stop only the services `up` started (by pid); the machine's Postgres is never touched."""
+    from runstate import services as svc
+
     stopped = svc.down(log=click.echo)
     click.echo(f"stopped {len(stopped)} service(s)")
 
@@ -39,6 +49,8 @@ def down() -> None:
 @services.command()
 def status() -> None:
     """Each service, its URL and whether it is healthy; exit code 1 when any is not."""
+    from runstate import services as svc
+
     rows = svc.status()
     if not rows:
         click.echo("no services recorded: run `runstate services up`")

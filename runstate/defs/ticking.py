@@ -6,11 +6,15 @@ has a run (the daemon's rule), executes the rest in-process and stores the new c
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import dagster as dg
 from dagster import DagsterInstance, RunsFilter
+
+from runstate.config import settings
+from runstate.services.dev import dagster_home
 
 CURSOR_KEY = "runstate.tick_cursor.{}"
 
@@ -38,14 +42,20 @@ def default_defs() -> dg.Definitions:
 
 
 def default_instance() -> DagsterInstance:
-    """The configured instance when DAGSTER_HOME is set, otherwise an ephemeral one."""
-    import os
+    """The deployment's instance, the one the daemon uses: DAGSTER_HOME, else the checkout's dagster.yaml.
 
-    return DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else DagsterInstance.ephemeral()
+    Never an ephemeral instance: a tick must find the cursor the previous tick stored, the runs its
+    run_keys already launched, and leave its runs where the UI shows them.
+    """
+    # dagster.yaml reads its storage URL from DAGSTER_PG_URL; the settings know its default.
+    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
+    return DagsterInstance.from_config(str(dagster_home(os.environ)))
 
 
 def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_key: str) -> bool:
-    runs = instance.get_runs(filters=RunsFilter(tags={"dagster/run_key": run_key, origin_tag: origin}), limit=1)
+    runs = instance.get_runs(
+        filters=RunsFilter(tags={"dagster/run_key": run_key, origin_tag: origin}), limit=1
+    )
     return bool(runs)
 
 
@@ -110,10 +120,20 @@ def tick_sensor(
     ) as ctx:
         data = sensor.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
-    _apply_dynamic_partitions_requests(instance, list(getattr(data, "dynamic_partitions_requests", None) or []))
+    _apply_dynamic_partitions_requests(
+        instance, list(getattr(data, "dynamic_partitions_requests", None) or [])
+    )
     default_job = sensor.job_name if sensor.has_jobs else None
-    _execute(defs, instance, list(data.run_requests or []), default_job, "dagster/sensor_name", sensor_name, result,
-             run_log_level)
+    _execute(
+        defs,
+        instance,
+        list(data.run_requests or []),
+        default_job,
+        "dagster/sensor_name",
+        sensor_name,
+        result,
+        run_log_level,
+    )
     if data.cursor is not None:
         instance.run_storage.set_cursor_values({key: data.cursor})
     return result
@@ -131,9 +151,19 @@ def tick_schedule(
     instance = instance or default_instance()
     schedule = defs.resolve_schedule_def(schedule_name)
     when = at or datetime.now(timezone.utc)
-    with dg.build_schedule_context(instance=instance, scheduled_execution_time=when, resources=defs.resources) as ctx:
+    with dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=when, resources=defs.resources
+    ) as ctx:
         data = schedule.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
-    _execute(defs, instance, list(data.run_requests or []), schedule.job_name, "dagster/schedule_name", schedule_name,
-             result, run_log_level)
+    _execute(
+        defs,
+        instance,
+        list(data.run_requests or []),
+        schedule.job_name,
+        "dagster/schedule_name",
+        schedule_name,
+        result,
+        run_log_level,
+    )
     return result

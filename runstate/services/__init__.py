@@ -1,8 +1,9 @@
 """The embedded dev services behind `runstate services up|down|status` (no Dagster here).
 
 `up` chooses or starts Postgres, a moto server and a fakesnow server, creates the databases,
-applies the migrations, and writes the chosen endpoints to `.runstate/env` (read by
-`runstate.config`) and the pids to `.runstate/services.json`. It is idempotent: healthy services
+applies the migrations, and writes the chosen endpoints to a block of the project's `.env` (read by
+`runstate.config` and by Dagster's CLI) and the pids to `.runstate/services.json`. It is idempotent: healthy
+services
 are reused. `down` stops only what `up` started, by recorded pid and start time.
 """
 
@@ -15,14 +16,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
-from runstate.config import Settings, env_file
+from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, SERVICE_NAMES, ServiceError, ServiceRecord, is_running, load_records,
-    require_free_port, save_records, services_file, services_lock, stop_process, write_env_file,
+    EMBEDDED,
+    EXTERNAL,
+    SERVICE_NAMES,
+    ServiceError,
+    ServiceRecord,
+    is_running,
+    load_records,
+    remove_env_block,
+    require_free_port,
+    save_records,
+    services_file,
+    services_lock,
+    stop_process,
+    write_env_file,
 )
 
-__all__ = ["ServiceError", "ServiceRecord", "UpReport", "StatusRow", "up", "down", "status", "caller_environment"]
+__all__ = [
+    "ServiceError",
+    "ServiceRecord",
+    "UpReport",
+    "StatusRow",
+    "up",
+    "down",
+    "status",
+    "caller_environment",
+]
+
+
+# Where an older `up` wrote the endpoints, before they moved to the project's `.env`.
+def LEGACY_ENV_FILE() -> Path:  # noqa: N802
+    return state_dir() / "env"
+
 
 # Postgres shuts down fast (rolls back, closes clients) on SIGINT; SIGTERM would wait for every client.
 STOP_SIGNALS = {"postgres": signal.SIGINT, "moto": signal.SIGTERM, "fakesnow": signal.SIGTERM}
@@ -49,7 +77,7 @@ class StatusRow:
 def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> dict[str, str]:
     """The environment, minus variables that merely point at services we started ourselves.
 
-    Such values reach the environment when `.runstate/env` is loaded (the CLI loads it at start);
+    Such values reach the environment when `.env` is loaded (the CLI loads it at start);
     they must not turn our own moto into an "external" one that `down` would leave running, nor
     pin the machine's Postgres once it stops answering.
     """
@@ -73,18 +101,23 @@ def _ours(records: Mapping[str, ServiceRecord], name: str) -> bool:
 
 
 def up(
-    *, pg_port: int | None = None, moto_port: int | None = None, fakesnow_port: int | None = None,
-    embedded_pg: bool = False, log: Callable[[str], None] = lambda _: None,
+    *,
+    pg_port: int | None = None,
+    moto_port: int | None = None,
+    fakesnow_port: int | None = None,
+    embedded_pg: bool = False,
+    log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
-    """Reuse or start every service, prepare databases and migrations, write `.runstate/env`."""
+    """Reuse or start every service, prepare databases and migrations, write the `.env` block."""
     with services_lock():
         previous = load_records()
         env = caller_environment(previous)
         _check_requested_ports(previous, {"postgres": pg_port, "moto": moto_port, "fakesnow": fakesnow_port})
         records: dict[str, ServiceRecord] = {}
         try:
-            records["postgres"] = postgres.ensure_postgres(env, previous.get("postgres"), force_embedded=embedded_pg,
-                                                           port=pg_port)
+            records["postgres"] = postgres.ensure_postgres(
+                env, previous.get("postgres"), force_embedded=embedded_pg, port=pg_port
+            )
             _save_with_rest(records, previous)
             log(f"postgres  {records['postgres'].kind:<8} {postgres.redact(records['postgres'].url)}")
             records["moto"] = moto.ensure_moto(env, previous.get("moto"), port=moto_port)
@@ -99,6 +132,7 @@ def up(
             _save_with_rest(records, previous)
         values = endpoint_values(env, records)
         env_path = write_env_file(values)
+        LEGACY_ENV_FILE().unlink(missing_ok=True)
         # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
         # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
         notes = _prepare(env, records, values)
@@ -107,7 +141,9 @@ def up(
     return UpReport(records, values, env_path, notes)
 
 
-def _check_requested_ports(previous: Mapping[str, ServiceRecord], requested: Mapping[str, int | None]) -> None:
+def _check_requested_ports(
+    previous: Mapping[str, ServiceRecord], requested: Mapping[str, int | None]
+) -> None:
     """Refuse a taken port before anything starts, unless our own running service already holds it."""
     options = {"postgres": "--pg-port", "moto": "--moto-port", "fakesnow": "--fakesnow-port"}
     for name, port in requested.items():
@@ -137,26 +173,41 @@ def endpoint_values(env: Mapping[str, str], records: Mapping[str, ServiceRecord]
         values.update(moto.TEST_CREDENTIALS)
     snow = records["fakesnow"]
     if snow.kind == EMBEDDED:
-        values.update({"SNOWFLAKE_HOST": "127.0.0.1", "SNOWFLAKE_PORT": str(snow.port), "SNOWFLAKE_PROTOCOL": "http",
-                       **fakesnow.FAKE_CREDENTIALS, "SNOWFLAKE_DATABASE": fakesnow.DATABASE})
+        values.update(
+            {
+                "SNOWFLAKE_HOST": "127.0.0.1",
+                "SNOWFLAKE_PORT": str(snow.port),
+                "SNOWFLAKE_PROTOCOL": "http",
+                **fakesnow.FAKE_CREDENTIALS,
+                "SNOWFLAKE_DATABASE": fakesnow.DATABASE,
+            }
+        )
     return values
 
 
-def _prepare(env: Mapping[str, str], records: Mapping[str, ServiceRecord], values: Mapping[str, str]) -> list[str]:
+def _prepare(
+    env: Mapping[str, str], records: Mapping[str, ServiceRecord], values: Mapping[str, str]
+) -> list[str]:
     """Databases, migrations, the WAL table and bucket: all idempotent, so they run on every `up`."""
     settings = Settings.from_env({**env, **{k: v for k, v in values.items() if k not in env}})
     notes = []
     with _step("postgres: creating databases and applying migrations"):
-        applied = postgres.prepare_databases(values["RUNSTATE_PG_URL"], values["DAGSTER_PG_URL"], settings.schema)
-    notes.append(f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}")
+        applied = postgres.prepare_databases(
+            values["RUNSTATE_PG_URL"], values["DAGSTER_PG_URL"], settings.schema
+        )
+    notes.append(
+        f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}"
+    )
     with _step("moto: creating the WAL table and blob bucket"):
         notes.append(moto.create_wal_resources(records["moto"].url, settings.wal_table, settings.blob_bucket))
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
-            # The same schema rule as the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
+            # The schema rule of the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
             schema = (settings.snowflake.get("schema") or "RUNSTATE").upper()
             applied = fakesnow.prepare_database(records["fakesnow"].port, schema)
-        notes.append(f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}")
+        notes.append(
+            f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}"
+        )
     return notes
 
 
@@ -186,8 +237,9 @@ def down(*, log: Callable[[str], None] = lambda _: None) -> list[str]:
                 log(f"{name:<9} stopped (pid {record.pid})")
             else:
                 log(f"{name:<9} was not running (pid {record.pid})")
-        for path in (services_file(), env_file()):
-            path.unlink(missing_ok=True)
+        services_file().unlink(missing_ok=True)
+        remove_env_block()
+        LEGACY_ENV_FILE().unlink(missing_ok=True)
     return stopped
 
 

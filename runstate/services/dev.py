@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Mapping
 
 from runstate.config import project_home
-from runstate.services.state import LOOPBACK, ServiceError, default_signal_dispositions, find_binary, require_free_port
+from runstate.services.state import (
+    LOOPBACK,
+    ServiceError,
+    default_signal_dispositions,
+    find_binary,
+    require_free_port,
+)
 
 SHUTDOWN_GRACE_SECONDS = 60.0
 
@@ -48,9 +54,17 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     env = dict(environ)
     env.setdefault("DAGSTER_HOME", str(dagster_home(environ)))
     env.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
-    root = repo_root()
-    child = subprocess.Popen(dagster_dev_argv(port, root), cwd=root, env=env, start_new_session=True,
-                             preexec_fn=default_signal_dispositions)
+    # In the project home, where `.env` lives: Dagster's CLI loads `.env` from its working folder (over the
+    # environment), so it must be this project's block, never another checkout's.
+    home = project_home()
+    home.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen(
+        dagster_dev_argv(port, repo_root()),
+        cwd=home,
+        env=env,
+        start_new_session=True,
+        preexec_fn=default_signal_dispositions,
+    )
     return supervise(child)
 
 

@@ -12,7 +12,13 @@ from typing import Mapping
 from runstate import migrations
 from runstate.services.http import http_answers
 from runstate.services.state import (
-    EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, find_binary, port_answers,
+    EXTERNAL,
+    LOOPBACK,
+    ServiceError,
+    ServiceRecord,
+    embedded_service,
+    find_binary,
+    port_answers,
 )
 
 # Not "RUNSTATE": fakesnow (duckdb) finds RUNSTATE.RUNSTATE ambiguous once the schema shares the name.
@@ -32,33 +38,45 @@ def fakesnow_argv(port: int) -> list[str]:
         return [sys.executable, "-m", "fakesnow", "-s", "--host", LOOPBACK, "-p", str(port)]
 
 
-def ensure_fakesnow(caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None) -> ServiceRecord:
+def ensure_fakesnow(
+    caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None
+) -> ServiceRecord:
     if caller_env.get("SNOWFLAKE_HOST"):
         host = caller_env["SNOWFLAKE_HOST"]
         remote_port = int(caller_env.get("SNOWFLAKE_PORT") or 443)
         protocol = caller_env.get("SNOWFLAKE_PROTOCOL", "https")
         if not port_answers(remote_port, host=host, timeout=3):
-            raise ServiceError(f"fakesnow: SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
-                               "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow.")
+            raise ServiceError(
+                f"fakesnow: SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
+                "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow."
+            )
         return ServiceRecord("fakesnow", EXTERNAL, f"{protocol}://{host}:{remote_port}")
     _require_fakesnow_installed()
-    return embedded_service("fakesnow", previous, port=port, port_option="--fakesnow-port", argv=fakesnow_argv,
-                            healthy=healthy)
+    return embedded_service(
+        "fakesnow", previous, port=port, port_option="--fakesnow-port", argv=fakesnow_argv, healthy=healthy
+    )
 
 
 def _require_fakesnow_installed() -> None:
     try:
         import fakesnow  # noqa: F401
     except ImportError:
-        raise ServiceError("fakesnow: not installed in this Python; run "
-                           "`pip install -c requirements.lock -e '.[dev]'` (it brings fakesnow[server]).") from None
+        raise ServiceError(
+            "fakesnow: not installed in this Python; run "
+            "`pip install -c requirements.lock -e '.[dev]'` (it brings fakesnow[server])."
+        ) from None
 
 
 def connection_kwargs(port: int, database: str = DATABASE) -> dict:
     return dict(
-        host=LOOPBACK, port=port, protocol="http", account=FAKE_CREDENTIALS["SNOWFLAKE_ACCOUNT"],
-        user=FAKE_CREDENTIALS["SNOWFLAKE_USER"], password=FAKE_CREDENTIALS["SNOWFLAKE_PASSWORD"],
-        database=database, network_timeout=10,
+        host=LOOPBACK,
+        port=port,
+        protocol="http",
+        account=FAKE_CREDENTIALS["SNOWFLAKE_ACCOUNT"],
+        user=FAKE_CREDENTIALS["SNOWFLAKE_USER"],
+        password=FAKE_CREDENTIALS["SNOWFLAKE_PASSWORD"],
+        database=database,
+        network_timeout=10,
         session_parameters={"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False},
     )
 

@@ -1,12 +1,26 @@
-"""moto's HTTP server for DynamoDB and S3, on a free loopback port, detached from the CLI."""
+"""moto's HTTP server for DynamoDB and S3, on a free loopback port, detached from the CLI.
+
+It is our `runstate.services.moto_server`, not plain `moto_server`: that one lets two conditional writes
+on one item both succeed under load, which DynamoDB never does (see that module).
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from runstate.services.http import http_answers
-from runstate.services.state import EXTERNAL, LOOPBACK, ServiceError, ServiceRecord, embedded_service, find_binary
+from runstate.services.state import (
+    EXTERNAL,
+    LOOPBACK,
+    ServiceError,
+    ServiceRecord,
+    embedded_service,
+    is_running,
+)
+
+SERVER_MODULE = "runstate.services.moto_server"
 
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -20,30 +34,45 @@ def healthy(url: str) -> bool:
 
 
 def moto_argv(port: int) -> list[str]:
+    return [sys.executable, "-m", SERVER_MODULE, "-H", LOOPBACK, "-p", str(port)]
+
+
+def is_serialized(record: ServiceRecord) -> bool:
+    """Whether a recorded moto is our serialised server (an older `up` started plain moto_server)."""
     try:
-        binary = str(find_binary("moto_server", hint=""))
-        return [binary, "-H", LOOPBACK, "-p", str(port)]
-    except ServiceError:
-        return [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(port)]
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return is_running(record) and SERVER_MODULE.encode() in cmdline
 
 
-def ensure_moto(caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None) -> ServiceRecord:
+def ensure_moto(
+    caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None
+) -> ServiceRecord:
     if caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
         url = caller_env["RUNSTATE_AWS_ENDPOINT_URL"]
         if not http_answers(url):
-            raise ServiceError(f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
-                               "or unset it to let `runstate services up` start moto.")
+            raise ServiceError(
+                f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
+                "or unset it to let `runstate services up` start moto."
+            )
         return ServiceRecord("moto", EXTERNAL, url)
     _require_moto_installed()
-    return embedded_service("moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy)
+    if previous is not None and previous.started_by_us and not is_serialized(previous):
+        previous = None  # replaced by a serialised server; `up` stops the old one once the new one answers
+    return embedded_service(
+        "moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy
+    )
 
 
 def _require_moto_installed() -> None:
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        raise ServiceError("moto: the moto server is not installed in this Python; "
-                           "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server]).") from None
+        raise ServiceError(
+            "moto: the moto server is not installed in this Python; "
+            "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server])."
+        ) from None
 
 
 def create_wal_resources(url: str, table: str, bucket: str) -> str:
@@ -54,9 +83,12 @@ def create_wal_resources(url: str, table: str, bucket: str) -> str:
         return "skipped the WAL table and blob bucket: runstate.wal.tables is not there yet"
     import boto3
 
-    client_args = dict(endpoint_url=url, region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
-                       aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                       aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    client_args = dict(
+        endpoint_url=url,
+        region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
+        aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
     tables.ensure_wal_table(boto3.client("dynamodb", **client_args), table)
     tables.ensure_blob_bucket(boto3.client("s3", **client_args), bucket)
     return f"WAL table {table!r} and blob bucket {bucket!r} are ready"

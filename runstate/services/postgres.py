@@ -25,9 +25,24 @@ from psycopg import errors, sql
 
 from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
+from runstate.migrations import redact
 from runstate.services.state import (
-    EMBEDDED, EXTERNAL, LOOPBACK, MACHINE, ServiceError, ServiceRecord, free_port, is_running,
-    logs_dir, port_answers, port_is_free, process_start_time, require_free_port, spawn_detached, stop_process, wait_until,
+    EMBEDDED,
+    EXTERNAL,
+    LOOPBACK,
+    MACHINE,
+    ServiceError,
+    ServiceRecord,
+    free_port,
+    is_running,
+    logs_dir,
+    port_answers,
+    port_is_free,
+    process_start_time,
+    require_free_port,
+    spawn_detached,
+    stop_process,
+    wait_until,
 )
 
 MACHINE_PORT = 5432
@@ -58,14 +73,6 @@ def database_of(url: str) -> str:
     return name
 
 
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url
-
-
 def answers(url: str, timeout: int = 2) -> bool:
     try:
         with psycopg.connect(with_database(_libpq_url(url), "postgres"), connect_timeout=timeout):
@@ -80,7 +87,10 @@ def _libpq_url(url: str) -> str:
 
 
 def ensure_postgres(
-    caller_env: Mapping[str, str], previous: ServiceRecord | None, *, force_embedded: bool = False,
+    caller_env: Mapping[str, str],
+    previous: ServiceRecord | None,
+    *,
+    force_embedded: bool = False,
     port: int | None = None,
 ) -> ServiceRecord:
     """Choose (and if needed start) the server; returns its record with the runstate database URL."""
@@ -125,7 +135,8 @@ def default_dagster_url(caller_env: Mapping[str, str], runstate_url: str) -> str
 
 
 def server_binaries() -> Path:
-    """The folder holding initdb and postgres: RUNSTATE_PG_BIN, PATH, or the newest /usr/lib/postgresql/*/bin."""
+    """The folder holding initdb and postgres: RUNSTATE_PG_BIN, PATH, else the newest
+    /usr/lib/postgresql/*/bin."""
     if os.environ.get("RUNSTATE_PG_BIN"):
         folder = Path(os.environ["RUNSTATE_PG_BIN"])
         _binary(folder, "initdb")
@@ -133,11 +144,15 @@ def server_binaries() -> Path:
     on_path = shutil.which("initdb")
     if on_path:
         return Path(os.path.realpath(on_path)).parent
-    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True)
+    versions = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name), reverse=True
+    )
     for folder in versions:
         if (Path(folder) / "initdb").exists():
             return Path(folder)
-    raise ServiceError(f"postgres: no server on 127.0.0.1:{MACHINE_PORT} and no `initdb` to make one. {INSTALL_HINT}")
+    raise ServiceError(
+        f"postgres: no server on 127.0.0.1:{MACHINE_PORT} and no `initdb` to make one. {INSTALL_HINT}"
+    )
 
 
 def _binary(folder: Path, name: str) -> str:
@@ -167,14 +182,28 @@ def _initdb(folder: Path, owner: str | None) -> None:
         entry = pwd.getpwnam(owner)
         os.chown(cluster_dir(), entry.pw_uid, entry.pw_gid)
     result = subprocess.run(
-        [_binary(folder, "initdb"), "-D", str(data_dir()), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-         "--no-instructions"],
-        user=owner, capture_output=True, text=True, cwd=cluster_dir(), env=_owner_env(owner),
+        [
+            _binary(folder, "initdb"),
+            "-D",
+            str(data_dir()),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-instructions",
+        ],
+        user=owner,
+        capture_output=True,
+        text=True,
+        cwd=cluster_dir(),
+        env=_owner_env(owner),
     )
     if result.returncode != 0:
         shutil.rmtree(data_dir(), ignore_errors=True)
         raise ServiceError(
-            f"postgres: initdb failed (exit {result.returncode}) for {data_dir()}:\n{result.stdout}{result.stderr}\n"
+            f"postgres: initdb failed (exit {result.returncode}) for {data_dir()}:\n"
+            f"{result.stdout}{result.stderr}\n"
             f"The `{owner or 'current'}` user must be able to enter every parent folder of {cluster_dir()}; "
             "or set RUNSTATE_HOME to a folder it can use, or set RUNSTATE_PG_URL."
         )
@@ -213,13 +242,31 @@ def _ensure_cluster(previous: ServiceRecord | None, requested_port: int | None) 
         log.touch()
     # Loopback TCP only: no Unix socket, so no clash with the machine's socket folder or its path limit.
     process = spawn_detached(
-        [_binary(folder, "postgres"), "-D", str(data_dir()), "-p", str(port), "-c", f"listen_addresses={LOOPBACK}",
-         "-c", "unix_socket_directories="],
-        log_path=log, user=owner, cwd=cluster_dir(), env=_owner_env(owner),
+        [
+            _binary(folder, "postgres"),
+            "-D",
+            str(data_dir()),
+            "-p",
+            str(port),
+            "-c",
+            f"listen_addresses={LOOPBACK}",
+            "-c",
+            "unix_socket_directories=",
+        ],
+        log_path=log,
+        user=owner,
+        cwd=cluster_dir(),
+        env=_owner_env(owner),
     )
     url = f"postgresql://postgres@{LOOPBACK}:{port}/runstate"
     wait_until(lambda: answers(url, timeout=1), timeout=60, process=process, what="postgres", log=log)
     return ServiceRecord(
-        "postgres", EMBEDDED, url, port=port, pid=process.pid, pid_start=process_start_time(process.pid),
-        log=str(log), extra={"data_dir": str(data_dir())},
+        "postgres",
+        EMBEDDED,
+        url,
+        port=port,
+        pid=process.pid,
+        pid_start=process_start_time(process.pid),
+        log=str(log),
+        extra={"data_dir": str(data_dir())},
     )

@@ -1,4 +1,4 @@
-"""Bookkeeping for the embedded dev services: `.runstate/services.json`, `.runstate/env`, pids and ports.
+"""Bookkeeping for the embedded dev services: `.runstate/services.json`, the `.env` block, pids and ports.
 
 Everything here is plain process management (no Dagster). A service that `up` started is
 recorded with its pid and the pid's start time, so `down` signals exactly that process and never
@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -22,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
-from runstate.config import state_dir
+from runstate.config import env_file, state_dir
 
 LOOPBACK = "127.0.0.1"
 SERVICE_NAMES = ("postgres", "moto", "fakesnow")
@@ -75,14 +76,61 @@ def save_records(records: Mapping[str, ServiceRecord]) -> None:
     _atomic_write(path, json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n")
 
 
+ENV_BLOCK_START = "# >>> runstate services: written by `runstate services up`, removed by `down` >>>"
+ENV_BLOCK_END = "# <<< runstate services <<<"
+_UNQUOTED = re.compile(r"[A-Za-z0-9_./:@+%,=?&-]*")
+
+
 def write_env_file(values: Mapping[str, str]) -> Path:
-    """KEY=VALUE lines that `runstate.config` reads; the process environment still wins over them."""
-    path = state_dir() / "env"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["# written by `runstate services up`; the process environment overrides these"]
-    lines += [f"{key}={value}" for key, value in values.items()]
-    _atomic_write(path, "\n".join(lines) + "\n")
+    """The endpoints as a block of the project's `.env`; the user's own lines there are kept as they are.
+
+    `runstate` reads it (the process environment wins), and so does Dagster's CLI started in the project
+    folder (where `.env` wins), so plain `dagster dev` finds the same services as `runstate dev`.
+    """
+    path = env_file()
+    lines = [
+        ENV_BLOCK_START,
+        *(f"{key}={_env_value(key, value)}" for key, value in values.items()),
+        ENV_BLOCK_END,
+    ]
+    _atomic_write(path, "\n".join([*_lines_outside_block(path), *lines]) + "\n")
     return path
+
+
+def remove_env_block() -> None:
+    """Take our block out of `.env`; the file goes only when nothing of the user's is left in it."""
+    path = env_file()
+    if not path.exists():
+        return
+    rest = _lines_outside_block(path)
+    if any(line.strip() for line in rest):
+        _atomic_write(path, "\n".join(rest) + "\n")
+    else:
+        path.unlink()
+
+
+def _lines_outside_block(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    kept, inside = [], False
+    for line in path.read_text().splitlines():
+        if line == ENV_BLOCK_START:
+            inside = True
+        elif line == ENV_BLOCK_END:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return kept
+
+
+def _env_value(key: str, value: str) -> str:
+    if _UNQUOTED.fullmatch(value):
+        return value
+    if "'" in value or "\n" in value:
+        raise ServiceError(
+            f"{key}: the value {value!r} cannot be written to .env; pass it in the environment"
+        )
+    return f"'{value}'"  # single quotes: dotenv takes the text literally
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -154,8 +202,10 @@ def find_binary(name: str, *, extra_dirs: Sequence[Path] = (), hint: str) -> Pat
     found = shutil.which(name)
     if found:
         return Path(found)
-    raise ServiceError(f"`{name}` was not found (looked in {Path(sys.executable).parent}, "
-                       f"{', '.join(str(d) for d in extra_dirs) or 'no extra folders'} and PATH). {hint}")
+    raise ServiceError(
+        f"`{name}` was not found (looked in {Path(sys.executable).parent}, "
+        f"{', '.join(str(d) for d in extra_dirs) or 'no extra folders'} and PATH). {hint}"
+    )
 
 
 # ----- processes
@@ -169,16 +219,27 @@ def default_signal_dispositions() -> None:
 
 
 def spawn_detached(
-    argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None,
-    cwd: Path | None = None, user: str | None = None,
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
 ) -> subprocess.Popen:
     """Start a service that outlives this CLI process: its own session, default signals, output to a log."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, cwd=cwd, close_fds=True,
-            start_new_session=True, preexec_fn=default_signal_dispositions, user=user,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            close_fds=True,
+            start_new_session=True,
+            preexec_fn=default_signal_dispositions,
+            user=user,
         )
 
 
@@ -204,8 +265,10 @@ def is_running(record: ServiceRecord) -> bool:
     return record.pid is not None and _same_process(record.pid, record.pid_start)
 
 
-def stop_process(pid: int, pid_start: int | None, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> bool:
-    """Signal one recorded process, wait for it to go, SIGKILL as a last resort. False if it was already gone."""
+def stop_process(
+    pid: int, pid_start: int | None, *, sig: int = signal.SIGTERM, timeout: float = 20.0
+) -> bool:
+    """Signal one recorded process, wait for it to go, SIGKILL as a last resort; False if it was gone."""
     if not _same_process(pid, pid_start):
         return False
     os.kill(pid, sig)
@@ -233,15 +296,19 @@ def log_tail(path: Path | str | None, lines: int = 15) -> str:
     return "\n".join(text[-lines:])
 
 
-def wait_until(check, *, timeout: float, process: subprocess.Popen | None = None, what: str, log: Path | None = None) -> None:
+def wait_until(
+    check, *, timeout: float, process: subprocess.Popen | None = None, what: str, log: Path | None = None
+) -> None:
     """Poll a readiness check; fail fast with the log tail when the process exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         if process is not None and process.poll() is not None:
-            raise ServiceError(f"{what} exited with code {process.returncode} while starting; last log lines:\n"
-                               f"{log_tail(log)}")
+            raise ServiceError(
+                f"{what} exited with code {process.returncode} while starting; last log lines:\n"
+                f"{log_tail(log)}"
+            )
         time.sleep(0.2)
     raise ServiceError(f"{what} did not become ready within {timeout:.0f}s; last log lines:\n{log_tail(log)}")
 
@@ -255,7 +322,7 @@ def embedded_service(
     argv: Callable[[int], list[str]],
     healthy: Callable[[str], bool],
 ) -> ServiceRecord:
-    """Reuse a healthy embedded server of ours, else start one detached on the asked, previous or a free port."""
+    """Reuse a healthy embedded server of ours, else start one detached on the asked, previous or a port."""
     if previous and previous.kind == EMBEDDED and is_running(previous) and healthy(previous.url):
         return previous
     if port:
@@ -268,5 +335,12 @@ def embedded_service(
     process = spawn_detached(argv(port), log_path=log)
     url = f"http://{LOOPBACK}:{port}"
     wait_until(lambda: healthy(url), timeout=60, process=process, what=name, log=log)
-    return ServiceRecord(name, EMBEDDED, url, port=port, pid=process.pid,
-                         pid_start=process_start_time(process.pid), log=str(log))
+    return ServiceRecord(
+        name,
+        EMBEDDED,
+        url,
+        port=port,
+        pid=process.pid,
+        pid_start=process_start_time(process.pid),
+        log=str(log),
+    )

@@ -18,7 +18,6 @@ def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch):
     """Point the CLI at the test's schema; settings() is cached, so clear it around the test."""
     monkeypatch.setenv("RUNSTATE_PG_URL", pg_database)
     monkeypatch.setenv("RUNSTATE_SCHEMA", pg_schema)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)  # tick on an ephemeral instance
     settings.cache_clear()
     yield
     settings.cache_clear()

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-
 from services_helpers import RUNSTATE, clean_env
 
 

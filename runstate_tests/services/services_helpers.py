@@ -9,8 +9,15 @@ from pathlib import Path
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 
 # Endpoints a developer's shell may carry; each test decides its own.
-SERVICE_VARS = ("RUNSTATE_PG_URL", "DAGSTER_PG_URL", "RUNSTATE_AWS_ENDPOINT_URL", "RUNSTATE_SCHEMA", "RUNSTATE_HOME",
-                "RUNSTATE_PG_BIN", "DAGSTER_HOME")
+SERVICE_VARS = (
+    "RUNSTATE_PG_URL",
+    "DAGSTER_PG_URL",
+    "RUNSTATE_AWS_ENDPOINT_URL",
+    "RUNSTATE_SCHEMA",
+    "RUNSTATE_HOME",
+    "RUNSTATE_PG_BIN",
+    "DAGSTER_HOME",
+)
 
 
 def clean_env(home: Path, **overrides: str) -> dict[str, str]:

@@ -20,6 +20,7 @@ from services_helpers import RUNSTATE, clean_env
 from runstate.config import read_env_file
 from runstate.services.state import process_start_time
 
+
 def _records(home: Path) -> dict:
     path = home / ".runstate" / "services.json"
     return json.loads(path.read_text()) if path.exists() else {}
@@ -42,33 +43,53 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     dagster_name, dagster_url = dagster_database
     env = clean_env(services_home, RUNSTATE_PG_URL=fresh_database, DAGSTER_PG_URL=dagster_url)
 
+    (services_home / ".env").write_text("MY_OWN_SETTING=kept\n")  # a user's .env: our block joins it
     up = runstate_cli("services", "up", env=env)
     assert up.returncode == 0, up.stderr
 
-    written = read_env_file(services_home / ".runstate" / "env")
+    written = read_env_file(services_home / ".env")
+    assert written["MY_OWN_SETTING"] == "kept"
     assert written["RUNSTATE_PG_URL"] == fresh_database
     assert written["DAGSTER_PG_URL"] == dagster_url
     with psycopg.connect(_server_url(fresh_database, "postgres")) as conn:
         assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dagster_name,)).fetchone()
     with psycopg.connect(fresh_database) as conn:
         assert conn.execute("SELECT to_regclass('runstate.schema_migrations')").fetchone()[0] is not None
-    dynamodb = boto3.client("dynamodb", endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"], region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+    dynamodb = boto3.client(
+        "dynamodb",
+        endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     assert "runstate_wal" in dynamodb.list_tables()["TableNames"]
-    s3 = boto3.client("s3", endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"], region_name="us-east-1",
-                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     assert "runstate-blobs" in [bucket["Name"] for bucket in s3.list_buckets()["Buckets"]]
     snow = snowflake.connector.connect(
-        host=written["SNOWFLAKE_HOST"], port=int(written["SNOWFLAKE_PORT"]), protocol=written["SNOWFLAKE_PROTOCOL"],
-        account=written["SNOWFLAKE_ACCOUNT"], user=written["SNOWFLAKE_USER"], password=written["SNOWFLAKE_PASSWORD"],
-        database=written["SNOWFLAKE_DATABASE"])
+        host=written["SNOWFLAKE_HOST"],
+        port=int(written["SNOWFLAKE_PORT"]),
+        protocol=written["SNOWFLAKE_PROTOCOL"],
+        account=written["SNOWFLAKE_ACCOUNT"],
+        user=written["SNOWFLAKE_USER"],
+        password=written["SNOWFLAKE_PASSWORD"],
+        database=written["SNOWFLAKE_DATABASE"],
+    )
     assert snow.cursor().execute("SELECT 1").fetchone() == (1,)
     snow.close()
 
     status = runstate_cli("services", "status", env=env)
     assert status.returncode == 0, status.stdout
     assert [line.split()[:2] for line in status.stdout.splitlines()] == [
-        ["postgres", "external"], ["moto", "embedded"], ["fakesnow", "embedded"]]
+        ["postgres", "external"],
+        ["moto", "embedded"],
+        ["fakesnow", "embedded"],
+    ]
     assert status.stdout.count(" healthy ") == 3
 
     pids = {name: record["pid"] for name, record in _records(services_home).items()}
@@ -81,7 +102,7 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     assert "postgres  external: not ours, left running" in down.stdout
     assert process_start_time(pids["moto"]) is None
     assert process_start_time(pids["fakesnow"]) is None
-    assert not (services_home / ".runstate" / "env").exists()
+    assert read_env_file(services_home / ".env") == {"MY_OWN_SETTING": "kept"}
     assert runstate_cli("services", "status", env=env).returncode == 1
     with psycopg.connect(fresh_database) as conn:  # the configured server is never stopped
         assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -101,11 +122,20 @@ def _processes_started_for(home: Path) -> set[int]:
 
 
 def test_two_concurrent_ups_start_each_service_once(services_home, fresh_database):
-    env = clean_env(services_home, RUNSTATE_PG_URL=fresh_database,
-                    DAGSTER_PG_URL=_server_url(fresh_database, fresh_database.rpartition("/")[2], "postgresql+psycopg2://"))
+    env = clean_env(
+        services_home,
+        RUNSTATE_PG_URL=fresh_database,
+        DAGSTER_PG_URL=_server_url(
+            fresh_database, fresh_database.rpartition("/")[2], "postgresql+psycopg2://"
+        ),
+    )
 
-    racers = [subprocess.Popen([RUNSTATE, "services", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True) for _ in range(2)]
+    racers = [
+        subprocess.Popen(
+            [RUNSTATE, "services", "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
     outcomes = [(racer.wait(timeout=180), racer.stderr.read()) for racer in racers]
 
     assert [code for code, _ in outcomes] == [0, 0], outcomes
@@ -115,8 +145,13 @@ def test_two_concurrent_ups_start_each_service_once(services_home, fresh_databas
 
 
 def test_status_flags_a_dead_service_and_up_restarts_it(services_home, runstate_cli, fresh_database):
-    env = clean_env(services_home, RUNSTATE_PG_URL=fresh_database,
-                    DAGSTER_PG_URL=_server_url(fresh_database, fresh_database.rpartition("/")[2], "postgresql+psycopg2://"))
+    env = clean_env(
+        services_home,
+        RUNSTATE_PG_URL=fresh_database,
+        DAGSTER_PG_URL=_server_url(
+            fresh_database, fresh_database.rpartition("/")[2], "postgresql+psycopg2://"
+        ),
+    )
     assert runstate_cli("services", "up", env=env).returncode == 0
     moto_pid = _records(services_home)["moto"]["pid"]
     os.kill(moto_pid, signal.SIGKILL)
@@ -144,7 +179,7 @@ def test_a_taken_port_is_refused_before_anything_starts(services_home, runstate_
     assert f"moto: port {port} on 127.0.0.1 is taken" in up.stderr
     assert "--moto-port" in up.stderr
     assert _records(services_home) == {}
-    assert not (services_home / ".runstate" / "env").exists()
+    assert not (services_home / ".env").exists()
 
 
 def test_missing_postgres_binaries_say_what_to_do(services_home, runstate_cli, tmp_path):
@@ -169,7 +204,9 @@ def test_an_unreachable_configured_postgres_is_named(services_home, runstate_cli
     up = runstate_cli("services", "up", env=env)
 
     assert up.returncode == 1
-    assert f"RUNSTATE_PG_URL=postgresql://postgres@127.0.0.1:{closed_port}/runstate does not answer" in up.stderr
+    assert (
+        f"RUNSTATE_PG_URL=postgresql://postgres@127.0.0.1:{closed_port}/runstate does not answer" in up.stderr
+    )
 
 
 @pytest.mark.slow  # initdb + server starts: several seconds

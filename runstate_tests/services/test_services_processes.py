@@ -7,7 +7,13 @@ import sys
 from pathlib import Path
 
 from runstate import services
-from runstate.services.state import ServiceRecord, is_running, process_start_time, spawn_detached, stop_process
+from runstate.services.state import (
+    ServiceRecord,
+    is_running,
+    process_start_time,
+    spawn_detached,
+    stop_process,
+)
 
 
 def _ignored_signals(pid: int) -> int:
@@ -21,7 +27,9 @@ def test_detached_children_get_default_sigint_and_sigterm_even_from_a_parent_tha
     # The state a shell's `cmd &` leaves a process in: SIGINT ignored.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        child = spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log")
+        child = spawn_detached(
+            [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log"
+        )
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
@@ -34,10 +42,17 @@ def test_detached_children_get_default_sigint_and_sigterm_even_from_a_parent_tha
 
 
 def test_a_recorded_pid_reused_by_another_process_is_not_ours(tmp_path):
-    child = spawn_detached([sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log")
+    child = spawn_detached(
+        [sys.executable, "-c", "import time; time.sleep(60)"], log_path=tmp_path / "child.log"
+    )
     try:
-        stranger = ServiceRecord("moto", "embedded", "http://127.0.0.1:1", pid=child.pid,
-                                 pid_start=process_start_time(child.pid) + 1)
+        stranger = ServiceRecord(
+            "moto",
+            "embedded",
+            "http://127.0.0.1:1",
+            pid=child.pid,
+            pid_start=process_start_time(child.pid) + 1,
+        )
         assert not is_running(stranger)
         assert stop_process(stranger.pid, stranger.pid_start) is False
         assert child.poll() is None
@@ -49,7 +64,9 @@ def test_a_recorded_pid_reused_by_another_process_is_not_ours(tmp_path):
 def test_variables_pointing_at_our_own_services_are_not_the_callers_choice(monkeypatch):
     ours = {"moto": ServiceRecord("moto", "embedded", "http://127.0.0.1:5999", port=5999, pid=1)}
     monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", "http://127.0.0.1:5999")  # loaded from .runstate/env
-    monkeypatch.setenv("RUNSTATE_PG_URL", "postgresql://postgres@db.internal:5432/runstate")  # the caller's own
+    monkeypatch.setenv(
+        "RUNSTATE_PG_URL", "postgresql://postgres@db.internal:5432/runstate"
+    )  # the caller's own
 
     caller = services.caller_environment(ours)
 
@@ -69,10 +86,32 @@ def test_our_fakesnow_is_recognised_but_a_real_snowflake_host_is_kept(monkeypatc
 
 
 def test_the_machine_postgres_we_chose_is_not_pinned_by_its_own_env_file_entry(monkeypatch):
-    machine = {"postgres": ServiceRecord("postgres", "machine", "postgresql://postgres@127.0.0.1:5432/runstate")}
+    machine = {
+        "postgres": ServiceRecord("postgres", "machine", "postgresql://postgres@127.0.0.1:5432/runstate")
+    }
     monkeypatch.setenv("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:5432/runstate")
     monkeypatch.setenv("DAGSTER_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/dagster")
 
     caller = services.caller_environment(machine)
 
     assert "RUNSTATE_PG_URL" not in caller and "DAGSTER_PG_URL" not in caller
+
+
+def test_the_env_block_keeps_the_users_lines_and_round_trips_through_dagsters_parser(tmp_path, monkeypatch):
+    from dagster._core.secrets.env_file import get_env_var_dict
+
+    from runstate.services.state import remove_env_block, write_env_file
+
+    monkeypatch.setenv("RUNSTATE_HOME", str(tmp_path))
+    (tmp_path / ".env").write_text("# mine\nMY_TOKEN=abc\n")
+    values = {
+        "RUNSTATE_PG_URL": "postgresql://postgres:p w#d@127.0.0.1:5432/runstate",
+        "SNOWFLAKE_PORT": "6001",
+    }
+
+    write_env_file(values)
+    write_env_file({**values, "SNOWFLAKE_PORT": "6002"})  # a second `up` replaces the block, never appends
+
+    assert get_env_var_dict(str(tmp_path)) == {"MY_TOKEN": "abc", **values, "SNOWFLAKE_PORT": "6002"}
+    remove_env_block()
+    assert (tmp_path / ".env").read_text() == "# mine\nMY_TOKEN=abc\n"

@@ -1,0 +1,109 @@
+"""moto's HTTP server with DynamoDB's single-item atomicity: one request at a time inside moto.
+
+moto's `moto_server` runs werkzeug threaded, and its DynamoDB backend has no lock: `put_item` reads
+the current item, evaluates the condition expression and only then writes. Two conditional PutItems
+on one key can therefore both succeed on a busy server (two WAL appends were seen to get the same
+seq), which DynamoDB never allows. S3 conditional puts (`IfNoneMatch`, `IfMatch`) have the same
+read-check-write shape.
+
+`SerializedApp` keeps moto's threaded server (slow clients and keep-alive connections don't block
+each other) but runs moto itself under one lock: the request body is read before the lock is
+taken, and the response is produced in full before it is released, so one stalled or killed client
+never holds up the others. moto is CPU-bound under the GIL, so the lock costs little throughput.
+
+Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT`; tests start it in-process
+with `SerializedMotoServer`, which has the interface of moto's `ThreadedMotoServer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import signal
+import sys
+import threading
+from typing import Any, Callable, Iterable
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class SerializedApp:
+    """A WSGI middleware that lets one request at a time into the wrapped application."""
+
+    def __init__(self, app: WsgiApp) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        buffer_request_body(environ)
+        with self._lock:
+            result = self._app(environ, start_response)
+            try:
+                body = b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        return [body]
+
+
+def buffer_request_body(environ: dict[str, Any]) -> None:
+    """Read the whole body off the socket before the lock, so a slow upload never holds it."""
+    from werkzeug.wsgi import get_input_stream
+
+    body = get_input_stream(environ, safe_fallback=True).read()
+    environ["wsgi.input"] = io.BytesIO(body)
+    environ["CONTENT_LENGTH"] = str(len(body))
+    # The buffer ends where the body ends, so readers may read to EOF whatever the framing was (a chunked
+    # upload has no Content-Length, and werkzeug then reads nothing unless the input is marked terminated).
+    environ["wsgi.input_terminated"] = True
+
+
+def serialized_moto_app() -> SerializedApp:
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    return SerializedApp(DomainDispatcherApplication(create_backend_app))
+
+
+def make_moto_server(host: str, port: int) -> Any:
+    """A threaded werkzeug server (moto's request handler) around the serialised moto application."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
+
+    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=MotoRequestHandler)
+
+
+class SerializedMotoServer:
+    """In-process, on a thread: the start/get_host_and_port/stop interface of moto's ThreadedMotoServer."""
+
+    def __init__(self, ip_address: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = make_moto_server(ip_address, port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def get_host_and_port(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
+        self._server.server_close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="moto's server, one request at a time inside moto.")
+    parser.add_argument("-H", "--host", default="127.0.0.1")
+    parser.add_argument("-p", "--port", type=int, default=5000)
+    args = parser.parse_args(argv)
+    server = make_moto_server(args.host, args.port)
+    # serve_forever returns on shutdown(); SIGTERM/SIGINT end the process the way moto_server does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""One `runstate dev` (webserver + daemon) for the deployment tests, started once, driven as a user would.
+
+It has a home, a DAGSTER_HOME with its own dagster.yaml, and two databases of its own, and reaches AWS
+through a moto server held by this process (see gate.py). Its tests carry the xdist group
+"deployment", so one worker runs them all against this one deployment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from runstate_tests.conftest import create_database, drop_database, unique
+from runstate_tests.deployment.gate import GatedMotoServer
+from runstate_tests.devserver import free_port, graphql, poll, wait_for_graphql
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
+# Generous: two cores shared with other suites; a run worker alone takes 10-40 s to start there.
+STARTUP_S = 300
+
+
+@dataclass
+class Deployment:
+    port: int
+    env: dict[str, str]
+    home: Path
+    pg_url: str
+    moto: GatedMotoServer
+    log: Path
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """`runstate ...` as a user types it, against this deployment."""
+        result = subprocess.run(
+            [RUNSTATE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+        assert result.returncode == 0, f"runstate {' '.join(args)}: {result.stderr[-3000:]}"
+        return result
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        return graphql(self.port, query, variables)
+
+    def aws(self, service: str) -> Any:
+        import boto3
+
+        return boto3.client(
+            service,
+            endpoint_url=self.moto.url,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    def event_store(self) -> Any:
+        from runstate.eventstore import PostgresEventStore
+
+        return PostgresEventStore(self.pg_url, schema="runstate")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+def deployment_dagster_yaml(home: Path) -> Path:
+    """The checkout's dagster.yaml, with run monitoring polling every few seconds for the tests."""
+    config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
+    config["run_monitoring"]["poll_interval_seconds"] = 5
+    dagster_home = home / "dagster"
+    dagster_home.mkdir()
+    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dagster_home
+
+
+@pytest.fixture(scope="session")
+def deployment() -> Iterator[Deployment]:
+    home = Path(tempfile.mkdtemp(prefix="runstate-deployment-"))
+    databases = [unique("rs_deploy"), unique("rs_deploy_dagster")]
+    pg_url, dagster_url = (create_database(name) for name in databases)
+    moto = GatedMotoServer()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
+    env.update(
+        RUNSTATE_HOME=str(home),
+        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
+        RUNSTATE_PG_URL=pg_url,
+        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        DAGSTER_TELEMETRY_ENABLED="false",
+    )
+    port = free_port()
+    log = home / "dev.log"
+    with open(log, "wb") as out:
+        dev = subprocess.Popen(
+            [RUNSTATE, "dev", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deployment = Deployment(port, env, home, pg_url, moto, log)
+    try:
+        assert wait_for_graphql(port, dev, timeout=STARTUP_S), deployment.log_tail()
+        poll(lambda: _location_loaded(deployment), timeout=STARTUP_S, every=2, what="code location loaded")
+        yield deployment
+    finally:
+        _stop(dev)
+        subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
+        moto.stop()
+        for name in databases:
+            drop_database(name)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _location_loaded(deployment: Deployment) -> bool:
+    query = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError {"
+    query += " __typename }"
+    query += " } } } }"
+    entries = deployment.graphql(query)["workspaceOrError"]["locationEntries"]
+    return any(
+        (entry["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation" for entry in entries
+    )
+
+
+def _stop(dev: subprocess.Popen) -> None:
+    """SIGTERM as a user's Ctrl-C would be, then whatever is left of its process group."""
+    if dev.poll() is None:
+        dev.send_signal(signal.SIGTERM)
+        try:
+            dev.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(dev.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    dev.wait()
