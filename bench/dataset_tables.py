@@ -187,9 +187,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     import boto3
-    from moto.server import ThreadedMotoServer
+    from runstate.services.moto_server import SerializedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = SerializedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     host, port = server.get_host_and_port()
     name, args.pg_url = create_database(ADMIN_URL)

@@ -1,4 +1,4 @@
-"""Benchmark of the dataset WAL shell against moto's server (a ThreadedMotoServer of its own).
+"""Benchmark of the dataset WAL shell against moto's server (a serialised moto server of its own).
 
 Prints ONE JSON line:
 - flush_rows_per_s: rows applied per second by one flush_wal run (the Dagster job the sensor launches,
@@ -37,7 +37,8 @@ os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
 import boto3  # noqa: E402
 import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
-from moto.server import ThreadedMotoServer  # noqa: E402
+
+from runstate.services.moto_server import SerializedMotoServer  # noqa: E402
 
 from wal_daemon import add_arguments  # noqa: E402
 from wal_daemon import main as daemon_main  # noqa: E402
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(result, sort_keys=True), flush=True)
         return result
     rng = random.Random(args.seed)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = SerializedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     try:
         host, port = server.get_host_and_port()

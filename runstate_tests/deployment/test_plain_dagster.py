@@ -92,7 +92,7 @@ def test_plain_dagster_dev_serves_the_deployment_on_the_dot_env_instance(project
 
         assert location == "runstate"
         config = queue["instance"]["runQueueConfig"]
-        assert config["maxConcurrentRuns"] == 8 and "runstate/dataset" in config["tagConcurrencyLimitsYaml"]
+        assert config["maxConcurrentRuns"] == 8 and "runstate/wal_shard" in config["tagConcurrencyLimitsYaml"]
         with psycopg.connect(fresh_database) as conn:  # the run storage is the database named in .env
             assert conn.execute("SELECT to_regclass('runs')").fetchone()[0] is not None
     finally:
