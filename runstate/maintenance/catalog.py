@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from runstate.maintenance.identifiers import InvalidIdentifier, TableRef, validate_identifier
-from runstate.maintenance.store import CachedTable
+from runstate.maintenance.models import CachedTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,7 +64,7 @@ class CatalogTable:
 
     @property
     def key(self) -> str:
-        return f"{self.database}.{self.table}"
+        return self.ref.key
 
     @property
     def maintenance_enabled(self) -> bool | None:

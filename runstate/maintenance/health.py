@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from runstate.maintenance.catalog import CADENCE_PROPERTY, CATALOG, ENABLED_PROPERTY, parse_cadence_hours, parse_enabled
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
-from runstate.maintenance.store import HealthSnapshot
+from runstate.maintenance.errors import TableNotFound
+from runstate.maintenance.models import HealthSnapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,10 +40,6 @@ class HealthThresholds:
     max_snapshot_age_hours: float = 7 * 24
     max_delete_files: int = 0
     max_manifests: int = 100
-
-
-class TableNotFound(LookupError):
-    pass
 
 
 def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]:

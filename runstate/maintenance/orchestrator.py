@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from runstate.maintenance.health import TableNotFound
-from runstate.maintenance.identifiers import InvalidIdentifier, TableRef
-from runstate.maintenance.store import HealthSnapshot, MaintenanceStore, OrchestratorRun
+from runstate.maintenance.errors import InvalidIdentifier, TableNotFound
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def _cadence_hours(entry: Any, default: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
+    def __init__(self, store: Any, analyze: Callable[[TableRef], HealthSnapshot],
                  settings: OrchestratorSettings | None = None, *,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.store = store
@@ -180,6 +180,6 @@ class Orchestrator:
                 report.jobs_failed += 1
 
 
-def run_orchestrator(store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
+def run_orchestrator(store: Any, analyze: Callable[[TableRef], HealthSnapshot],
                      settings: OrchestratorSettings | None = None) -> OrchestratorReport:
     return Orchestrator(store, analyze, settings).run()

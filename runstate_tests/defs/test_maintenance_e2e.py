@@ -37,7 +37,7 @@ def contents(spark, ref: TableRef) -> list[tuple]:
 def resources(pg_database, pg_schema, spark_settings, spark):
     return {
         "maintenance": MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, lease_seconds=120,
-                                           concurrency_limit=2),
+                                           max_worker_runs=2),
         # getOrCreate hands back the worker's session: same catalog and warehouse.
         "spark": SparkResource(pg_url=spark_settings.pg_url, warehouse_dir=str(spark_settings.warehouse_dir)),
     }
@@ -74,10 +74,17 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     done = store.get_job(job.job_id)
     assert done.status == "completed"
     maintenance_run = ticked.results[0].dagster_run
-    assert maintenance_run.tags["runstate/table"] == ref.key
-    assert maintenance_run.tags["dagster/run_key"] == done.attempt_id
-    assert [(a.action, a.success) for a in store.job_actions(job.job_id)] == [
+    assert maintenance_run.tags["runstate/maintenance_worker"] == "true"
+    actions = store.job_actions(job.job_id)
+    assert [(a.action, a.success) for a in actions] == [
         ("rewrite_data_files", True), ("rewrite_position_delete_files", True)]
+    # What the job achieved, in job_actions and in the run's metadata.
+    assert (actions[0].before["data_files"], actions[-1].after["data_files"]) == (30, 1)
+    assert (actions[0].before["delete_files"], actions[-1].after["delete_files"]) == (30, 0)
+    metadata = ticked.results[0].get_step_success_events()[0].event_specific_data.metadata
+    assert (metadata["data_files_before"].value, metadata["data_files_after"].value) == (30, 1)
+    job_figures = metadata[f"job {job.job_id}"].value
+    assert job_figures["status"] == "completed" and job_figures["actions"][0]["after"]["canary_planning_ms"] > 0
 
     health = dg.materialize([table_health], partition_key=ref.key, resources=resources, instance=instance,
                             selection=[table_health])

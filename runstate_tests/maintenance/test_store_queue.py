@@ -24,6 +24,8 @@ from runstate.maintenance import (
     InvalidStatus,
     JobNotFound,
     MaintenanceStore,
+    StoreError,
+    StoreUnavailable,
     TableNotCached,
     UnknownAction,
 )
@@ -87,8 +89,9 @@ def test_bad_submit_is_rejected_before_any_sql(database: str, table: str, action
 
 
 def test_unreachable_dsn_does_fail_once_input_is_valid() -> None:
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(StoreUnavailable, match="cannot connect") as raised:
         MaintenanceStore(UNREACHABLE_DSN).submit("db", "t0", ["rewrite_data_files"])
+    assert isinstance(raised.value.__cause__, psycopg.OperationalError)
 
 
 @pytest.mark.parametrize("kwargs", [{"dry_run": "yes"}, {"options": {"when": object()}}, {"options": ["a"]}])
@@ -132,8 +135,9 @@ def test_submit_is_atomic_when_the_queue_insert_fails(store: MaintenanceStore) -
         " $$ BEGIN RAISE EXCEPTION 'queue is read-only'; END $$",
     )
     _sql(store, "CREATE TRIGGER refuse BEFORE INSERT ON job_queue FOR EACH ROW EXECUTE FUNCTION refuse_enqueue()")
-    with pytest.raises(psycopg.errors.RaiseException, match="queue is read-only"):
+    with pytest.raises(StoreError, match="queue is read-only") as raised:
         store.submit("db", "t0", ["rewrite_data_files"])
+    assert isinstance(raised.value.__cause__, psycopg.errors.RaiseException)
     assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
     _sql(store, "DROP TRIGGER refuse ON job_queue")
     job_id = store.submit("db", "t0", ["rewrite_data_files"])  # the retry goes through, once
@@ -581,10 +585,12 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     job_id = store.submit("db", "t0", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None
-    pid = store._conn().info.backend_pid  # this thread's session, the one the next call would use
-    assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until it is gone
-    with pytest.raises(psycopg.OperationalError):
-        store.heartbeat(claim)  # the call in flight sees the failure...
-    assert store.heartbeat(claim) is True  # ...and a retry goes through on a fresh connection
+    # Every pooled session of the store, the one the next call would use among them.
+    pids = _sql(store, "SELECT pid FROM pg_stat_activity WHERE application_name = 'runstate-maintenance'"
+                " AND datname = current_database() AND pid <> pg_backend_pid()")
+    for (pid,) in pids:
+        assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until gone
+    # The pool checks a connection when it hands it out, so a dead session is replaced, not used.
+    assert store.heartbeat(claim) is True
     assert store.complete(claim, "completed")
     assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]

@@ -58,7 +58,10 @@ SEED_COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
     ],
 }
 # The one documented extension (sql/postgres/011): per-job action options, appended to jobs.
-EXTENSION_COLUMNS = {"jobs": [("options", "jsonb", False)]}
+EXTENSION_COLUMNS = {
+    "jobs": [("options", "jsonb", False)],
+    "job_actions": [("before", "jsonb", False), ("after", "jsonb", False)],
+}
 
 SEED_INDEXES = {
     "idx_jobs_table": ("jobs", "(database_name, table_name, submitted_at DESC)", None),

@@ -26,9 +26,14 @@ class MaintenanceResource(dg.ConfigurableResource):
     ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
     max_attempts: int = Field(default=3, description="Claims of one job before it fails for good.")
     lease_seconds: float = Field(default=900.0, description="Claim lease; heartbeats extend it while a job runs.")
-    lock_ttl_seconds: float = Field(default=1800.0, description="Table lock expiry; refreshed with each heartbeat.")
-    concurrency_limit: int = Field(default=2, description="Maintenance jobs in flight at once (sensor claims).")
-    worker_name: str = Field(default="dagster", description="Recorded as job_queue.claimed_by.")
+    lock_ttl_seconds: Optional[float] = Field(
+        default=None, description="Table lock expiry, refreshed with each heartbeat; default: the lease."
+    )
+    max_worker_runs: int = Field(default=2, description="W: iceberg_maintenance worker runs alive at once.")
+    worker_budget_seconds: float = Field(
+        default=1800.0, description="A worker run claims no new job after this long (a job is never cut short)."
+    )
+    worker_name: str = Field(default="dagster", description="Prefix of job_queue.claimed_by (plus the run id).")
     # Health thresholds (defaults: Snowpack's anchors).
     small_file_mb: float = Field(default=16.0, description="Data files under this size count as small.")
     min_small_files: int = Field(default=5, description="Small files needed before compaction is recommended.")

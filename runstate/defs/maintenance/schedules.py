@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from runstate.defs.maintenance.health_sync import table_health_sync_schedule
 from runstate.defs.maintenance.jobs import (
     maintenance_claim_sweep,
     maintenance_health_retention,
@@ -40,4 +41,5 @@ SCHEDULES = [
     maintenance_claim_sweep_schedule,
     maintenance_lock_sweep_schedule,
     maintenance_health_retention_schedule,
+    table_health_sync_schedule,
 ]

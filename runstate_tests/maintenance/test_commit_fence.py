@@ -1,0 +1,147 @@
+"""Fencing at the commit point and a job's next attempt after a crash, with real worker processes.
+
+A worker process (its own JVM) claims a job and starts rewrite_data_files. A statement-level trigger
+installed by the test holds that worker's catalog UPDATE (its Iceberg commit) on an advisory lock the
+test owns, before any row is locked: that is "paused just before the commit", deterministically.
+Then the test stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import psycopg
+import pytest
+
+from runstate.maintenance.commit_fence import schema_tag
+from runstate.maintenance.runner import run_job
+from runstate_tests.conftest import unique
+from runstate_tests.maintenance.conftest import (
+    WorkerProcess,
+    cache,
+    make_table,
+    rows,
+    snapshot_operations,
+    sql,
+    wait_for,
+)
+
+pytestmark = pytest.mark.spark
+LEASE_SECONDS = 4.0
+HOLD_KEY = 912_001
+
+
+@pytest.fixture
+def commit_hold(pg_database: str, pg_schema: str, spark):
+    """Hold every Iceberg commit of this schema's attempts while the yielded connection keeps the lock."""
+    name = unique("hold")
+    prefix = f"rsf:{schema_tag(pg_schema)}:"
+    spark.sql("SHOW NAMESPACES IN lake").collect()  # the JDBC catalog creates iceberg_tables on first use
+    sql(pg_database, f"""
+        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF left(current_setting('application_name'), {len(prefix)}) = '{prefix}' THEN
+                PERFORM pg_advisory_lock({HOLD_KEY});
+                PERFORM pg_advisory_unlock({HOLD_KEY});
+            END IF;
+            RETURN NULL;
+        END $$""")
+    # "aaa_": triggers fire in name order; statement level: before the UPDATE locks the table's row.
+    sql(pg_database, f"CREATE TRIGGER aaa_{name} BEFORE UPDATE ON public.iceberg_tables "
+                     f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()")
+    holder = psycopg.connect(pg_database, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (HOLD_KEY,))
+    yield holder
+    if not holder.closed:
+        holder.close()
+    sql(pg_database, f"DROP TRIGGER IF EXISTS aaa_{name} ON public.iceberg_tables")
+    sql(pg_database, f"DROP FUNCTION IF EXISTS public.{name}()")
+
+
+def _held_commits(dsn: str, schema: str) -> int:
+    query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+             " AND application_name LIKE %s")
+    return sql(dsn, query, f"rsf:{schema_tag(schema)}:%")[0][0]
+
+
+def _lease_expired(store, job_id: str) -> bool:
+    return sql(store.dsn, "SELECT visible_at < now() FROM job_queue WHERE job_id = %s", job_id,
+               schema=store.schema) == [(True,)]
+
+
+def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
+        spark, spark_settings, iceberg_namespace, mstore, commit_hold, pg_database, pg_schema):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(mstore, ref)
+    before = rows(spark, ref)
+    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+    worker_a = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
+    try:
+        claim_a = worker_a.read_json()
+        assert claim_a["job_id"] == job_id
+        wait_for(lambda: _held_commits(pg_database, pg_schema), "worker A to reach its Iceberg commit")
+        worker_a.signal(signal.SIGSTOP)
+        wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
+
+        claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
+        assert claim_b is not None and claim_b.job_id == job_id
+        commit_hold.close()  # A's commit goes on now, against B's fence...
+        worker_a.signal(signal.SIGCONT)
+        outcome_a = worker_a.read_json()
+        outcome_b = run_job(spark, mstore, claim_b)  # ...and B completes the job
+    finally:
+        worker_a.stop()
+
+    assert outcome_a["status"] == "fenced_out"
+    assert outcome_b.status == "completed", outcome_b.error
+    [record] = mstore.job_actions(job_id)
+    assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
+    assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
+    assert rows(spark, ref) == before
+    assert mstore.get_job(job_id).attempt_id == claim_b.attempt_id
+
+
+def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
+        spark, spark_settings, iceberg_namespace, mstore, commit_hold, pg_database, pg_schema):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(mstore, ref)
+    before = rows(spark, ref)
+    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+    worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
+    try:
+        worker.read_json()
+        wait_for(lambda: _held_commits(pg_database, pg_schema), "the worker to reach its Iceberg commit")
+        worker.signal(signal.SIGKILL)
+        worker.proc.wait(timeout=60)
+    finally:
+        worker.stop()
+    # The server notices a dead client only at its next read or write: end its session, as it would.
+    sql(pg_database, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+        f"rsf:{schema_tag(pg_schema)}:%")
+    commit_hold.close()
+    assert mstore.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
+    wait_for(lambda: _lease_expired(mstore, job_id), "the dead worker's lease to run out")
+
+    second = mstore.claim("worker-2", lease_seconds=300)
+    outcome = run_job(spark, mstore, second)
+
+    assert second.job_id == job_id and second.attempt_count == 2
+    assert outcome.status == "completed", outcome.error
+    assert mstore.get_job(job_id).status == "completed"
+    assert snapshot_operations(spark, ref) == ["append", "replace"]
+    assert rows(spark, ref) == before
+    assert mstore.table_lock(ref.key) is None
+
+
+def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, iceberg_namespace, mstore):
+    ref = make_table(spark, iceberg_namespace, files=1, rows=10)
+    cache(mstore, ref)
+    assert mstore.ensure_commit_fence()
+    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+    claim = mstore.claim("w", lease_seconds=300)
+    assert mstore.lock_for_claim(claim, 300) and mstore.table_lock(ref.key)["holder"] == job_id
+
+    spark.range(10, 20).selectExpr("id", "concat('v', id) AS v").writeTo(f"lake.{ref.quoted}").append()
+
+    assert len(rows(spark, ref)) == 20
+    assert mstore.unlock_for_claim(claim)
