@@ -5,6 +5,10 @@
 - rewrite_overhead_pct: run_job (claim, table lock, heartbeat thread, record_action, fenced complete)
   around rewrite_data_files of a 500-file table, against the bare `CALL` on an identical table in the
   same Spark session (after a warm-up compaction, so JIT warm-up favours neither side).
+- --drain N (instead of the above): N jobs on small tables drained through a `runstate dev` it starts
+  (own RUNSTATE_HOME, databases and warehouse): `drain_s` from submit until every job is done, and
+  `runs`, the iceberg_maintenance worker runs that took (floor: runs <= W + 1), beside the same N jobs
+  drained in-process by one worker on one session (`inprocess_drain_s`), measured in the same run.
 Creates and drops its own database. Scale down with --jobs / --files.
 """
 
@@ -24,6 +28,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import create_database, drop_database, timed_threads  # noqa: E402  (bench/ is the script's folder)
+
+from drain import drain_through_dev  # noqa: E402
 
 from runstate.maintenance.actions import run_job  # noqa: E402
 from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
@@ -85,7 +91,8 @@ def raw_skip_locked_rate(dsn: str, jobs: int, workers: int) -> float:
 
 def small_file_table(spark, name: str, files: int) -> None:
     spark.sql(f"CREATE TABLE lake.bench.{name} (id BIGINT, v STRING) USING iceberg")
-    spark.range(files * 10).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.bench.{name}").append()
+    frame = spark.range(files * 10).selectExpr("id", "concat('v', id) AS v").repartition(files)
+    frame.writeTo(f"lake.bench.{name}").append()
 
 
 def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int) -> dict:
@@ -143,7 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rewrite rounds (median reported)")
     parser.add_argument("--skip-spark", action="store_true", help="queue figures only")
     parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--drain", type=int, metavar="N", help="drain N jobs through `runstate dev` instead")
+    parser.add_argument("--workers", type=int, default=2, help="W for --drain: worker runs alive at once")
     args = parser.parse_args(argv)
+    if args.drain:
+        print(json.dumps(drain_through_dev(args.admin_url, args.drain, args.workers), sort_keys=True))
+        return
 
     name, dsn = create_database(args.admin_url)
     try:

@@ -69,6 +69,7 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
+    maintenance_workers: int = 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -95,7 +96,17 @@ class Settings:
             spark_conf={str(k): str(v) for k, v in spark_conf.items()},
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
+            maintenance_workers=_positive_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2),
         )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 def dagster_url_for(pg_url: str) -> str:

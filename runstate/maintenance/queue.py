@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from psycopg.types.json import Jsonb
@@ -260,6 +261,12 @@ class JobQueue:
         ref = parse_table_ref(table_key)
         row = self.db.fetchone(q.ACTIVE_JOB_ID_SQL, (ref.database, ref.table))
         return self.get_job(row[0]) if row else None
+
+    def last_action_at(self, table_key: str, action: str) -> datetime | None:
+        """When `action` last succeeded on the table for real (dry runs do not count), or None."""
+        ref = parse_table_ref(table_key)
+        row = self.db.fetchone(q.LAST_ACTION_SQL, (ref.database, ref.table, validate_actions([action])[0]))
+        return row[0] if row else None
 
     def job_actions(self, job_id: str) -> list[ActionRecord]:
         rows = self.db.fetchall(q.JOB_ACTIONS_SQL, (_job_id(job_id),))

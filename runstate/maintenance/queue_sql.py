@@ -214,3 +214,7 @@ JOB_ACTIONS_SQL = (
     " FROM job_actions WHERE job_id = %s ORDER BY id"
 )
 QUEUE_DEPTH_SQL = "SELECT count(*) FILTER (WHERE visible_at <= now()), count(*) FROM job_queue"
+LAST_ACTION_SQL = (
+    "SELECT max(a.created_at) FROM job_actions a JOIN jobs j ON j.job_id = a.job_id"
+    " WHERE j.database_name = %s AND j.table_name = %s AND a.action = %s AND a.success AND NOT j.dry_run"
+)

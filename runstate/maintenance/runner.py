@@ -33,6 +33,7 @@ class JobStore(Protocol):
     schema: str
 
     def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool: ...
+    def holds_fence(self, claim: Claim) -> bool: ...
     def record_action(self, claim: Claim, action: str, success: bool, message: str = "",
                       error: str | None = None, elapsed_seconds: float = 0.0, *, before: Any = None,
                       after: Any = None) -> bool: ...
@@ -115,6 +116,8 @@ def run_job(
     lease_seconds = float(claim.lease_seconds)
     lock_ttl = float(lock_ttl_seconds) if lock_ttl_seconds is not None else lease_seconds
     if not store.lock_for_claim(claim, lock_ttl):
+        if not store.holds_fence(claim):
+            return JobOutcome(claim.job_id, claim.attempt_id, "fenced_out")
         raise TableLocked(f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run")
     store.ensure_commit_fence()
     outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
@@ -136,6 +139,15 @@ def run_job(
         return outcome
     finally:
         store.unlock_for_claim(claim)
+        _refresh(spark, catalog, claim)
+
+
+def _refresh(spark: "SparkSession", catalog: str, claim: Claim) -> None:
+    """The attempt committed through its own catalog: drop the base session's cached copy of the table."""
+    try:
+        spark.catalog.refreshTable(claim.ref.in_catalog(catalog))
+    except Exception:  # noqa: BLE001 - the cache expires on its own; never mask the job's outcome
+        log.warning("could not refresh %s in the base session", claim.table_key, exc_info=True)
 
 
 def _run_actions(runner: ActionRunner, store: JobStore, claim: Claim, keeper: LeaseKeeper, outcome: JobOutcome,

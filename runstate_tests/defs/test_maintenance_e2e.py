@@ -81,7 +81,8 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     # What the job achieved, in job_actions and in the run's metadata.
     assert (actions[0].before["data_files"], actions[-1].after["data_files"]) == (30, 1)
     assert (actions[0].before["delete_files"], actions[-1].after["delete_files"]) == (30, 0)
-    metadata = ticked.results[0].get_step_success_events()[0].event_specific_data.metadata
+    [output] = [e for e in ticked.results[0].all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = output.event_specific_data.metadata
     assert (metadata["data_files_before"].value, metadata["data_files_after"].value) == (30, 1)
     job_figures = metadata[f"job {job.job_id}"].value
     assert job_figures["status"] == "completed" and job_figures["actions"][0]["after"]["canary_planning_ms"] > 0

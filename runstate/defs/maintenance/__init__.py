@@ -26,7 +26,8 @@ def maintenance_resource(**overrides: object) -> MaintenanceResource:
     from runstate.config import settings
 
     s = settings()
-    return MaintenanceResource(**{"dsn": s.pg_url, "pg_schema": s.schema, **overrides})
+    return MaintenanceResource(**{"dsn": s.pg_url, "pg_schema": s.schema, "max_worker_runs": s.maintenance_workers,
+                                  **overrides})
 
 
 def build_defs(resources: dict | None = None) -> dg.Definitions:
