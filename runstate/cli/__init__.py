@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from runstate import logs
@@ -9,7 +11,33 @@ from runstate.cli import db, demo, dev, events, maintenance, services, wal
 from runstate.config import load_env_file_into_environ, settings
 
 
-@click.group()
+def domain_errors() -> tuple[type[BaseException], ...]:
+    """The error roots a verb may let escape: each becomes one line and exit code 1."""
+    from runstate.eventstore import EventStoreError, InvalidEvent
+    from runstate.maintenance.errors import MaintenanceError
+    from runstate.migrations import MigrationError
+    from runstate.services.state import ServiceError
+    from runstate.wal.errors import WalError
+
+    return (EventStoreError, InvalidEvent, WalError, MaintenanceError, ServiceError, MigrationError)
+
+
+class RunstateGroup(click.Group):
+    """The one error mapper: a domain error is a message for the user, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except domain_errors() as error:
+            raise click.ClickException(one_line(error)) from None
+
+
+def one_line(error: BaseException) -> str:
+    """The message on a single line: a multi-line driver message must not look like a traceback."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@click.group(cls=RunstateGroup)
 @click.version_option(package_name="runstate")
 @click.option("--log-level", envvar="RUNSTATE_LOG_LEVEL", default="WARNING", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
