@@ -2,14 +2,13 @@
 
 submit, status, cancel and `health --cached` touch only the core: they build the store from the
 settings and import neither dagster nor pyspark, so they answer fast. Every error they can meet is a
-MaintenanceError by the time it leaves the core.
+MaintenanceError by the time it leaves the core, which the CLI's one error mapper prints as one line.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -37,20 +36,6 @@ def _spark():
     session = build_session(settings_from_runstate())
     session.sparkContext.setLogLevel("ERROR")
     return session
-
-
-def domain_errors(command: Callable) -> Callable:
-    """A MaintenanceError becomes one line on stderr and exit 1 (until the CLI's own mapper has it)."""
-    from runstate.maintenance.errors import MaintenanceError
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except MaintenanceError as error:
-            raise click.ClickException(str(error)) from None
-
-    return wrapper
 
 
 def parse_option(text: str) -> tuple[str, Any]:
@@ -83,7 +68,6 @@ def maintenance() -> None:
 @click.option("--dry-run", is_flag=True, help="Plan only: report what would be done, write nothing.")
 @click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
               help="Action option, e.g. rewrite_strategy=sort, sort_order='id DESC', retain_last=5.")
-@domain_errors
 def submit(table: str, actions: tuple[str, ...], dry_run: bool, options: tuple[str, ...]) -> None:
     """Queue maintenance for TABLE (database.table); prints the job id (an active job's id if it has one)."""
     from runstate.maintenance.identifiers import parse_table_ref, validate_actions
@@ -101,7 +85,6 @@ def submit(table: str, actions: tuple[str, ...], dry_run: bool, options: tuple[s
 @click.option("--table", help="Only this table's jobs (database.table).")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
-@domain_errors
 def status(job_id: str | None, table: str | None, limit: int, as_json: bool) -> None:
     """One job with its action results, or the most recent jobs."""
     store = _store()
@@ -139,7 +122,6 @@ def _show_job(store: "MaintenanceStore", job_id: str, as_json: bool) -> None:
 
 @maintenance.command()
 @click.argument("job_id")
-@domain_errors
 def cancel(job_id: str) -> None:
     """Cancel a job: a pending one at once, a running one between its actions."""
     click.echo(f"{job_id} {_store().cancel(job_id)}")
@@ -164,7 +146,6 @@ def tick() -> None:
 
 
 @maintenance.command()
-@domain_errors
 def sync() -> None:
     """Copy the `lake` catalog into the table cache (what the table_inventory asset does)."""
     from runstate.maintenance.catalog import list_tables
@@ -178,7 +159,6 @@ def sync() -> None:
 
 @maintenance.command()
 @click.option("--dry-run", is_flag=True, help="Advisory only: record the assessment, submit nothing.")
-@domain_errors
 def orchestrate(dry_run: bool) -> None:
     """One orchestrator pass over the table cache; prints its counters."""
     from runstate.maintenance.health import HealthAnalyzer
@@ -215,7 +195,6 @@ def health() -> None:
 @click.argument("table")
 @click.option("--cached", is_flag=True, help="Show the latest stored report instead of analyzing now.")
 @click.option("--no-record", is_flag=True, help="Do not store the fresh report in health_snapshots.")
-@domain_errors
 def show(table: str, cached: bool, no_record: bool) -> None:
     """Health of TABLE (database.table)."""
     from runstate.maintenance.http import health_json
@@ -239,7 +218,6 @@ def show(table: str, cached: bool, no_record: bool) -> None:
 @health.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option("--port", default=8079, show_default=True, type=click.IntRange(0, 65535))
-@domain_errors
 def serve(host: str, port: int) -> None:
     """Serve GET /tables/{database}/{table}/health (same JSON as `runstate health`)."""
     from runstate.maintenance.health import HealthAnalyzer

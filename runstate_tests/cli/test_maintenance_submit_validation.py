@@ -83,7 +83,8 @@ option_values = st.one_of(
 )
 
 
-@hsettings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hsettings(max_examples=60, deadline=None, database=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     database=identifier_like,
     table=identifier_like,
