@@ -18,7 +18,8 @@ from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
 from runstate.maintenance.history import History
 from runstate.maintenance.locks import TableLocks
-from runstate.maintenance.models import (
+from runstate.maintenance import models
+from runstate.maintenance.models import (  # noqa: F401 - re-exported
     ACTIVE_STATUSES,
     COMPLETION_STATUSES,
     DEFAULT_LEASE_SECONDS,
@@ -29,6 +30,7 @@ from runstate.maintenance.models import (
     HealthSnapshot,
     Job,
     OrchestratorRun,
+    TableRef,
 )
 from runstate.maintenance.queue import JobQueue
 from runstate.migrations import check_schema_name, upgrade_postgres
@@ -79,19 +81,5 @@ class MaintenanceStore(JobQueue, TableLocks, CatalogCache, History):
         return self._fence_installed
 
 
-__all__ = [
-    "ACTIVE_STATUSES",
-    "COMPLETION_STATUSES",
-    "DEFAULT_LEASE_SECONDS",
-    "JOB_STATUSES",
-    "ActionRecord",
-    "CachedTable",
-    "Claim",
-    "HealthSnapshot",
-    "InvalidStatus",
-    "Job",
-    "JobNotFound",
-    "MaintenanceStore",
-    "OrchestratorRun",
-    "TableNotCached",
-]
+# The value types and errors that lived here before the split stay importable from this module.
+__all__ = ["InvalidStatus", "JobNotFound", "MaintenanceStore", "TableNotCached", *models.__all__]

@@ -4,6 +4,10 @@ A worker process (its own JVM) claims a job and starts rewrite_data_files. A sta
 installed by the test holds that worker's catalog UPDATE (its Iceberg commit) on an advisory lock the
 test owns, before any row is locked: that is "paused just before the commit", deterministically.
 Then the test stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
+
+The zombie resumes once B holds the job's fence but before B commits: the moment where nothing but
+the commit fence stands between it and the table (once B has committed, Iceberg's own validation
+would refuse A's rewrite too, since its input files are gone).
 """
 
 from __future__ import annotations
@@ -69,30 +73,42 @@ def _lease_expired(store, job_id: str) -> bool:
                schema=store.schema) == [(True,)]
 
 
-def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
-        spark, spark_settings, iceberg_namespace, mstore, commit_hold, pg_database, pg_schema):
+@pytest.fixture
+def rewrite_job(spark, iceberg_namespace, mstore):
+    """(table, its rows, the id of a queued rewrite_data_files job on it)."""
     ref = make_table(spark, iceberg_namespace, files=6, rows=600)
     cache(mstore, ref)
-    before = rows(spark, ref)
-    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
-    worker_a = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
-    try:
-        claim_a = worker_a.read_json()
-        assert claim_a["job_id"] == job_id
-        wait_for(lambda: _held_commits(pg_database, pg_schema), "worker A to reach its Iceberg commit")
-        worker_a.signal(signal.SIGSTOP)
-        wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
+    return ref, rows(spark, ref), mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
 
-        claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
-        assert claim_b is not None and claim_b.job_id == job_id
-        commit_hold.close()  # A's commit goes on now, against B's fence...
-        worker_a.signal(signal.SIGCONT)
-        outcome_a = worker_a.read_json()
-        outcome_b = run_job(spark, mstore, claim_b)  # ...and B completes the job
+
+@pytest.fixture
+def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_schema):
+    """A worker process that claimed the job and now waits inside its Iceberg commit."""
+    worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
+    try:
+        assert worker.read_json()["job_id"] == rewrite_job[2]
+        wait_for(lambda: _held_commits(pg_database, pg_schema), "the worker to reach its Iceberg commit")
+        yield worker
     finally:
-        worker_a.stop()
+        worker.stop()
+
+
+def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
+        spark, mstore, rewrite_job, worker_at_commit, commit_hold):
+    ref, before, job_id = rewrite_job
+    worker_a = worker_at_commit
+    worker_a.signal(signal.SIGSTOP)
+    wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
+
+    claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
+    assert claim_b is not None and claim_b.job_id == job_id
+    commit_hold.close()  # A's commit goes on now, against B's fence...
+    worker_a.signal(signal.SIGCONT)
+    outcome_a = worker_a.read_json()
+    outcome_b = run_job(spark, mstore, claim_b)  # ...and B completes the job
 
     assert outcome_a["status"] == "fenced_out"
+    assert "Iceberg commit refused" in outcome_a["action_errors"][0]  # the catalog's fence said no
     assert outcome_b.status == "completed", outcome_b.error
     [record] = mstore.job_actions(job_id)
     assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
@@ -102,19 +118,10 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
 
 
 def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
-        spark, spark_settings, iceberg_namespace, mstore, commit_hold, pg_database, pg_schema):
-    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
-    cache(mstore, ref)
-    before = rows(spark, ref)
-    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
-    worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
-    try:
-        worker.read_json()
-        wait_for(lambda: _held_commits(pg_database, pg_schema), "the worker to reach its Iceberg commit")
-        worker.signal(signal.SIGKILL)
-        worker.proc.wait(timeout=60)
-    finally:
-        worker.stop()
+        spark, mstore, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema):
+    ref, before, job_id = rewrite_job
+    worker_at_commit.signal(signal.SIGKILL)
+    worker_at_commit.proc.wait(timeout=60)
     # The server notices a dead client only at its next read or write: end its session, as it would.
     sql(pg_database, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
         f"rsf:{schema_tag(pg_schema)}:%")

@@ -28,7 +28,8 @@ def main(dsn: str, schema: str, warehouse: str, lease_seconds: str) -> None:
         return
     print(json.dumps({"job_id": claim.job_id, "attempt_id": claim.attempt_id}), flush=True)
     outcome = run_job(spark, store, claim)
-    print(json.dumps({"status": outcome.status, "error": outcome.error}), flush=True)
+    errors = [result.error for result in outcome.results if result.error]
+    print(json.dumps({"status": outcome.status, "error": outcome.error, "action_errors": errors}), flush=True)
 
 
 if __name__ == "__main__":
