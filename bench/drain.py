@@ -72,15 +72,24 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
     home = Path(tempfile.mkdtemp(prefix="rs_bench_dev_"))
     warehouse = home / "warehouse"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_"))}
-    env.update(RUNSTATE_HOME=str(home), RUNSTATE_PG_URL=dsn, RUNSTATE_WAREHOUSE=str(warehouse),
-               DAGSTER_PG_URL=dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
-               RUNSTATE_MAINTENANCE_WORKERS=str(workers))
+    env.update(
+        RUNSTATE_HOME=str(home),
+        RUNSTATE_PG_URL=dsn,
+        RUNSTATE_WAREHOUSE=str(warehouse),
+        DAGSTER_PG_URL=dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
+        RUNSTATE_MAINTENANCE_WORKERS=str(workers),
+    )
     spark = build_session(SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="runstate-bench-drain"))
     spark.sparkContext.setLogLevel("ERROR")
     store = MaintenanceStore(dsn, schema=SCHEMA)
     log = open(home / "dev.log", "wb")
-    dev = subprocess.Popen([RUNSTATE, "dev", "--port", str(_free_port())], env=env, stdout=log,
-                           stderr=subprocess.STDOUT, start_new_session=True)
+    dev = subprocess.Popen(
+        [RUNSTATE, "dev", "--port", str(_free_port())],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         store.ensure_schema()
         served = _tables(spark, "d", jobs)
@@ -94,8 +103,12 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
         report = work_queue(spark, store, "bench-inprocess", lease_seconds=300, budget_seconds=DEADLINE_S)
         assert [o.status for o in report.outcomes] == ["completed"] * jobs
         return {
-            "bench": "maintenance_drain", "jobs": jobs, "workers": workers,
-            "drain_s": round(drain_s, 1), "runs": runs, "runs_floor_met": runs <= workers + 1,
+            "bench": "maintenance_drain",
+            "jobs": jobs,
+            "workers": workers,
+            "drain_s": round(drain_s, 1),
+            "runs": runs,
+            "runs_floor_met": runs <= workers + 1,
             "inprocess_drain_s": round(report.elapsed_seconds, 1),
         }
     finally:

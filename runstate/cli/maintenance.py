@@ -26,6 +26,7 @@ def _store() -> "MaintenanceStore":
 
     s = settings()
     store = MaintenanceStore(s.pg_url, schema=s.schema)
+    click.get_current_context().call_on_close(store.close)  # the pool's threads end with the command
     store.ensure_schema()
     return store
 
@@ -44,7 +45,9 @@ def parse_option(text: str) -> tuple[str, Any]:
 
     key, sep, raw = text.partition("=")
     if not sep or not key or len(text) > MAX_OPTION_CHARS:
-        raise InvalidActionOption(f"option {text[:60]!r} is not KEY=VALUE (at most {MAX_OPTION_CHARS} characters)")
+        raise InvalidActionOption(
+            f"option {text[:60]!r} is not KEY=VALUE (at most {MAX_OPTION_CHARS} characters)"
+        )
     try:
         return key, json.loads(raw)
     except (ValueError, RecursionError):
@@ -66,8 +69,14 @@ def maintenance() -> None:
 @click.argument("table")
 @click.option("--action", "-a", "actions", multiple=True, help="An action (repeatable, or comma-separated).")
 @click.option("--dry-run", is_flag=True, help="Plan only: report what would be done, write nothing.")
-@click.option("--option", "-o", "options", multiple=True, metavar="KEY=VALUE",
-              help="Action option, e.g. rewrite_strategy=sort, sort_order='id DESC', retain_last=5.")
+@click.option(
+    "--option",
+    "-o",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Action option, e.g. rewrite_strategy=sort, sort_order='id DESC', retain_last=5.",
+)
 def submit(table: str, actions: tuple[str, ...], dry_run: bool, options: tuple[str, ...]) -> None:
     """Queue maintenance for TABLE (database.table); prints the job id (an active job's id if it has one)."""
     from runstate.maintenance.identifiers import parse_table_ref, validate_actions
@@ -111,8 +120,10 @@ def _show_job(store: "MaintenanceStore", job_id: str, as_json: bool) -> None:
     if as_json:
         _echo_json({"job": job, "actions": actions})
         return
-    click.echo(f"{job.job_id} {job.table_key} {job.status}{' (dry run)' if job.dry_run else ''}"
-               f" submitted={job.submitted_at:%Y-%m-%d %H:%M:%S}")
+    click.echo(
+        f"{job.job_id} {job.table_key} {job.status}{' (dry run)' if job.dry_run else ''}"
+        f" submitted={job.submitted_at:%Y-%m-%d %H:%M:%S}"
+    )
     if job.error:
         click.echo(f"  error: {job.error}")
     for a in actions:
@@ -139,8 +150,10 @@ def tick() -> None:
     # Built now, not at import, so the resources follow the current settings (RUNSTATE_* variables).
     defs = dg.Definitions.merge(shared_definitions(), build_defs())
     result = tick_sensor(SENSOR_NAME, defs=defs)
-    click.echo(f"requested {result.requested}, succeeded {result.succeeded}, failed {result.failed}"
-               + (f", skipped: {result.skip_reason}" if result.skip_reason else ""))
+    click.echo(
+        f"requested {result.requested}, succeeded {result.succeeded}, failed {result.failed}"
+        + (f", skipped: {result.skip_reason}" if result.skip_reason else "")
+    )
     if result.failed:
         raise SystemExit(1)
 
@@ -153,8 +166,10 @@ def sync() -> None:
     listing = list_tables(_spark())
     stored = _store().replace_table_cache([t.cached() for t in listing.tables])
     opted_in = sum(1 for t in listing.tables if t.maintenance_enabled)
-    click.echo(f"cached {stored} tables ({opted_in} opted in)"
-               + (f"; left out: {', '.join(listing.skipped)}" if listing.skipped else ""))
+    click.echo(
+        f"cached {stored} tables ({opted_in} opted in)"
+        + (f"; left out: {', '.join(listing.skipped)}" if listing.skipped else "")
+    )
 
 
 @maintenance.command()
@@ -173,7 +188,9 @@ def orchestrate(dry_run: bool) -> None:
 
     report = Orchestrator(_store(), analyze, OrchestratorSettings(dry_run=dry_run)).run()
     for d in report.decisions:
-        click.echo(f"{d.table_key:<40} {d.decision:<22} {' '.join(d.recommended_actions)} {d.job_id or ''}".rstrip())
+        click.echo(
+            f"{d.table_key:<40} {d.decision:<22} {' '.join(d.recommended_actions)} {d.job_id or ''}".rstrip()
+        )
     click.echo(json.dumps(report.summary(), sort_keys=True))
 
 
@@ -234,7 +251,9 @@ def serve(host: str, port: int) -> None:
         return report
 
     server = make_server(host, port, analyze, lambda ref: store.latest_health(ref.key))
-    click.echo(f"serving table health on http://{server.server_address[0]}:{server.server_address[1]}", err=True)
+    click.echo(
+        f"serving table health on http://{server.server_address[0]}:{server.server_address[1]}", err=True
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -7,7 +7,14 @@ here imports pyspark either until a Spark session is used. The status constants 
 (health.HEALTHY is a health status, orchestrator.HEALTHY a decision).
 """
 
-from runstate.maintenance.actions import ActionSettings, JobOutcome, TableLocked, claim_ready, resume_claim, run_job
+from runstate.maintenance.actions import (
+    ActionSettings,
+    JobOutcome,
+    TableLocked,
+    claim_ready,
+    resume_claim,
+    run_job,
+)
 from runstate.maintenance.catalog import CatalogListing, CatalogTable, list_tables
 from runstate.maintenance.errors import (
     InvalidActionOption,

@@ -73,9 +73,11 @@ def table_figures(spark: "SparkSession", ref: TableRef, catalog: str = CATALOG) 
     from pyspark.sql import functions as F
 
     name = ref.in_catalog(catalog)
-    data = spark.table(f"{name}.data_files").agg(
-        F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b")
-    ).first()
+    data = (
+        spark.table(f"{name}.data_files")
+        .agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b"))
+        .first()
+    )
     started = time.perf_counter()
     spark.table(name).inputFiles()
     planning_ms = (time.perf_counter() - started) * 1000
@@ -149,8 +151,11 @@ class ActionRunner:
         if s.rewrite_strategy == "binpack" and count < BINPACK_MIN_INPUT_FILES:
             count, size = 0, 0
         planned = max(1, math.ceil(size / s.target_file_size_bytes)) if count else 0
-        figures = {"would_rewrite_data_files_count": count, "would_rewrite_bytes_count": size,
-                   "would_add_data_files_count": planned}
+        figures = {
+            "would_rewrite_data_files_count": count,
+            "would_rewrite_bytes_count": size,
+            "would_add_data_files_count": planned,
+        }
         return _figures_message(figures, "dry run: "), figures
 
     def rewrite_position_delete_files(self, dry_run: bool) -> tuple[str, dict]:
@@ -158,8 +163,11 @@ class ActionRunner:
             from pyspark.sql import functions as F
 
             row = (
-                self._metadata("delete_files").where(F.col("content") == F.lit(1))
-                .agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b"))
+                self._metadata("delete_files")
+                .where(F.col("content") == F.lit(1))
+                .agg(
+                    F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b")
+                )
                 .first()
             )
             figures = {
@@ -181,11 +189,13 @@ class ActionRunner:
         s = self.settings
         if dry_run:
             return self._plan_expire_snapshots()
-        figures = _sum_rows(self._call(
-            "expire_snapshots",
-            f"older_than => {self._older_than(s.expire_older_than_hours)}",
-            f"retain_last => {int(s.retain_last)}",
-        ))
+        figures = _sum_rows(
+            self._call(
+                "expire_snapshots",
+                f"older_than => {self._older_than(s.expire_older_than_hours)}",
+                f"retain_last => {int(s.retain_last)}",
+            )
+        )
         return _figures_message(figures), figures
 
     def _plan_expire_snapshots(self) -> tuple[str, dict]:
@@ -209,7 +219,9 @@ class ActionRunner:
         figures = {key: len(rows)}
         return _figures_message(figures, "dry run: " if dry_run else ""), figures
 
-    def run(self, action: str, dry_run: bool = False, before: Mapping[str, Any] | None = None) -> ActionResult:
+    def run(
+        self, action: str, dry_run: bool = False, before: Mapping[str, Any] | None = None
+    ) -> ActionResult:
         """One action, retried when its commit loses to a concurrent writer; a Spark failure becomes an
         unsuccessful result that names the table. `before` (the table's figures) enables `after`."""
         if action not in ACTIONS:
@@ -221,7 +233,9 @@ class ActionRunner:
                 break
             except Exception as exc:  # noqa: BLE001 - recorded in job_actions, the job then fails
                 if _lost_commit_race(exc) and attempt <= COMMIT_RETRIES:
-                    log.info("%s on %s lost a commit race (attempt %d); retrying", action, self.ref.key, attempt)
+                    log.info(
+                        "%s on %s lost a commit race (attempt %d); retrying", action, self.ref.key, attempt
+                    )
                     continue
                 error = f"{action} on {self.ref.key} failed: {type(exc).__name__}: {_first_line(exc)}"
                 log.warning("%s", error)

@@ -25,7 +25,9 @@ MARK_SYNCED_SQL = (
 )
 _CACHED_COLUMNS = "SELECT database_name, table_name, maintenance_enabled, payload FROM table_cache_entries"
 CACHED_TABLES_SQL = _CACHED_COLUMNS + " ORDER BY database_name, table_name"
-ENABLED_CACHED_TABLES_SQL = _CACHED_COLUMNS + " WHERE maintenance_enabled = TRUE ORDER BY database_name, table_name"
+ENABLED_CACHED_TABLES_SQL = (
+    _CACHED_COLUMNS + " WHERE maintenance_enabled = TRUE ORDER BY database_name, table_name"
+)
 LAST_SYNCED_SQL = "SELECT last_synced_at FROM table_cache_meta WHERE id = 1"
 # Large inventories carry each table's properties; a megabyte per entry is far beyond any real one.
 MAX_PAYLOAD_BYTES = 1 << 20

@@ -56,12 +56,14 @@ def install_commit_fence(conn: psycopg.Connection, schema: str) -> bool:
     with conn.transaction():
         conn.execute(_INSTALL_LOCK)  # concurrent CREATE OR REPLACE TRIGGER on one table would collide
         for namespace in namespaces:
-            conn.execute(sql.SQL(_TRIGGER).format(
-                trigger=sql.Identifier(f"runstate_fence_{schema_tag(schema)}"),
-                namespace=sql.Identifier(namespace),
-                table=sql.Identifier(CATALOG_TABLE),
-                schema=sql.Identifier(schema),
-            ))
+            conn.execute(
+                sql.SQL(_TRIGGER).format(
+                    trigger=sql.Identifier(f"runstate_fence_{schema_tag(schema)}"),
+                    namespace=sql.Identifier(namespace),
+                    table=sql.Identifier(CATALOG_TABLE),
+                    schema=sql.Identifier(schema),
+                )
+            )
     return True
 
 

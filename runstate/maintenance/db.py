@@ -39,8 +39,13 @@ class Database:
                 # leave it alone (closing it would end the parent's sessions) and start afresh.
                 self._probe()
                 self._pool = ConnectionPool(
-                    self.dsn, min_size=1, max_size=self.max_size, timeout=self.timeout, open=True,
-                    kwargs=self._connect_kwargs(), name=f"maintenance-{self.schema}",
+                    self.dsn,
+                    min_size=1,
+                    max_size=self.max_size,
+                    timeout=self.timeout,
+                    open=True,
+                    kwargs=self._connect_kwargs(),
+                    name=f"maintenance-{self.schema}",
                     # A session the server ended (restart, idle timeout, pg_terminate_backend) is
                     # replaced when handed out, instead of failing the caller's statement.
                     check=ConnectionPool.check_connection,
@@ -60,7 +65,9 @@ class Database:
         try:
             psycopg.connect(self.dsn, connect_timeout=10, **self._connect_kwargs()).close()
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"maintenance store: cannot connect to Postgres: {_first_line(exc)}") from exc
+            raise StoreUnavailable(
+                f"maintenance store: cannot connect to Postgres: {_first_line(exc)}"
+            ) from exc
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
@@ -71,7 +78,9 @@ class Database:
         except MaintenanceError:
             raise
         except PoolTimeout as exc:
-            raise StoreUnavailable(f"maintenance store: no connection within {self.timeout:g} s: {exc}") from exc
+            raise StoreUnavailable(
+                f"maintenance store: no connection within {self.timeout:g} s: {exc}"
+            ) from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"maintenance store: connection failed: {_first_line(exc)}") from exc
         except psycopg.Error as exc:

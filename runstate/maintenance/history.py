@@ -42,7 +42,9 @@ WHERE h.checked_at < now() - make_interval(secs => %(keep_days)s * 86400)
 
 _RUN_VALUE_COLUMNS = tuple(f.name for f in fields(OrchestratorRun) if f.name not in ("id", "created_at"))
 INSERT_ORCHESTRATOR_RUN_SQL = (
-    "INSERT INTO orchestrator_runs (" + ", ".join(_RUN_VALUE_COLUMNS) + ") VALUES ("
+    "INSERT INTO orchestrator_runs ("
+    + ", ".join(_RUN_VALUE_COLUMNS)
+    + ") VALUES ("
     + ", ".join(f"%({name})s" for name in _RUN_VALUE_COLUMNS)
     + ") RETURNING id"
 )
@@ -82,7 +84,11 @@ class History:
 
     def prune_health(self, keep_days: float) -> int:
         """Delete health rows older than keep_days, always keeping each table's newest row."""
-        if isinstance(keep_days, bool) or not isinstance(keep_days, (int, float)) or not 0 <= keep_days <= 36500:
+        if (
+            isinstance(keep_days, bool)
+            or not isinstance(keep_days, (int, float))
+            or not 0 <= keep_days <= 36500
+        ):
             raise InvalidInput(f"keep_days must be a number of days from 0 to 36500, got {keep_days!r}")
         return self.db.rowcount(PRUNE_HEALTH_SQL, {"keep_days": float(keep_days)})
 

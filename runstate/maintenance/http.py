@@ -62,7 +62,9 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         match = _ROUTE.fullmatch(url.path)
         if match is None:
-            return self._reply(HTTPStatus.NOT_FOUND, {"error": "not found; use /tables/{database}/{table}/health"})
+            return self._reply(
+                HTTPStatus.NOT_FOUND, {"error": "not found; use /tables/{database}/{table}/health"}
+            )
         try:
             ref = TableRef(unquote(match.group(1)), unquote(match.group(2)))
         except InvalidIdentifier as exc:

@@ -18,7 +18,8 @@ from runstate.maintenance.validation import non_empty_text, seconds
 _UPSERT = """
 ON CONFLICT (table_key) DO UPDATE SET
     holder = EXCLUDED.holder,
-    acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now() THEN l.acquired_at ELSE now() END,
+    acquired_at = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > now()
+                       THEN l.acquired_at ELSE now() END,
     expires_at = EXCLUDED.expires_at
 WHERE l.expires_at <= now() OR l.holder = EXCLUDED.holder
 RETURNING holder
@@ -44,7 +45,9 @@ WHERE l.table_key = %(table_key)s AND l.holder = %(job_id)s
 """
 RELEASE_LOCK_SQL = "DELETE FROM table_locks WHERE table_key = %s AND holder = %s"
 SWEEP_LOCKS_SQL = "DELETE FROM table_locks WHERE expires_at <= now()"
-GET_LOCK_SQL = "SELECT holder, acquired_at, expires_at, expires_at > now() FROM table_locks WHERE table_key = %s"
+GET_LOCK_SQL = (
+    "SELECT holder, acquired_at, expires_at, expires_at > now() FROM table_locks WHERE table_key = %s"
+)
 
 
 class TableLocks:

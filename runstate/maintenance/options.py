@@ -44,7 +44,9 @@ class ActionSettings:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None, base: "ActionSettings | None" = None) -> "ActionSettings":
+    def from_options(
+        cls, options: Mapping[str, Any] | None, base: "ActionSettings | None" = None
+    ) -> "ActionSettings":
         """Validate a job's options over `base`; any unknown key or bad value raises InvalidActionOption."""
         if options is not None and not isinstance(options, Mapping):
             raise InvalidActionOption(f"maintenance options must be a mapping, got {type(options).__name__}")
@@ -58,7 +60,9 @@ class ActionSettings:
 
     def validated(self) -> "ActionSettings":
         if not isinstance(self.rewrite_strategy, str) or self.rewrite_strategy not in STRATEGIES:
-            raise InvalidActionOption(f"rewrite_strategy {_shown(self.rewrite_strategy)} must be one of {STRATEGIES}")
+            raise InvalidActionOption(
+                f"rewrite_strategy {_shown(self.rewrite_strategy)} must be one of {STRATEGIES}"
+            )
         if self.sort_order is not None:
             if self.rewrite_strategy != "sort":
                 raise InvalidActionOption("sort_order needs rewrite_strategy 'sort'")
@@ -97,7 +101,8 @@ def sort_order_sql(sort_order: object) -> str:
     """`id DESC NULLS LAST, v` -> the same text, after every term passed the validator."""
     if not isinstance(sort_order, str) or not sort_order.strip() or len(sort_order) > MAX_SORT_ORDER_CHARS:
         raise InvalidActionOption(
-            f"sort_order must be text like `id DESC NULLS LAST, ts` (at most {MAX_SORT_ORDER_CHARS} characters),"
+            "sort_order must be text like `id DESC NULLS LAST, ts`"
+            f" (at most {MAX_SORT_ORDER_CHARS} characters),"
             f" got {_shown(sort_order)}"
         )
     terms = [term.strip() for term in sort_order.split(",")]

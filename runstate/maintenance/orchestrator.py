@@ -92,18 +92,31 @@ class OrchestratorReport:
 
     def as_run(self) -> OrchestratorRun:
         return OrchestratorRun(
-            started_at=self.started_at, completed_at=self.completed_at or self.started_at, status=self.status,
-            tables_assessed=self.tables_assessed, tables_skipped=self.tables_skipped,
-            tables_healthy=self.tables_healthy, jobs_submitted=self.jobs_submitted,
-            jobs_completed=self.jobs_completed, jobs_failed=self.jobs_failed, dry_run=self.dry_run, error=self.error,
+            started_at=self.started_at,
+            completed_at=self.completed_at or self.started_at,
+            status=self.status,
+            tables_assessed=self.tables_assessed,
+            tables_skipped=self.tables_skipped,
+            tables_healthy=self.tables_healthy,
+            jobs_submitted=self.jobs_submitted,
+            jobs_completed=self.jobs_completed,
+            jobs_failed=self.jobs_failed,
+            dry_run=self.dry_run,
+            error=self.error,
         )
 
     def summary(self) -> dict[str, Any]:
         return {
-            "status": self.status, "dry_run": self.dry_run, "tables_assessed": self.tables_assessed,
-            "tables_skipped": self.tables_skipped, "tables_healthy": self.tables_healthy,
-            "jobs_submitted": self.jobs_submitted, "jobs_completed": self.jobs_completed,
-            "jobs_failed": self.jobs_failed, "advised": self.count(ADVISED), "errors": self.count(ERROR),
+            "status": self.status,
+            "dry_run": self.dry_run,
+            "tables_assessed": self.tables_assessed,
+            "tables_skipped": self.tables_skipped,
+            "tables_healthy": self.tables_healthy,
+            "jobs_submitted": self.jobs_submitted,
+            "jobs_completed": self.jobs_completed,
+            "jobs_failed": self.jobs_failed,
+            "advised": self.count(ADVISED),
+            "errors": self.count(ERROR),
         }
 
 
@@ -114,9 +127,14 @@ def _cadence_hours(entry: Any, default: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, store: Any, analyze: Callable[[TableRef], HealthSnapshot],
-                 settings: OrchestratorSettings | None = None, *,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        store: Any,
+        analyze: Callable[[TableRef], HealthSnapshot],
+        settings: OrchestratorSettings | None = None,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         self.store = store
         self.analyze = analyze
         self.settings = settings or OrchestratorSettings()
@@ -149,11 +167,15 @@ class Orchestrator:
             return TableDecision(key, ERROR, str(exc))
         active = self.store.active_job(ref.key)
         if active is not None:
-            return TableDecision(key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id)
+            return TableDecision(
+                key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id
+            )
         cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
         last = self.store.list_jobs(table_key=ref.key, limit=1) if cadence else []
         if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
-            return TableDecision(key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id)
+            return TableDecision(
+                key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id
+            )
         try:
             return self._assess(ref, dict((getattr(entry, "payload", None) or {}).get("properties") or {}))
         except TableNotFound as exc:
@@ -178,7 +200,9 @@ class Orchestrator:
         job_id = self.store.submit(ref.database, ref.table, actions, options=options)
         return TableDecision(key, SUBMITTED, health.health_status, job_id, actions)
 
-    def _plan(self, ref: TableRef, health: HealthSnapshot, properties: dict[str, Any]) -> tuple[list[str], dict]:
+    def _plan(
+        self, ref: TableRef, health: HealthSnapshot, properties: dict[str, Any]
+    ) -> tuple[list[str], dict]:
         """The health thresholds' actions, with the table's own retention and the orphan rule applied."""
         wanted = set(health.recommended_actions)
         options: dict[str, Any] = {}
@@ -208,6 +232,7 @@ class Orchestrator:
                 report.jobs_failed += 1
 
 
-def run_orchestrator(store: Any, analyze: Callable[[TableRef], HealthSnapshot],
-                     settings: OrchestratorSettings | None = None) -> OrchestratorReport:
+def run_orchestrator(
+    store: Any, analyze: Callable[[TableRef], HealthSnapshot], settings: OrchestratorSettings | None = None
+) -> OrchestratorReport:
     return Orchestrator(store, analyze, settings).run()

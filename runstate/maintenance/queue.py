@@ -66,7 +66,9 @@ class JobQueue:
         job_options = json_object(options, "options")
         with self.db.transaction() as cur:
             # Serialises submits for one table, so "one active job per table" holds under concurrency.
-            cur.execute(q.SUBMIT_LOCK_SQL, (_advisory_key("runstate.maintenance.submit", self.db.schema, ref.key),))
+            cur.execute(
+                q.SUBMIT_LOCK_SQL, (_advisory_key("runstate.maintenance.submit", self.db.schema, ref.key),)
+            )
             cur.execute(q.TABLE_IS_CACHED_SQL, (ref.database, ref.table))
             if cur.fetchone() is None:
                 raise TableNotCached(
@@ -105,8 +107,15 @@ class JobQueue:
             return None
         job_id, database, table, actions, dry_run, options, attempt_count = job
         return Claim(
-            job_id=job_id, attempt_id=attempt_id, database=database, table=table, actions=tuple(actions),
-            dry_run=dry_run, options=options or {}, attempt_count=attempt_count, worker=worker,
+            job_id=job_id,
+            attempt_id=attempt_id,
+            database=database,
+            table=table,
+            actions=tuple(actions),
+            dry_run=dry_run,
+            options=options or {},
+            attempt_count=attempt_count,
+            worker=worker,
             lease_seconds=lease_seconds,
         )
 
@@ -119,7 +128,7 @@ class JobQueue:
                 if not picked:
                     return None
                 # The row picked belonged to a job that must not run again (out of attempts, cancelled
-                # with a dead worker): finish it now, so it fails the moment a claim meets it, then look again.
+                # with a dead worker): finish it now, so it fails the moment a claim meets it; look again.
                 conn.execute(q.SWEEP_STALE_CLAIMS_SQL, {"max_attempts": self.max_attempts})
         return None  # only rows that must not run in every round: leave them to the sweep schedule
 
@@ -177,7 +186,12 @@ class JobQueue:
             raise InvalidStatus(
                 f"job {claim.job_id}: completion status {status!r} is not one of {COMPLETION_STATUSES}"
             )
-        params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "status": status, "error": free_text(error)}
+        params = {
+            "job_id": claim.job_id,
+            "attempt_id": claim.attempt_id,
+            "status": status,
+            "error": free_text(error),
+        }
         with self.db.connection() as conn:
             if conn.execute(q.COMPLETE_SQL, params).fetchone() is not None:
                 return True
@@ -223,7 +237,7 @@ class JobQueue:
             return "cancelled"
 
     def soft_delete(self, job_id: str) -> bool:
-        """Tombstone a job (hidden from live_jobs); an active job is cancelled first. False if already deleted."""
+        """Tombstone a job (hidden from live_jobs), cancelling it first if active; False if already gone."""
         self.cancel(job_id)
         return self.db.rowcount(q.SOFT_DELETE_SQL, (job_id,)) == 1
 
@@ -287,9 +301,22 @@ def _job_id(value: object) -> str:
 
 def _job(row: Sequence[Any]) -> Job:
     return Job(
-        job_id=row[0], database=row[1], table=row[2], actions=tuple(row[3]), dry_run=row[4], status=row[5],
-        submitted_at=row[6], started_at=row[7], completed_at=row[8], error=row[9], attempt_id=row[10],
-        deleted_at=row[11], options=row[12] or {}, attempt_count=row[13], claimed_by=row[14], visible_at=row[15],
+        job_id=row[0],
+        database=row[1],
+        table=row[2],
+        actions=tuple(row[3]),
+        dry_run=row[4],
+        status=row[5],
+        submitted_at=row[6],
+        started_at=row[7],
+        completed_at=row[8],
+        error=row[9],
+        attempt_id=row[10],
+        deleted_at=row[11],
+        options=row[12] or {},
+        attempt_count=row[13],
+        claimed_by=row[14],
+        visible_at=row[15],
     )
 
 

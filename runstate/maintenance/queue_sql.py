@@ -37,7 +37,8 @@ _EXHAUSTED_CTES = """
 exhausted AS (
     SELECT q.job_id, q.attempt_count, q.claimed_by
     FROM job_queue q
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND COALESCE(q.attempt_count, 0) >= %(max_attempts)s
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
+      AND COALESCE(q.attempt_count, 0) >= %(max_attempts)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 exhausted_dequeued AS (
@@ -48,7 +49,8 @@ exhausted_finished AS (
         status = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'failed' END,
         completed_at = now(),
         error = CASE WHEN j.status = 'cancelled' THEN j.error ELSE format(
-            'job %%s on %%s.%%s failed: gave up after %%s attempts (max_attempts=%%s); the lease of the last attempt'
+            'job %%s on %%s.%%s failed: gave up after %%s attempts (max_attempts=%%s);'
+            ' the lease of the last attempt'
             ' (worker %%s) expired before the job completed',
             j.job_id, j.database_name, j.table_name, x.attempt_count, %(max_attempts)s, x.claimed_by) END
     FROM exhausted x WHERE j.job_id = x.job_id AND j.status IN ('pending', 'running', 'cancelled')
@@ -102,7 +104,8 @@ picked AS (
 claimed AS (
     UPDATE job_queue q SET
         claimed_at = now(), claimed_by = %(worker)s, attempt_id = %(attempt_id)s,
-        attempt_count = COALESCE(q.attempt_count, 0) + 1, visible_at = now() + make_interval(secs => %(lease_seconds)s)
+        attempt_count = COALESCE(q.attempt_count, 0) + 1,
+        visible_at = now() + make_interval(secs => %(lease_seconds)s)
     FROM picked p JOIN jobs j ON j.job_id = p.job_id
     WHERE q.job_id = p.job_id AND COALESCE(q.attempt_count, 0) < %(max_attempts)s
       AND j.status IN ('pending', 'running')
@@ -132,7 +135,8 @@ WITH {_EXHAUSTED_CTES},
 picked AS (
     SELECT q.job_id
     FROM job_queue q
-    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now() AND COALESCE(q.attempt_count, 0) < %(max_attempts)s
+    WHERE q.claimed_at IS NOT NULL AND q.visible_at <= now()
+      AND COALESCE(q.attempt_count, 0) < %(max_attempts)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 {_FINISH_CANCELLED_CTES},
@@ -166,7 +170,8 @@ FROM fenced f WHERE j.job_id = f.job_id AND j.attempt_id = %(attempt_id)s
 RETURNING j.job_id
 """
 COMPLETED_BY_ATTEMPT_SQL = (
-    "SELECT 1 FROM jobs j WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s AND j.status = %(status)s"
+    "SELECT 1 FROM jobs j WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s"
+    " AND j.status = %(status)s"
     " AND j.completed_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM job_queue q WHERE q.job_id = j.job_id)"
 )
 # FOR SHARE: a concurrent re-claim (which updates the row) is waited for and then rechecked, so an action
@@ -187,21 +192,26 @@ FENCE_HOLDS_SQL = (
 )
 CANCEL_STATUS_SQL = "SELECT status FROM jobs WHERE job_id = %s"
 
-LOCK_QUEUE_ROW_SQL = "SELECT visible_at > now() AND claimed_at IS NOT NULL FROM job_queue WHERE job_id = %s FOR UPDATE"
+LOCK_QUEUE_ROW_SQL = (
+    "SELECT visible_at > now() AND claimed_at IS NOT NULL FROM job_queue WHERE job_id = %s FOR UPDATE"
+)
 LOCK_JOB_ROW_SQL = "SELECT status, completed_at FROM jobs WHERE job_id = %s FOR UPDATE"
 REQUEST_CANCEL_SQL = "UPDATE jobs SET status = 'cancelled' WHERE job_id = %s"
 DEQUEUE_SQL = "DELETE FROM job_queue WHERE job_id = %s"
 CANCEL_NOW_SQL = "UPDATE jobs SET status = 'cancelled', completed_at = now() WHERE job_id = %s"
 SOFT_DELETE_SQL = "UPDATE jobs SET deleted_at = now() WHERE job_id = %s AND deleted_at IS NULL"
 
-GET_JOB_SQL = f"SELECT {_JOB_COLUMNS} FROM jobs j LEFT JOIN job_queue q ON q.job_id = j.job_id WHERE j.job_id = %s"
+GET_JOB_SQL = (
+    f"SELECT {_JOB_COLUMNS} FROM jobs j LEFT JOIN job_queue q ON q.job_id = j.job_id WHERE j.job_id = %s"
+)
 _LIST_FILTERS = (
     " WHERE (%(status)s::text IS NULL OR j.status = %(status)s)"
     " AND (%(database)s::text IS NULL OR (j.database_name = %(database)s AND j.table_name = %(table)s))"
 )
 LIST_LIVE_JOBS_SQL = (
-    "SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, j.submitted_at, j.started_at,"
-    " j.completed_at, j.error, j.attempt_id, j.deleted_at, j.options, j.attempt_count, j.claimed_by, j.visible_at"
+    "SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, j.submitted_at,"
+    " j.started_at, j.completed_at, j.error, j.attempt_id, j.deleted_at, j.options, j.attempt_count,"
+    " j.claimed_by, j.visible_at"
     " FROM live_jobs j" + _LIST_FILTERS + " ORDER BY j.submitted_at DESC LIMIT %(limit)s"
 )
 LIST_ALL_JOBS_SQL = (

@@ -38,7 +38,10 @@ class Retention:
 
     def due(self, health: HealthSnapshot) -> bool:
         """Some snapshot would expire: more than retain_last, and the oldest is past the age."""
-        return health.snapshot_count > self.retain_last and health.oldest_snapshot_age_hours > self.older_than_hours
+        return (
+            health.snapshot_count > self.retain_last
+            and health.oldest_snapshot_age_hours > self.older_than_hours
+        )
 
 
 def _number(properties: Mapping[str, Any], key: str) -> float | None:
@@ -55,19 +58,28 @@ def table_retention(properties: Mapping[str, Any]) -> Retention | None:
     keep = _number(properties, MIN_SNAPSHOTS_PROPERTY)
     if age_ms is None and keep is None:
         return None
-    hours = min(age_ms / 3_600_000 if age_ms is not None else 5 * 24.0, float(MAX_AGE_HOURS))  # Iceberg: 5 days
+    hours = min(
+        age_ms / 3_600_000 if age_ms is not None else 5 * 24.0, float(MAX_AGE_HOURS)
+    )  # Iceberg: 5 days
     retain_last = min(max(int(keep), 1), MAX_RETAIN_LAST) if keep is not None else 1  # Iceberg: 1
     return Retention(round(hours, 6), retain_last)
 
 
-def orphan_min_age_hours(properties: Mapping[str, Any], default: float = DEFAULT_ORPHAN_MIN_AGE_HOURS) -> float:
+def orphan_min_age_hours(
+    properties: Mapping[str, Any], default: float = DEFAULT_ORPHAN_MIN_AGE_HOURS
+) -> float:
     """The table's minimum orphan age: its property when that is longer, never under Iceberg's 24 h."""
     asked = _number(properties, ORPHAN_AGE_PROPERTY)
     return min(max(default, asked or 0.0, float(MIN_ORPHAN_AGE_HOURS)), float(MAX_AGE_HOURS))
 
 
-def orphan_cleanup_due(health: HealthSnapshot, last_cleanup: datetime | None, now: datetime,
-                       min_age_hours: float, interval_hours: float) -> bool:
+def orphan_cleanup_due(
+    health: HealthSnapshot,
+    last_cleanup: datetime | None,
+    now: datetime,
+    min_age_hours: float,
+    interval_hours: float,
+) -> bool:
     if last_cleanup is None:
         return health.oldest_snapshot_age_hours >= min_age_hours
     return now - last_cleanup >= timedelta(hours=interval_hours)

@@ -34,9 +34,18 @@ class JobStore(Protocol):
 
     def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool: ...
     def holds_fence(self, claim: Claim) -> bool: ...
-    def record_action(self, claim: Claim, action: str, success: bool, message: str = "",
-                      error: str | None = None, elapsed_seconds: float = 0.0, *, before: Any = None,
-                      after: Any = None) -> bool: ...
+    def record_action(
+        self,
+        claim: Claim,
+        action: str,
+        success: bool,
+        message: str = "",
+        error: str | None = None,
+        elapsed_seconds: float = 0.0,
+        *,
+        before: Any = None,
+        after: Any = None,
+    ) -> bool: ...
     def complete(self, claim: Claim, status: str, error: str | None = None) -> bool: ...
     def is_cancel_requested(self, claim: Claim) -> bool: ...
     def lock_for_claim(self, claim: Claim, ttl_seconds: float) -> bool: ...
@@ -60,8 +69,15 @@ class JobOutcome:
 class LeaseKeeper:
     """A thread that heartbeats the claim and refreshes its table lock until stopped or fenced out."""
 
-    def __init__(self, store: JobStore, claim: Claim, *, interval_seconds: float, lease_seconds: float,
-                 lock_ttl_seconds: float) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        claim: Claim,
+        *,
+        interval_seconds: float,
+        lease_seconds: float,
+        lock_ttl_seconds: float,
+    ) -> None:
         self.store, self.claim = store, claim
         self.interval, self.lease_seconds, self.lock_ttl = interval_seconds, lease_seconds, lock_ttl_seconds
         self.fenced_out = threading.Event()
@@ -118,15 +134,24 @@ def run_job(
     if not store.lock_for_claim(claim, lock_ttl):
         if not store.holds_fence(claim):
             return JobOutcome(claim.job_id, claim.attempt_id, "fenced_out")
-        raise TableLocked(f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run")
+        raise TableLocked(
+            f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run"
+        )
     store.ensure_commit_fence()
     outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
     # Three beats per lease: one lost beat never costs the claim.
     interval = heartbeat_seconds or max(lease_seconds / 3, 0.05)
     try:
-        with attempt_session(spark, catalog, attempt_tag(store.schema, claim.attempt_id)) as session, \
-                LeaseKeeper(store, claim, interval_seconds=interval, lease_seconds=lease_seconds,
-                            lock_ttl_seconds=lock_ttl) as keeper:
+        with (
+            attempt_session(spark, catalog, attempt_tag(store.schema, claim.attempt_id)) as session,
+            LeaseKeeper(
+                store,
+                claim,
+                interval_seconds=interval,
+                lease_seconds=lease_seconds,
+                lock_ttl_seconds=lock_ttl,
+            ) as keeper,
+        ):
             runner = ActionRunner(session, claim.ref, action_settings, catalog=catalog)
             outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
         if outcome.status == "fenced_out":
@@ -150,8 +175,14 @@ def _refresh(spark: "SparkSession", catalog: str, claim: Claim) -> None:
         log.warning("could not refresh %s in the base session", claim.table_key, exc_info=True)
 
 
-def _run_actions(runner: ActionRunner, store: JobStore, claim: Claim, keeper: LeaseKeeper, outcome: JobOutcome,
-                 after_action: Callable[[ActionResult], None] | None) -> str:
+def _run_actions(
+    runner: ActionRunner,
+    store: JobStore,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    outcome: JobOutcome,
+    after_action: Callable[[ActionResult], None] | None,
+) -> str:
     figures = None if claim.dry_run else runner.figures()
     for action in claim.actions:
         # A beat right before each action: a worker whose lease ran out never starts another procedure.
@@ -163,8 +194,16 @@ def _run_actions(runner: ActionRunner, store: JobStore, claim: Claim, keeper: Le
         outcome.results.append(result)
         if result.after:
             figures = result.after
-        if not store.record_action(claim, result.action, result.success, result.message, result.error,
-                                   result.elapsed_seconds, before=result.before, after=result.after):
+        if not store.record_action(
+            claim,
+            result.action,
+            result.success,
+            result.message,
+            result.error,
+            result.elapsed_seconds,
+            before=result.before,
+            after=result.after,
+        ):
             return "fenced_out"
         if after_action is not None:
             after_action(result)
@@ -196,9 +235,16 @@ def resume_claim(store: Any, job_id: str, attempt_id: str, lease_seconds: float)
     if not (job.status == "running" or job.cancel_requested):
         return None
     return Claim(
-        job_id=job.job_id, attempt_id=attempt_id, database=job.database, table=job.table,
-        actions=tuple(job.actions), dry_run=job.dry_run, options=dict(job.options or {}),
-        attempt_count=job.attempt_count or 0, worker=job.claimed_by or "", lease_seconds=lease_seconds,
+        job_id=job.job_id,
+        attempt_id=attempt_id,
+        database=job.database,
+        table=job.table,
+        actions=tuple(job.actions),
+        dry_run=job.dry_run,
+        options=dict(job.options or {}),
+        attempt_count=job.attempt_count or 0,
+        worker=job.claimed_by or "",
+        lease_seconds=lease_seconds,
     )
 
 
@@ -233,7 +279,9 @@ def work_queue(
     get_session = (lambda: spark) if hasattr(spark, "sql") else spark
     report = WorkerReport()
     started = time.monotonic()
-    while time.monotonic() - started < budget_seconds and (max_jobs is None or len(report.outcomes) < max_jobs):
+    while time.monotonic() - started < budget_seconds and (
+        max_jobs is None or len(report.outcomes) < max_jobs
+    ):
         claim = store.claim(worker, lease_seconds)
         if claim is None:
             break

@@ -12,13 +12,13 @@ Nothing here imports dagster; the Dagster layer in runstate/defs/maintenance wra
 
 from __future__ import annotations
 
+from runstate.maintenance import models
 from runstate.maintenance.cache import CatalogCache
 from runstate.maintenance.commit_fence import install_commit_fence
 from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
 from runstate.maintenance.history import History
 from runstate.maintenance.locks import TableLocks
-from runstate.maintenance import models
 from runstate.maintenance.models import (  # noqa: F401 - re-exported
     ACTIVE_STATUSES,
     COMPLETION_STATUSES,
@@ -33,8 +33,8 @@ from runstate.maintenance.models import (  # noqa: F401 - re-exported
     TableRef,
 )
 from runstate.maintenance.queue import JobQueue
-from runstate.migrations import check_schema_name, upgrade_postgres
 from runstate.maintenance.queue_sql import DEQUEUE_WITH_CLAIM_SQL  # noqa: F401 - kept importable here
+from runstate.migrations import check_schema_name, upgrade_postgres
 
 
 class MaintenanceStore(JobQueue, TableLocks, CatalogCache, History):

@@ -19,7 +19,9 @@ MAX_OPTIONS_BYTES = 4096
 MAX_TEXT_CHARS = 200
 
 
-def json_object(value: Mapping[str, Any] | None, what: str, max_bytes: int = MAX_OPTIONS_BYTES) -> dict[str, Any]:
+def json_object(
+    value: Mapping[str, Any] | None, what: str, max_bytes: int = MAX_OPTIONS_BYTES
+) -> dict[str, Any]:
     """A JSON-serialisable dict with string keys, at most `max_bytes` encoded, or a clear InvalidInput."""
     if value is None:
         return {}
@@ -41,7 +43,9 @@ def seconds(value: object, what: str, maximum: float = MAX_SECONDS) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidInput(f"{what} must be a number of seconds, got {value!r}"[:MAX_TEXT_CHARS])
     if not 0 <= value <= maximum:
-        raise InvalidInput(f"{what} must be between 0 and {maximum:g} seconds, got {value!r}"[:MAX_TEXT_CHARS])
+        raise InvalidInput(
+            f"{what} must be between 0 and {maximum:g} seconds, got {value!r}"[:MAX_TEXT_CHARS]
+        )
     return float(value)
 
 

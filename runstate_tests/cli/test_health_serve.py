@@ -39,8 +39,13 @@ def served_cli(pg_database: str, pg_schema: str):
     port = free_port()
     env = {**os.environ, "RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema}
     runstate = os.path.join(os.path.dirname(sys.executable), "runstate")
-    proc = subprocess.Popen([runstate, "health", "serve", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [runstate, "health", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -58,8 +63,15 @@ def served_cli(pg_database: str, pg_schema: str):
 
 def test_serve_refuses_bad_identifiers_with_400_and_answers_cached_reads(served_cli, pg_database, pg_schema):
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
-        store.insert_health_snapshot({"database": "db", "table": "orders", "needs_maintenance": False,
-                                      "total_data_files": 3, "health_status": "Healthy"})
+        store.insert_health_snapshot(
+            {
+                "database": "db",
+                "table": "orders",
+                "needs_maintenance": False,
+                "total_data_files": 3,
+                "health_status": "Healthy",
+            }
+        )
 
     bad = get(served_cli, "/tables/db/orders%3BDROP/health")
     nul = get(served_cli, "/tables/db/%00/health")

@@ -1,4 +1,4 @@
-"""The maintenance Dagster shell without Spark: the worker-run sensor and its limit, submit_maintenance, sweeps."""
+"""The maintenance Dagster shell without Spark: the worker-run sensor and its limit, submits, sweeps."""
 
 from __future__ import annotations
 
@@ -70,8 +70,11 @@ def _no_spark():
 
 
 def test_submit_maintenance_queues_a_job_and_returns_the_active_one_on_resubmit(resource):
-    config = {"ops": {"submit_maintenance_request": {"config": {"table": "db.t1", "dry_run": True,
-                                                               "retain_last": 3}}}}
+    config = {
+        "ops": {
+            "submit_maintenance_request": {"config": {"table": "db.t1", "dry_run": True, "retain_last": 3}}
+        }
+    }
 
     first = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource})
     second = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource})
@@ -82,17 +85,21 @@ def test_submit_maintenance_queues_a_job_and_returns_the_active_one_on_resubmit(
     assert job.dry_run and job.options == {"retain_last": 3} and job.status == "pending"
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    ({"table": "db.t1; DROP TABLE jobs"}, "not a valid identifier"),
-    ({"table": "db.t1", "actions": ["vacuum"]}, "unknown maintenance action"),
-    ({"table": "db.t1", "rewrite_strategy": "sort", "sort_order": "id'--"}, "sort_order term"),
-    ({"table": "db.not_cached"}, "not in the catalog cache"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"table": "db.t1; DROP TABLE jobs"}, "not a valid identifier"),
+        ({"table": "db.t1", "actions": ["vacuum"]}, "unknown maintenance action"),
+        ({"table": "db.t1", "rewrite_strategy": "sort", "sort_order": "id'--"}, "sort_order term"),
+        ({"table": "db.not_cached"}, "not in the catalog cache"),
+    ],
+)
 def test_submit_maintenance_refuses_bad_input_and_writes_nothing(resource, overrides, fragment):
     config = {"ops": {"submit_maintenance_request": {"config": overrides}}}
 
-    result = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource},
-                                                   raise_on_error=False)
+    result = submit_maintenance.execute_in_process(
+        run_config=config, resources={"maintenance": resource}, raise_on_error=False
+    )
 
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]

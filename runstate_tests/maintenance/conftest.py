@@ -35,8 +35,9 @@ def sql(dsn: str, query: str, *params: object, schema: str | None = None) -> lis
         return cur.fetchall() if cur.description else []
 
 
-def make_table(spark, namespace: str, name: str = "events", *, files: int = 6, rows: int = 600,
-               deletes: bool = False) -> TableRef:
+def make_table(
+    spark, namespace: str, name: str = "events", *, files: int = 6, rows: int = 600, deletes: bool = False
+) -> TableRef:
     """A format-2 table with `files` small data files (and position deletes in each if asked)."""
     ref = TableRef(namespace, name)
     spark.sql(
@@ -63,7 +64,9 @@ def snapshot_operations(spark, ref: TableRef) -> list[str]:
     return [r["operation"] for r in frame.select("operation").collect()]
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 240.0, every: float = 0.25) -> object:
+def wait_for(
+    condition: Callable[[], object], what: str, timeout: float = 240.0, every: float = 0.25
+) -> object:
     """Poll with a generous deadline: this machine is shared and slow, never time-sensitive."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -80,7 +83,10 @@ class WorkerProcess:
     def __init__(self, dsn: str, schema: str, warehouse: Path, lease_seconds: float) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER_SCRIPT), dsn, schema, str(warehouse), str(lease_seconds)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
 

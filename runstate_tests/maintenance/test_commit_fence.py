@@ -41,7 +41,9 @@ def commit_hold(pg_database: str, pg_schema: str, spark):
     name = unique("hold")
     prefix = f"rsf:{schema_tag(pg_schema)}:"
     spark.sql("SHOW NAMESPACES IN lake").collect()  # the JDBC catalog creates iceberg_tables on first use
-    sql(pg_database, f"""
+    sql(
+        pg_database,
+        f"""
         CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF left(current_setting('application_name'), {len(prefix)}) = '{prefix}' THEN
@@ -49,10 +51,14 @@ def commit_hold(pg_database: str, pg_schema: str, spark):
                 PERFORM pg_advisory_unlock({HOLD_KEY});
             END IF;
             RETURN NULL;
-        END $$""")
+        END $$""",
+    )
     # "aaa_": triggers fire in name order; statement level: before the UPDATE locks the table's row.
-    sql(pg_database, f"CREATE TRIGGER aaa_{name} BEFORE UPDATE ON public.iceberg_tables "
-                     f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()")
+    sql(
+        pg_database,
+        f"CREATE TRIGGER aaa_{name} BEFORE UPDATE ON public.iceberg_tables "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()",
+    )
     holder = psycopg.connect(pg_database, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (HOLD_KEY,))
     yield holder
@@ -63,14 +69,17 @@ def commit_hold(pg_database: str, pg_schema: str, spark):
 
 
 def _held_commits(dsn: str, schema: str) -> int:
-    query = ("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
-             " AND application_name LIKE %s")
+    query = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+        " AND application_name LIKE %s"
+    )
     return sql(dsn, query, f"rsf:{schema_tag(schema)}:%")[0][0]
 
 
 def _lease_expired(store, job_id: str) -> bool:
-    return sql(store.dsn, "SELECT visible_at < now() FROM job_queue WHERE job_id = %s", job_id,
-               schema=store.schema) == [(True,)]
+    return sql(
+        store.dsn, "SELECT visible_at < now() FROM job_queue WHERE job_id = %s", job_id, schema=store.schema
+    ) == [(True,)]
 
 
 @pytest.fixture
@@ -94,7 +103,8 @@ def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_s
 
 
 def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
-        spark, mstore, rewrite_job, worker_at_commit, commit_hold):
+    spark, mstore, rewrite_job, worker_at_commit, commit_hold
+):
     ref, before, job_id = rewrite_job
     worker_a = worker_at_commit
     worker_a.signal(signal.SIGSTOP)
@@ -118,13 +128,17 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
 
 
 def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
-        spark, mstore, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema):
+    spark, mstore, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema
+):
     ref, before, job_id = rewrite_job
     worker_at_commit.signal(signal.SIGKILL)
     worker_at_commit.proc.wait(timeout=60)
     # The server notices a dead client only at its next read or write: end its session, as it would.
-    sql(pg_database, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
-        f"rsf:{schema_tag(pg_schema)}:%")
+    sql(
+        pg_database,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+        f"rsf:{schema_tag(pg_schema)}:%",
+    )
     commit_hold.close()
     assert mstore.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
     wait_for(lambda: _lease_expired(mstore, job_id), "the dead worker's lease to run out")

@@ -44,8 +44,9 @@ def test_rewrite_beside_a_live_writer_loses_and_duplicates_nothing(spark, iceber
     next_id = 60
     for round_number in range(ROUNDS):
         # Fresh small files every round, so each rewrite has work to do.
-        spark.range(next_id, next_id + 30).selectExpr("id", "concat('v', id) AS v").repartition(6) \
-            .writeTo(table).append()
+        spark.range(next_id, next_id + 30).selectExpr("id", "concat('v', id) AS v").repartition(6).writeTo(
+            table
+        ).append()
         next_id += 30
         writer = Appender(spark, table, first_id=1_000_000 * (round_number + 1))
         mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
@@ -66,7 +67,9 @@ def test_rewrite_beside_a_live_writer_loses_and_duplicates_nothing(spark, iceber
     completed = sum(1 for status, _, _ in outcomes if status == "completed")
     assert all(status in ("completed", "failed") for status, _, _ in outcomes), outcomes
     with capsys.disabled():
-        print(f"\nlive writer: {completed}/{ROUNDS} rewrites completed "
-              f"({sum(a for _, a, _ in outcomes)} rows appended during them); outcomes: "
-              + ", ".join(status for status, _, _ in outcomes))
+        print(
+            f"\nlive writer: {completed}/{ROUNDS} rewrites completed "
+            f"({sum(a for _, a, _ in outcomes)} rows appended during them); outcomes: "
+            + ", ".join(status for status, _, _ in outcomes)
+        )
     assert completed >= 1

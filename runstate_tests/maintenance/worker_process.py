@@ -18,8 +18,11 @@ def main(dsn: str, schema: str, warehouse: str, lease_seconds: str) -> None:
     from runstate.maintenance.store import MaintenanceStore
     from runstate.spark import SparkSettings, build_session
 
-    spark = build_session(SparkSettings(master="local[1]", pg_url=dsn, warehouse_dir=Path(warehouse),
-                                        app_name="runstate-test-worker"))
+    spark = build_session(
+        SparkSettings(
+            master="local[1]", pg_url=dsn, warehouse_dir=Path(warehouse), app_name="runstate-test-worker"
+        )
+    )
     spark.sparkContext.setLogLevel("ERROR")
     store = MaintenanceStore(dsn, schema=schema)
     claim = store.claim("worker-process", lease_seconds=float(lease_seconds))

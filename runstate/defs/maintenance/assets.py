@@ -14,20 +14,25 @@ GROUP = "maintenance"
 tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
 
 
-@dg.asset(group_name=GROUP, description="Every table of the `lake` catalog, copied atomically into table_cache_entries.")
+@dg.asset(
+    group_name=GROUP,
+    description="Every table of the `lake` catalog, copied atomically into table_cache_entries.",
+)
 def table_inventory(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
     listing = list_tables(spark.get_session())
     stored = maintenance.get_store().replace_table_cache([table.cached() for table in listing.tables])
     added, removed = sync_table_partitions(context.instance, {table.key for table in listing.tables})
-    return dg.MaterializeResult(metadata={
-        "tables": stored,
-        "opted_in": sum(1 for t in listing.tables if t.maintenance_enabled),
-        "partitions_added": len(added),
-        "partitions_removed": len(removed),
-        "skipped_names": ", ".join(listing.skipped) or "none",
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "tables": stored,
+            "opted_in": sum(1 for t in listing.tables if t.maintenance_enabled),
+            "partitions_added": len(added),
+            "partitions_removed": len(removed),
+            "skipped_names": ", ".join(listing.skipped) or "none",
+        }
+    )
 
 
 def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple[list[str], list[str]]:
@@ -46,7 +51,10 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
     partitions_def=tables_partitions,
     deps=[table_inventory],
     check_specs=[TABLE_IS_HEALTHY],
-    description="Health of one table from its Iceberg metadata tables; each materialization appends a health_snapshots row.",
+    description=(
+        "Health of one table from its Iceberg metadata tables;"
+        " each materialization appends a health_snapshots row."
+    ),
 )
 def table_health(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource

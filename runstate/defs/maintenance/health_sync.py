@@ -10,8 +10,12 @@ from runstate.maintenance.errors import TableNotFound
 from runstate.maintenance.health import HealthAnalyzer
 
 
-@dg.op(description="Analyze every cached table; one health_snapshots row and table_health materialization each.")
-def sync_table_health(context: dg.OpExecutionContext, spark: SparkResource, maintenance: MaintenanceResource) -> dict:
+@dg.op(
+    description="Analyze every cached table; one health_snapshots row and table_health materialization each."
+)
+def sync_table_health(
+    context: dg.OpExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
+) -> dict:
     store = maintenance.get_store()
     tables = store.cached_tables()
     if not tables:
@@ -29,9 +33,13 @@ def sync_table_health(context: dg.OpExecutionContext, spark: SparkResource, main
             missing.append(entry.table_key)  # dropped since the inventory; the next sync forgets it
             continue
         snapshot_id = store.insert_health_snapshot(health)
-        context.log_event(dg.AssetMaterialization(
-            asset_key=table_health.key, partition=entry.table_key, metadata=health_metadata(health, snapshot_id)
-        ))
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=table_health.key,
+                partition=entry.table_key,
+                metadata=health_metadata(health, snapshot_id),
+            )
+        )
         measured += 1
     context.add_output_metadata({"tables": measured, "missing": ", ".join(missing) or "none"})
     return {"tables": measured, "missing": len(missing)}
@@ -43,7 +51,9 @@ def table_health_sync() -> None:
 
 
 table_health_sync_schedule = dg.ScheduleDefinition(
-    name="table_health_sync", cron_schedule="20 * * * *", job=table_health_sync,
+    name="table_health_sync",
+    cron_schedule="20 * * * *",
+    job=table_health_sync,
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Hourly: measure every table in the catalog cache and record its health.",
 )

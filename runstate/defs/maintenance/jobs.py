@@ -18,8 +18,15 @@ from runstate.maintenance.runner import JobOutcome, work_queue
 
 # A transient fault (a database blip) is worth a few spaced-out retries; a retried worker simply
 # claims whatever is still queued, and every job keeps its own fence.
-TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=20, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
-DEFAULT_ACTIONS = ["rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots"]
+TRANSIENT_RETRY = dg.RetryPolicy(
+    max_retries=2, delay=20, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+)
+DEFAULT_ACTIONS = [
+    "rewrite_data_files",
+    "rewrite_position_delete_files",
+    "rewrite_manifests",
+    "expire_snapshots",
+]
 FIGURES = ("data_files", "data_bytes", "delete_files", "manifests", "canary_planning_ms")
 
 
@@ -27,14 +34,22 @@ class MaintenanceWorkerConfig(dg.Config):
     """Limits of one worker run; defaults come from the resource."""
 
     budget_seconds: Optional[float] = Field(default=None, description="Claim no new job after this long.")
-    max_jobs: Optional[int] = Field(default=None, description="Stop after this many jobs (None: until empty).")
+    max_jobs: Optional[int] = Field(
+        default=None, description="Stop after this many jobs (None: until empty)."
+    )
 
 
 def job_metadata(outcome: JobOutcome, table_key: str) -> dict[str, Any]:
     """One job's run metadata: its status and, per action, the table's figures before and after."""
     actions = [
-        {"action": r.action, "success": r.success, "attempts": r.attempts, "message": r.message or r.error or "",
-         "before": dict(r.before), "after": dict(r.after)}
+        {
+            "action": r.action,
+            "success": r.success,
+            "attempts": r.attempts,
+            "message": r.message or r.error or "",
+            "before": dict(r.before),
+            "after": dict(r.after),
+        }
         for r in outcome.results
     ]
     return {"table": table_key, "status": outcome.status, "error": outcome.error or "", "actions": actions}
@@ -53,10 +68,14 @@ def _figure_totals(jobs: list[dict[str, Any]]) -> dict[str, float]:
     return totals
 
 
-@dg.op(retry_policy=TRANSIENT_RETRY,
-       description="Claim jobs one after another on one Spark session until the queue is empty or the budget ends.")
+@dg.op(
+    retry_policy=TRANSIENT_RETRY,
+    description="Claim jobs one after another on one Spark session until the queue is empty or time is up.",
+)
 def run_maintenance_worker(
-    context: dg.OpExecutionContext, config: MaintenanceWorkerConfig, spark: SparkResource,
+    context: dg.OpExecutionContext,
+    config: MaintenanceWorkerConfig,
+    spark: SparkResource,
     maintenance: MaintenanceResource,
 ) -> dict:
     jobs: dict[str, dict[str, Any]] = {}
@@ -66,26 +85,36 @@ def run_maintenance_worker(
         context.log.info(f"job {outcome.job_id} on {claim.table_key}: {outcome.status} {outcome.error or ''}")
 
     report = work_queue(
-        spark.get_session, maintenance.get_store(), f"{maintenance.worker_name}:{context.run_id[:8]}",
+        spark.get_session,
+        maintenance.get_store(),
+        f"{maintenance.worker_name}:{context.run_id[:8]}",
         lease_seconds=maintenance.lease_seconds,
         budget_seconds=config.budget_seconds or maintenance.worker_budget_seconds,
-        max_jobs=config.max_jobs, on_outcome=on_outcome,
-        settings=maintenance.action_settings(), lock_ttl_seconds=maintenance.lock_ttl_seconds,
+        max_jobs=config.max_jobs,
+        on_outcome=on_outcome,
+        settings=maintenance.action_settings(),
+        lock_ttl_seconds=maintenance.lock_ttl_seconds,
     )
     summary = {status: report.count(status) for status in ("completed", "failed", "cancelled", "fenced_out")}
     summary.update(jobs=len(report.outcomes), table_locked=len(report.locked))
-    metadata: dict[str, Any] = {**summary, "worker_seconds": round(report.elapsed_seconds, 3),
-                                **_figure_totals(list(jobs.values()))}
+    metadata: dict[str, Any] = {
+        **summary,
+        "worker_seconds": round(report.elapsed_seconds, 3),
+        **_figure_totals(list(jobs.values())),
+    }
     metadata.update({f"job {job_id}": dg.MetadataValue.json(value) for job_id, value in jobs.items()})
     context.add_output_metadata(metadata)
     if summary["failed"]:
         failed = [f"{j['table']}: {j['error']}" for j in jobs.values() if j["status"] == "failed"]
-        raise dg.Failure(f"{summary['failed']} maintenance job(s) failed: {'; '.join(failed)}", metadata=metadata,
-                         allow_retries=False)
+        raise dg.Failure(
+            f"{summary['failed']} maintenance job(s) failed: {'; '.join(failed)}",
+            metadata=metadata,
+            allow_retries=False,
+        )
     return summary
 
 
-@dg.job(description="A maintenance worker: drains the queue on one Spark session (launched by maintenance_queue_sensor).")
+@dg.job(description="A maintenance worker: drains the queue on one Spark session (maintenance_queue_sensor).")
 def iceberg_maintenance() -> None:
     run_maintenance_worker()
 
@@ -94,17 +123,23 @@ class SubmitMaintenanceConfig(dg.Config):
     """A manual maintenance request from the launchpad."""
 
     table: str = Field(description="The table as `database.table`.")
-    actions: List[str] = Field(default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order.")
+    actions: List[str] = Field(
+        default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order."
+    )
     dry_run: bool = Field(default=False, description="Plan only: report what would be done, write nothing.")
     rewrite_strategy: Optional[str] = Field(default=None, description="binpack (default) or sort.")
     sort_order: Optional[str] = Field(default=None, description="For sort: e.g. `id DESC NULLS LAST, ts`.")
     target_file_size_bytes: Optional[int] = Field(default=None, description="rewrite_data_files target size.")
     expire_older_than_hours: Optional[float] = Field(default=None, description="expire_snapshots older_than.")
     retain_last: Optional[int] = Field(default=None, description="expire_snapshots retain_last.")
-    orphan_older_than_hours: Optional[float] = Field(default=None, description="remove_orphan_files older_than.")
+    orphan_older_than_hours: Optional[float] = Field(
+        default=None, description="remove_orphan_files older_than."
+    )
 
     def options(self) -> dict:
-        return {name: getattr(self, name) for name in ActionSettings.names() if getattr(self, name) is not None}
+        return {
+            name: getattr(self, name) for name in ActionSettings.names() if getattr(self, name) is not None
+        }
 
 
 @dg.op(description="Validate and queue a maintenance job; an active job of the table is returned instead.")
@@ -114,8 +149,9 @@ def submit_maintenance_request(
     ref = parse_table_ref(config.table)
     options = config.options()
     ActionSettings.from_options(options, maintenance.action_settings())  # bad options: nothing queued
-    job_id = maintenance.get_store().submit(ref.database, ref.table, config.actions, dry_run=config.dry_run,
-                                            options=options)
+    job_id = maintenance.get_store().submit(
+        ref.database, ref.table, config.actions, dry_run=config.dry_run, options=options
+    )
     context.add_output_metadata({"job_id": job_id, "table": ref.key, "dry_run": config.dry_run})
     return job_id
 
@@ -131,7 +167,10 @@ class OrchestratorConfig(dg.Config):
 
 @dg.op(description="Assess every cached table and submit jobs for the unhealthy opted-in ones.")
 def run_orchestrator(
-    context: dg.OpExecutionContext, config: OrchestratorConfig, spark: SparkResource, maintenance: MaintenanceResource
+    context: dg.OpExecutionContext,
+    config: OrchestratorConfig,
+    spark: SparkResource,
+    maintenance: MaintenanceResource,
 ) -> dict:
     analyzer: list[HealthAnalyzer] = []
 
@@ -140,10 +179,14 @@ def run_orchestrator(
             analyzer.append(HealthAnalyzer(spark.get_session(), maintenance.thresholds()))
         return analyzer[0].analyze(ref)
 
-    report = Orchestrator(maintenance.get_store(), analyze, maintenance.orchestrator_settings(config.dry_run)).run()
+    report = Orchestrator(
+        maintenance.get_store(), analyze, maintenance.orchestrator_settings(config.dry_run)
+    ).run()
     for decision in report.decisions:
-        context.log.info(f"{decision.table_key}: {decision.decision} {decision.reason} "
-                         f"{' '.join(decision.recommended_actions)} {decision.job_id or ''}".rstrip())
+        context.log.info(
+            f"{decision.table_key}: {decision.decision} {decision.reason} "
+            f"{' '.join(decision.recommended_actions)} {decision.job_id or ''}".rstrip()
+        )
     summary = report.summary()
     context.add_output_metadata({**summary, "orchestrator_run_id": report.run_id})
     return summary
@@ -190,5 +233,6 @@ def maintenance_health_retention() -> None:
     prune_health()
 
 
-table_inventory_job = dg.define_asset_job("table_inventory_job", selection=[table_inventory],
-                                          description="Copy the catalog into the table cache.")
+table_inventory_job = dg.define_asset_job(
+    "table_inventory_job", selection=[table_inventory], description="Copy the catalog into the table cache."
+)

@@ -17,21 +17,34 @@ RUNNING = dg.DefaultScheduleStatus.RUNNING
 
 # The inventory refreshes just before the orchestrator reads it.
 table_inventory_schedule = dg.ScheduleDefinition(
-    name="table_inventory_sync", cron_schedule="50 * * * *", job=table_inventory_job, default_status=RUNNING,
+    name="table_inventory_sync",
+    cron_schedule="50 * * * *",
+    job=table_inventory_job,
+    default_status=RUNNING,
 )
 maintenance_orchestrator = dg.ScheduleDefinition(
-    name="maintenance_orchestrator", cron_schedule="0 * * * *", job=maintenance_orchestrator_job,
-    default_status=RUNNING, description="Hourly: assess opted-in tables and submit maintenance for unhealthy ones.",
+    name="maintenance_orchestrator",
+    cron_schedule="0 * * * *",
+    job=maintenance_orchestrator_job,
+    default_status=RUNNING,
+    description="Hourly: assess opted-in tables and submit maintenance for unhealthy ones.",
 )
 maintenance_claim_sweep_schedule = dg.ScheduleDefinition(
-    name="maintenance_stale_claim_sweep", cron_schedule="*/5 * * * *", job=maintenance_claim_sweep,
+    name="maintenance_stale_claim_sweep",
+    cron_schedule="*/5 * * * *",
+    job=maintenance_claim_sweep,
     default_status=RUNNING,
 )
 maintenance_lock_sweep_schedule = dg.ScheduleDefinition(
-    name="maintenance_lock_sweep", cron_schedule="*/5 * * * *", job=maintenance_lock_sweep, default_status=RUNNING,
+    name="maintenance_lock_sweep",
+    cron_schedule="*/5 * * * *",
+    job=maintenance_lock_sweep,
+    default_status=RUNNING,
 )
 maintenance_health_retention_schedule = dg.ScheduleDefinition(
-    name="maintenance_health_retention", cron_schedule="30 3 * * *", job=maintenance_health_retention,
+    name="maintenance_health_retention",
+    cron_schedule="30 3 * * *",
+    job=maintenance_health_retention,
     default_status=RUNNING,
 )
 

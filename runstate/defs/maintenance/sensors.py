@@ -21,8 +21,12 @@ IN_PROGRESS = [
 ]
 
 
-@dg.sensor(job=iceberg_maintenance, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Keep up to W iceberg_maintenance worker runs alive while maintenance jobs are queued.")
+@dg.sensor(
+    job=iceberg_maintenance,
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keep up to W iceberg_maintenance worker runs alive while maintenance jobs are queued.",
+)
 def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: MaintenanceResource):
     ready, _ = maintenance.get_store().queue_depth()
     if not ready:
