@@ -65,6 +65,28 @@ def _worker_runs(dsn: str) -> int:
     return int(row[0])
 
 
+def _start_dev(env: dict[str, str], home: Path) -> tuple[subprocess.Popen, object]:
+    log = open(home / "dev.log", "wb")
+    dev = subprocess.Popen(
+        [RUNSTATE, "dev", "--port", str(_free_port())],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return dev, log
+
+
+def _stop_dev(dev: subprocess.Popen, log, env: dict[str, str]) -> None:
+    os.killpg(dev.pid, signal.SIGINT)
+    try:
+        dev.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(dev.pid, signal.SIGKILL)
+    log.close()
+    subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
+
+
 def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
     from runstate.spark import SparkSettings, build_session
 
@@ -82,22 +104,18 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
     spark = build_session(SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="runstate-bench-drain"))
     spark.sparkContext.setLogLevel("ERROR")
     store = MaintenanceStore(dsn, schema=SCHEMA)
-    log = open(home / "dev.log", "wb")
-    dev = subprocess.Popen(
-        [RUNSTATE, "dev", "--port", str(_free_port())],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
     try:
         store.ensure_schema()
-        served = _tables(spark, "d", jobs)
-        baseline = _tables(spark, "b", jobs)
+        served, baseline = _tables(spark, "d", jobs), _tables(spark, "b", jobs)
         store.replace_table_cache(served + baseline)
-        submitted = [store.submit(t.database, t.table, ["rewrite_data_files"]) for t in served]
-        drain_s = _wait_until_done(store, submitted, dev)
-        runs = _worker_runs(dsn)
+        dev, log = _start_dev(env, home)
+        try:
+            submitted = [store.submit(t.database, t.table, ["rewrite_data_files"]) for t in served]
+            drain_s = _wait_until_done(store, submitted, dev)
+            runs = _worker_runs(dsn)
+        finally:
+            _stop_dev(dev, log, env)
+        # The baseline: the same work drained in this process by one worker, with no Dagster around it.
         for table in baseline:
             store.submit(table.database, table.table, ["rewrite_data_files"])
         report = work_queue(spark, store, "bench-inprocess", lease_seconds=300, budget_seconds=DEADLINE_S)
@@ -112,13 +130,6 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
             "inprocess_drain_s": round(report.elapsed_seconds, 1),
         }
     finally:
-        os.killpg(dev.pid, signal.SIGINT)
-        try:
-            dev.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-        log.close()
-        subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
         store.close()
         spark.stop()
         drop_database(admin_url, name)
