@@ -138,6 +138,12 @@ class ActionRunner:
             f" 'partial-progress.max-commits', '{PARTIAL_PROGRESS_MAX_COMMITS}')"
         )
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
+        if figures.get("failed_data_files_count"):
+            # Partial progress logs a refused or lost group commit and carries on: make it an error.
+            raise RuntimeError(
+                f"{figures['failed_data_files_count']} data files were rewritten but their commit failed"
+                f" ({_figures_message(figures)})"
+            )
         return _figures_message(figures), figures
 
     def _plan_rewrite_data_files(self) -> tuple[str, dict]:
@@ -241,7 +247,7 @@ class ActionRunner:
                         "%s on %s lost a commit race (attempt %d); retrying", action, self.ref.key, attempt
                     )
                     continue
-                error = f"{action} on {self.ref.key} failed: {type(exc).__name__}: {_first_line(exc)}"
+                error = f"{action} on {self.ref.key} failed: {type(exc).__name__}: {_describe(exc)}"
                 log.warning("%s", error)
                 return ActionResult(action, False, "", error, time.perf_counter() - started, attempts=attempt)
         elapsed = time.perf_counter() - started
@@ -252,9 +258,18 @@ class ActionRunner:
         return table_figures(self.spark, self.ref, self.catalog)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
+def _describe(exc: BaseException) -> str:
+    """The first line of a (Java) error plus its root cause, which holds the reason (a refused commit)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    text = (
+        lines[0]
+        if not causes or causes[-1] == lines[0]
+        else f"{lines[0]} (root cause: {causes[-1][10:].strip()})"
+    )
+    return text[:1000]
 
 
 def _lost_commit_race(exc: BaseException) -> bool:

@@ -13,22 +13,14 @@ from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
 from runstate.defs.ticking import tick_schedule, tick_sensor
 from runstate.maintenance.identifiers import TableRef
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 
 
 def make_table(spark, namespace: str, name: str, *, files: int, rows: int, enabled: str | None) -> TableRef:
-    ref = TableRef(namespace, name)
-    opt_in = f", 'runstate.maintenance.enabled'='{enabled}'" if enabled else ""
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{opt_in})"
-    )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(
-        f"lake.{ref.quoted}"
-    ).append()
-    spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")  # position deletes in every file
-    return ref
+    # position deletes in every file
+    return shared_make_table(spark, namespace, name, files=files, rows=rows, deletes=True, enabled=enabled)
 
 
 def contents(spark, ref: TableRef) -> list[tuple]:

@@ -36,13 +36,24 @@ def sql(dsn: str, query: str, *params: object, schema: str | None = None) -> lis
 
 
 def make_table(
-    spark, namespace: str, name: str = "events", *, files: int = 6, rows: int = 600, deletes: bool = False
+    spark,
+    namespace: str,
+    name: str = "events",
+    *,
+    files: int = 6,
+    rows: int = 600,
+    deletes: bool = False,
+    enabled: str | None = "true",
+    properties: str = "",
 ) -> TableRef:
-    """A format-2 table with `files` small data files (and position deletes in each if asked)."""
+    """A format-2 merge-on-read table of `files` small data files; `deletes` adds position deletes in
+    (almost) every file, `enabled` sets the maintenance opt-in, `properties` adds more table properties."""
     ref = TableRef(namespace, name)
+    extra = f", 'runstate.maintenance.enabled'='{enabled}'" if enabled else ""
+    extra += f", {properties}" if properties else ""
     spark.sql(
         f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        "('format-version'='2', 'write.delete.mode'='merge-on-read', 'runstate.maintenance.enabled'='true')"
+        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})"
     )
     frame = spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files)
     frame.writeTo(f"lake.{ref.quoted}").append()
@@ -83,6 +94,7 @@ class WorkerProcess:
     def __init__(self, dsn: str, schema: str, warehouse: Path, lease_seconds: float) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER_SCRIPT), dsn, schema, str(warehouse), str(lease_seconds)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -94,6 +106,10 @@ class WorkerProcess:
         line = self.proc.stdout.readline()
         assert line, f"worker exited early with {self.proc.wait()}"
         return json.loads(line)
+
+    def go(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
 
     def signal(self, sig: signal.Signals) -> None:
         os.killpg(self.proc.pid, sig)

@@ -10,33 +10,16 @@ import pytest
 
 from runstate.maintenance.actions import ActionRunner, ActionSettings, InvalidActionOption, timestamp_literal
 from runstate.maintenance.identifiers import TableRef
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 
 
-def make_table(
-    spark,
-    namespace: str,
-    name: str = "events",
-    *,
-    files: int = 24,
-    rows: int = 2400,
-    deletes: bool = True,
-    properties: str = "",
-) -> TableRef:
-    """A v2 merge-on-read table of `files` small files; `deletes` adds position deletes in each file."""
-    ref = TableRef(namespace, name)
-    extra = f", {properties}" if properties else ""
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})"
+def make_table(spark, namespace: str, name: str = "events", **knobs) -> TableRef:
+    """24 small files with position deletes, not opted in, unless the test says otherwise."""
+    return shared_make_table(
+        spark, namespace, name, **{"files": 24, "rows": 2400, "deletes": True, "enabled": None, **knobs}
     )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(
-        f"lake.{ref.quoted}"
-    ).append()
-    if deletes:
-        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
-    return ref
 
 
 def contents(spark, ref: TableRef) -> list[tuple]:

@@ -1,23 +1,27 @@
 """Fencing at the commit point and a job's next attempt after a crash, with real worker processes.
 
 A worker process (its own JVM) claims a job and starts rewrite_data_files. A statement-level trigger
-installed by the test holds that worker's catalog UPDATE (its Iceberg commit) on an advisory lock the
-test owns, before any row is locked: that is "paused just before the commit", deterministically.
-Then the test stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
+installed by the test holds that attempt's catalog UPDATE (its Iceberg commit) on an advisory lock the
+test owns, before any row is locked: "paused just before the commit", deterministically. Then the test
+stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
 
-The zombie resumes once B holds the job's fence but before B commits: the moment where nothing but
-the commit fence stands between it and the table (once B has committed, Iceberg's own validation
-would refuse A's rewrite too, since its input files are gone).
+The zombie test runs in two orders:
+- B claims and completes, then A resumes (the order of the issue). A's commit is refused; here
+  Iceberg's own validation would refuse it too, since B already replaced A's input files.
+- A resumes once B holds the job's fence but before B commits: nothing but the commit fence stands
+  between A and the table (without it, A's commit would land and the history show two rewrites).
 """
 
 from __future__ import annotations
 
+import random
 import signal
+from dataclasses import dataclass
 
 import psycopg
 import pytest
 
-from runstate.maintenance.commit_fence import schema_tag
+from runstate.maintenance.commit_fence import attempt_tag, schema_tag
 from runstate.maintenance.runner import run_job
 from runstate_tests.conftest import unique
 from runstate_tests.maintenance.conftest import (
@@ -32,23 +36,44 @@ from runstate_tests.maintenance.conftest import (
 
 pytestmark = pytest.mark.spark
 LEASE_SECONDS = 4.0
-HOLD_KEY = 912_001
+
+
+@dataclass
+class CommitHold:
+    dsn: str
+    name: str
+    key: int
+    holder: psycopg.Connection
+
+    def hold(self, tag: str) -> None:
+        sql(self.dsn, f"INSERT INTO public.{self.name}_held VALUES (%s)", tag)
+
+    def release(self) -> None:
+        if not self.holder.closed:
+            self.holder.close()
+
+    def waiting(self, tag: str) -> bool:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+            " AND application_name = %s"
+        )
+        return sql(self.dsn, query, tag)[0][0] > 0
 
 
 @pytest.fixture
-def commit_hold(pg_database: str, pg_schema: str, spark):
-    """Hold every Iceberg commit of this schema's attempts while the yielded connection keeps the lock."""
-    name = unique("hold")
-    prefix = f"rsf:{schema_tag(pg_schema)}:"
+def commit_hold(pg_database: str, spark):
+    """Holds the Iceberg commits of the attempts whose tags are given to hold(), until release()."""
+    name, key = unique("hold"), random.randrange(1 << 40)
     spark.sql("SHOW NAMESPACES IN lake").collect()  # the JDBC catalog creates iceberg_tables on first use
+    sql(pg_database, f"CREATE TABLE public.{name}_held (tag TEXT PRIMARY KEY)")
     sql(
         pg_database,
         f"""
         CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            IF left(current_setting('application_name'), {len(prefix)}) = '{prefix}' THEN
-                PERFORM pg_advisory_lock({HOLD_KEY});
-                PERFORM pg_advisory_unlock({HOLD_KEY});
+            IF current_setting('application_name') IN (SELECT tag FROM public.{name}_held) THEN
+                PERFORM pg_advisory_lock({key});
+                PERFORM pg_advisory_unlock({key});
             END IF;
             RETURN NULL;
         END $$""",
@@ -60,26 +85,17 @@ def commit_hold(pg_database: str, pg_schema: str, spark):
         f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()",
     )
     holder = psycopg.connect(pg_database, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s)", (HOLD_KEY,))
-    yield holder
-    if not holder.closed:
-        holder.close()
+    holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+    yield CommitHold(pg_database, name, key, holder)
+    holder.close()
     sql(pg_database, f"DROP TRIGGER IF EXISTS aaa_{name} ON public.iceberg_tables")
     sql(pg_database, f"DROP FUNCTION IF EXISTS public.{name}()")
-
-
-def _held_commits(dsn: str, schema: str) -> int:
-    query = (
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
-        " AND application_name LIKE %s"
-    )
-    return sql(dsn, query, f"rsf:{schema_tag(schema)}:%")[0][0]
+    sql(pg_database, f"DROP TABLE IF EXISTS public.{name}_held")
 
 
 def _lease_expired(store, job_id: str) -> bool:
-    return sql(
-        store.dsn, "SELECT visible_at < now() FROM job_queue WHERE job_id = %s", job_id, schema=store.schema
-    ) == [(True,)]
+    query = "SELECT visible_at < now() FROM job_queue WHERE job_id = %s"
+    return sql(store.dsn, query, job_id, schema=store.schema) == [(True,)]
 
 
 @pytest.fixture
@@ -95,30 +111,39 @@ def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_s
     """A worker process that claimed the job and now waits inside its Iceberg commit."""
     worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
     try:
-        assert worker.read_json()["job_id"] == rewrite_job[2]
-        wait_for(lambda: _held_commits(pg_database, pg_schema), "the worker to reach its Iceberg commit")
+        claim = worker.read_json()
+        assert claim["job_id"] == rewrite_job[2]
+        tag = attempt_tag(pg_schema, claim["attempt_id"])
+        commit_hold.hold(tag)
+        worker.go()
+        wait_for(lambda: commit_hold.waiting(tag), "the worker to reach its Iceberg commit")
         yield worker
     finally:
         worker.stop()
 
 
+@pytest.mark.parametrize("b_commits_first", [True, False], ids=["B-completes-first", "A-resumes-first"])
 def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
-    spark, mstore, rewrite_job, worker_at_commit, commit_hold
+    spark, mstore, rewrite_job, worker_at_commit, commit_hold, b_commits_first
 ):
     ref, before, job_id = rewrite_job
     worker_a = worker_at_commit
     worker_a.signal(signal.SIGSTOP)
     wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
-
     claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
     assert claim_b is not None and claim_b.job_id == job_id
-    commit_hold.close()  # A's commit goes on now, against B's fence...
+
+    if b_commits_first:
+        outcome_b = run_job(spark, mstore, claim_b)
+    commit_hold.release()  # A's commit goes on now...
     worker_a.signal(signal.SIGCONT)
     outcome_a = worker_a.read_json()
-    outcome_b = run_job(spark, mstore, claim_b)  # ...and B completes the job
+    if not b_commits_first:
+        outcome_b = run_job(spark, mstore, claim_b)
 
+    # A's rewrite was refused: by the commit fence when it resumed first (its UPDATE would have matched),
+    # by Iceberg's validation when B had already replaced its input files. Either way A wrote nothing.
     assert outcome_a["status"] == "fenced_out"
-    assert "Iceberg commit refused" in outcome_a["action_errors"][0]  # the catalog's fence said no
     assert outcome_b.status == "completed", outcome_b.error
     [record] = mstore.job_actions(job_id)
     assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
@@ -139,7 +164,7 @@ def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
         f"rsf:{schema_tag(pg_schema)}:%",
     )
-    commit_hold.close()
+    commit_hold.release()
     assert mstore.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
     wait_for(lambda: _lease_expired(mstore, job_id), "the dead worker's lease to run out")
 

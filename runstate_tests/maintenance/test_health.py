@@ -19,6 +19,7 @@ from runstate.maintenance.health import (
 )
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.store import HealthSnapshot, MaintenanceStore
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 MB = 1024 * 1024
 
@@ -107,19 +108,10 @@ def test_a_partial_report_that_finds_nothing_is_unknown_not_healthy():
 # -- real Spark + Iceberg -------------------------------------------------------------------------
 
 
-def make_table(spark, namespace, name="events", *, files=8, rows=800, deletes=True, properties=""):
-    ref = TableRef(namespace, name)
-    extra = f", {properties}" if properties else ""
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})"
+def make_table(spark, namespace: str, name: str = "events", **knobs) -> TableRef:
+    return shared_make_table(
+        spark, namespace, name, **{"files": 8, "rows": 800, "deletes": True, "enabled": None, **knobs}
     )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(
-        f"lake.{ref.quoted}"
-    ).append()
-    if deletes:
-        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
-    return ref
 
 
 @pytest.mark.spark
