@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Iterator
 
 import psycopg
@@ -29,6 +30,7 @@ from runstate.maintenance import (
     TableNotCached,
     UnknownAction,
 )
+from runstate.maintenance.db import CHECK_AFTER_IDLE_SECONDS
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 
@@ -631,7 +633,8 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     )
     for (pid,) in pids:
         assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until gone
-    # The pool checks a connection when it hands it out, so a dead session is replaced, not used.
+    # The pool checks a connection idle for a while when it hands it out: a dead one is replaced.
+    time.sleep(CHECK_AFTER_IDLE_SECONDS)  # a lower bound, not a race: idle at least this long
     assert store.heartbeat(claim) is True
     assert store.complete(claim, "completed")
     assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
