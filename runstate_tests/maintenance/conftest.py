@@ -94,7 +94,6 @@ class WorkerProcess:
     def __init__(self, dsn: str, schema: str, warehouse: Path, lease_seconds: float) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER_SCRIPT), dsn, schema, str(warehouse), str(lease_seconds)],
-            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -106,10 +105,6 @@ class WorkerProcess:
         line = self.proc.stdout.readline()
         assert line, f"worker exited early with {self.proc.wait()}"
         return json.loads(line)
-
-    def go(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
 
     def signal(self, sig: signal.Signals) -> None:
         os.killpg(self.proc.pid, sig)

@@ -2,9 +2,8 @@
 
     python worker_process.py DSN SCHEMA WAREHOUSE LEASE_SECONDS
 
-It starts Spark, claims one job, prints {"job_id", "attempt_id"} as one JSON line, waits for a line on
-stdin, runs the job with run_job and prints the outcome as a second JSON line. The tests SIGKILL or
-SIGSTOP it in between.
+It starts Spark, claims one job, prints {"job_id", "attempt_id"} as one JSON line, runs the job with
+run_job and prints the outcome as a second JSON line. The tests SIGKILL or SIGSTOP it in between.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ def main(dsn: str, schema: str, warehouse: str, lease_seconds: str) -> None:
         print(json.dumps({"error": "nothing to claim"}), flush=True)
         return
     print(json.dumps({"job_id": claim.job_id, "attempt_id": claim.attempt_id}), flush=True)
-    sys.stdin.readline()  # the test's "go": it has set up what it needs for this attempt
     outcome = run_job(spark, store, claim)
     errors = [result.error for result in outcome.results if result.error]
     print(json.dumps({"status": outcome.status, "error": outcome.error, "action_errors": errors}), flush=True)
