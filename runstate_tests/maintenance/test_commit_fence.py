@@ -34,7 +34,8 @@ from runstate_tests.maintenance.conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.spark
+# A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 # Short, so the tests wait little for it to run out; long enough that a loaded machine never misses
 # three heartbeats in a row (one every third of a lease) while the worker is running.
 LEASE_SECONDS = 10.0
