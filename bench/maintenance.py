@@ -5,6 +5,10 @@
 - rewrite_overhead_pct: run_job (claim, table lock, heartbeat thread, record_action, fenced complete)
   around rewrite_data_files of a 500-file table, against the bare `CALL` on an identical table in the
   same Spark session (after a warm-up compaction, so JIT warm-up favours neither side).
+- --drain N (instead of the above): N jobs on small tables drained through a `runstate dev` it starts
+  (own RUNSTATE_HOME, databases and warehouse): `drain_s` from submit until every job is done, and
+  `runs`, the iceberg_maintenance worker runs that took (floor: runs <= W + 1), beside the same N jobs
+  drained in-process by one worker on one session (`inprocess_drain_s`), measured in the same run.
 Creates and drops its own database. Scale down with --jobs / --files.
 """
 
@@ -24,6 +28,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import create_database, drop_database, timed_threads  # noqa: E402  (bench/ is the script's folder)
+from drain import drain_through_dev  # noqa: E402
 
 from runstate.maintenance.actions import run_job  # noqa: E402
 from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
@@ -60,7 +65,8 @@ def queue_rate(store: MaintenanceStore, tables: int, workers: int) -> float:
 
 RAW_CLAIM = (
     "UPDATE raw_queue SET claimed_by = %s WHERE id = ("
-    " SELECT id FROM raw_queue WHERE claimed_by IS NULL ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id"
+    " SELECT id FROM raw_queue WHERE claimed_by IS NULL ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)"
+    " RETURNING id"
 )
 
 
@@ -68,7 +74,9 @@ def raw_skip_locked_rate(dsn: str, jobs: int, workers: int) -> float:
     """The floor: one claim UPDATE and one ack DELETE per job, nothing else."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE raw_queue (id BIGSERIAL PRIMARY KEY, claimed_by TEXT, payload TEXT)")
-        conn.execute("INSERT INTO raw_queue (payload) SELECT 'job ' || g FROM generate_series(1, %s) g", (jobs,))
+        conn.execute(
+            "INSERT INTO raw_queue (payload) SELECT 'job ' || g FROM generate_series(1, %s) g", (jobs,)
+        )
     done = [0] * workers
 
     def worker(index: int, start: threading.Barrier) -> None:
@@ -85,15 +93,22 @@ def raw_skip_locked_rate(dsn: str, jobs: int, workers: int) -> float:
 
 def small_file_table(spark, name: str, files: int) -> None:
     spark.sql(f"CREATE TABLE lake.bench.{name} (id BIGINT, v STRING) USING iceberg")
-    spark.range(files * 10).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.bench.{name}").append()
+    frame = spark.range(files * 10).selectExpr("id", "concat('v', id) AS v").repartition(files)
+    frame.writeTo(f"lake.bench.{name}").append()
 
 
 def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int) -> dict:
     from runstate.spark import SparkSettings, build_session
 
     warehouse = Path(tempfile.mkdtemp(prefix="rs_bench_wh_"))
-    spark = build_session(SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="runstate-bench",
-                                        extra_conf={"spark.ui.showConsoleProgress": "false"}))
+    spark = build_session(
+        SparkSettings(
+            pg_url=dsn,
+            warehouse_dir=warehouse,
+            app_name="runstate-bench",
+            extra_conf={"spark.ui.showConsoleProgress": "false"},
+        )
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.bench")
@@ -108,13 +123,15 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
         jvm = spark.sparkContext._jvm
         for round_ in range(repeats):
             # Alternate the order each round, so neither side always runs on the warmer JVM.
-            for side in (("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct")):
+            for side in ("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct"):
                 jvm.System.gc()
                 if side == "direct":
                     began = time.perf_counter()
                     rows = spark.sql(
-                        f"CALL lake.system.rewrite_data_files(table => 'bench.direct_{round_}', strategy => 'binpack', "
-                        "options => map('target-file-size-bytes', '134217728'))").collect()
+                        f"CALL lake.system.rewrite_data_files(table => 'bench.direct_{round_}',"
+                        " strategy => 'binpack', "
+                        "options => map('target-file-size-bytes', '134217728'))"
+                    ).collect()
                     direct_times.append(time.perf_counter() - began)
                     assert rows[0]["rewritten_data_files_count"] == files
                 else:
@@ -143,7 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rewrite rounds (median reported)")
     parser.add_argument("--skip-spark", action="store_true", help="queue figures only")
     parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--drain", type=int, metavar="N", help="drain N jobs through `runstate dev` instead")
+    parser.add_argument("--workers", type=int, default=2, help="W for --drain: worker runs alive at once")
     args = parser.parse_args(argv)
+    if args.drain:
+        print(json.dumps(drain_through_dev(args.admin_url, args.drain, args.workers), sort_keys=True))
+        return
 
     name, dsn = create_database(args.admin_url)
     try:
@@ -154,11 +176,15 @@ def main(argv: list[str] | None = None) -> None:
             result["queue_jobs_per_s_1w"] = round(queue_rate(store, args.jobs, 1), 1)
             result["queue_jobs_per_s_4w"] = round(queue_rate(store, args.jobs, 4), 1)
             result["raw_skip_locked_jobs_per_s"] = round(raw_skip_locked_rate(dsn, args.jobs, 4), 1)
-            result["queue_4w_vs_raw_pct"] = round(100.0 * result["queue_jobs_per_s_4w"] / result["raw_skip_locked_jobs_per_s"], 1)
+            result["queue_4w_vs_raw_pct"] = round(
+                100.0 * result["queue_jobs_per_s_4w"] / result["raw_skip_locked_jobs_per_s"], 1
+            )
             if not args.skip_spark:
                 result["files"] = args.files
                 result.update(rewrite_overhead(dsn, store, args.files, args.repeats))
-            result["targets_met"] = result["queue_jobs_per_s_4w"] >= 500 and result.get("rewrite_overhead_pct", 0) <= 15
+            result["targets_met"] = (
+                result["queue_jobs_per_s_4w"] >= 500 and result.get("rewrite_overhead_pct", 0) <= 15
+            )
     finally:
         drop_database(args.admin_url, name)
     print(json.dumps(result, sort_keys=True))

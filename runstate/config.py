@@ -72,6 +72,7 @@ class Settings:
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
     # machine; scale it with the cluster (docs/OPERATIONS.md).
     wal_flush_shards: int = 2
+    maintenance_workers: int = 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -99,6 +100,7 @@ class Settings:
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
             wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
+            maintenance_workers=_positive_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2),
         )
 
 

@@ -1,5 +1,6 @@
-"""Iceberg table maintenance core: identifiers, the Postgres store (queue, fences, locks, cache, health),
-the catalog inventory, the health analyzer, the actions and their job runner, and the orchestrator.
+"""Iceberg table maintenance core: identifiers, value types, errors, the Postgres store (queue and
+fences, locks, catalog cache, health and audit history), the catalog inventory, the health analyzer,
+the actions, the fenced job runner and worker loop, and the orchestrator.
 
 No dagster imports here; runstate/defs/maintenance is the Dagster shell around this package. Nothing
 here imports pyspark either until a Spark session is used. The status constants stay in their modules
@@ -15,46 +16,37 @@ from runstate.maintenance.actions import (
     run_job,
 )
 from runstate.maintenance.catalog import CatalogListing, CatalogTable, list_tables
-from runstate.maintenance.errors import MaintenanceError
-from runstate.maintenance.health import (
-    MB,
-    HealthAnalyzer,
-    HealthThresholds,
+from runstate.maintenance.errors import (
+    InvalidActionOption,
+    InvalidIdentifier,
+    InvalidInput,
+    InvalidStatus,
+    JobNotFound,
+    MaintenanceError,
+    StoreError,
+    StoreUnavailable,
+    TableNotCached,
     TableNotFound,
+    UnknownAction,
 )
+from runstate.maintenance.health import MB, HealthAnalyzer, HealthThresholds
 from runstate.maintenance.identifiers import (
     ACTIONS,
     IDENTIFIER_PATTERN,
-    InvalidIdentifier,
     TableRef,
-    UnknownAction,
     parse_table_ref,
     validate_actions,
     validate_identifier,
 )
-from runstate.maintenance.orchestrator import (
-    Orchestrator,
-    OrchestratorReport,
-    OrchestratorSettings,
-)
-from runstate.maintenance.store import (
-    ActionRecord,
-    CachedTable,
-    Claim,
-    HealthSnapshot,
-    InvalidStatus,
-    Job,
-    JobNotFound,
-    MaintenanceStore,
-    OrchestratorRun,
-    TableNotCached,
-)
+from runstate.maintenance.models import ActionRecord, CachedTable, Claim, HealthSnapshot, Job, OrchestratorRun
+from runstate.maintenance.orchestrator import Orchestrator, OrchestratorReport, OrchestratorSettings
+from runstate.maintenance.runner import WorkerReport, work_queue
+from runstate.maintenance.store import MaintenanceStore
 
 __all__ = [
     "ACTIONS",
     "IDENTIFIER_PATTERN",
     "MB",
-    "MaintenanceError",
     "ActionRecord",
     "ActionSettings",
     "CachedTable",
@@ -64,21 +56,27 @@ __all__ = [
     "HealthAnalyzer",
     "HealthSnapshot",
     "HealthThresholds",
+    "InvalidActionOption",
     "InvalidIdentifier",
+    "InvalidInput",
     "InvalidStatus",
     "Job",
     "JobNotFound",
     "JobOutcome",
+    "MaintenanceError",
     "MaintenanceStore",
     "Orchestrator",
     "OrchestratorReport",
     "OrchestratorRun",
     "OrchestratorSettings",
+    "StoreError",
+    "StoreUnavailable",
     "TableLocked",
     "TableNotCached",
     "TableNotFound",
     "TableRef",
     "UnknownAction",
+    "WorkerReport",
     "claim_ready",
     "list_tables",
     "parse_table_ref",
@@ -86,4 +84,5 @@ __all__ = [
     "run_job",
     "validate_actions",
     "validate_identifier",
+    "work_queue",
 ]

@@ -1,30 +1,30 @@
-"""Maintenance actions as Iceberg Spark procedures on the `lake` catalog, and the fenced job runner.
+"""Maintenance actions as Iceberg Spark procedures on the `lake` catalog, with the table's figures
+measured around each one.
 
-Iceberg's `CALL` parser takes no bound parameters, so every value that reaches the SQL text is
-either a validated identifier, an integer, or a timestamp we format ourselves.
 A dry run writes nothing: orphans use the procedure's own `dry_run`, the other actions report a
-plan computed from the metadata tables.
+plan computed from the metadata tables. A commit that loses a race with a live writer
+(CommitFailedException) is retried within the action; rewrite_data_files also commits its file
+groups as it goes (partial progress), so a late conflict costs one group, not the whole rewrite.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from runstate.maintenance.errors import MaintenanceError
-from runstate.maintenance.identifiers import (
-    ACTIONS,
-    TableRef,
-    UnknownAction,
-    validate_identifier,
+from runstate.maintenance.errors import InvalidActionOption, TableLocked, UnknownAction
+from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
+from runstate.maintenance.options import (
+    MIN_ORPHAN_AGE_HOURS,
+    STRATEGIES,
+    ActionSettings,
+    sort_order_sql,
+    timestamp_literal,
 )
-from runstate.maintenance.store import Claim
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,88 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CATALOG = "lake"
-STRATEGIES = ("binpack", "sort")
-# Iceberg refuses remove_orphan_files with an interval under 24 hours (concurrent writers' files).
-MIN_ORPHAN_AGE_HOURS = 24
 # Iceberg's binpack defaults: files under 75% of the target are candidates, 5 of them make a group.
 BINPACK_MIN_FILE_RATIO = 0.75
 BINPACK_MIN_INPUT_FILES = 5
-_SORT_TERM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}( (ASC|DESC))?( NULLS (FIRST|LAST))?", re.IGNORECASE)
-
-
-class InvalidActionOption(MaintenanceError, ValueError):
-    """A maintenance option that is missing its rules (bad type, range or sort order)."""
-
-
-class TableLocked(MaintenanceError, RuntimeError):
-    """Another holder owns the table lock; the job was not run and its lease will expire for a retry."""
-
-
-@dataclass(frozen=True)
-class ActionSettings:
-    """How each action runs; the defaults come from config, a job's `options` override them."""
-
-    rewrite_strategy: str = "binpack"
-    sort_order: str | None = None
-    target_file_size_bytes: int = 128 * 1024 * 1024
-    expire_older_than_hours: float = 72.0
-    retain_last: int = 10
-    orphan_older_than_hours: float = 72.0
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None, base: "ActionSettings | None" = None) -> "ActionSettings":
-        """Validate a job's options over `base`; any unknown key or bad value raises InvalidActionOption."""
-        base = base or cls()
-        options = dict(options or {})
-        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise InvalidActionOption(
-                f"unknown maintenance option(s) {unknown}; known: {', '.join(cls.__dataclass_fields__)}"
-            )
-        return replace(base, **options).validated()
-
-    def validated(self) -> "ActionSettings":
-        if self.rewrite_strategy not in STRATEGIES:
-            raise InvalidActionOption(f"rewrite_strategy {self.rewrite_strategy!r} must be one of {STRATEGIES}")
-        if self.rewrite_strategy == "sort" and self.sort_order is not None:
-            sort_order_sql(self.sort_order)
-        if self.sort_order is not None and self.rewrite_strategy != "sort":
-            raise InvalidActionOption("sort_order needs rewrite_strategy 'sort'")
-        _positive_int("target_file_size_bytes", self.target_file_size_bytes)
-        _positive_int("retain_last", self.retain_last)
-        _non_negative_number("expire_older_than_hours", self.expire_older_than_hours)
-        _non_negative_number("orphan_older_than_hours", self.orphan_older_than_hours)
-        if self.orphan_older_than_hours < MIN_ORPHAN_AGE_HOURS:
-            raise InvalidActionOption(
-                f"orphan_older_than_hours {self.orphan_older_than_hours} is under {MIN_ORPHAN_AGE_HOURS}: "
-                "Iceberg refuses it, files of running writers could be deleted"
-            )
-        return self
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidActionOption(f"{name} must be a positive integer, got {value!r}")
-
-
-def _non_negative_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InvalidActionOption(f"{name} must be a non-negative number of hours, got {value!r}")
-
-
-def sort_order_sql(sort_order: str) -> str:
-    """`id DESC NULLS LAST, v` -> the same text, after every term passed the validator."""
-    terms = [term.strip() for term in sort_order.split(",")]
-    for term in terms:
-        if not _SORT_TERM.fullmatch(" ".join(term.split())) or "\n" in term:
-            raise InvalidActionOption(f"sort_order term {term!r} must be `column [ASC|DESC] [NULLS FIRST|LAST]`")
-    return ", ".join(" ".join(term.split()) for term in terms)
-
-
-def timestamp_literal(moment: datetime) -> str:
-    """A Spark TIMESTAMP literal in UTC, with the zone spelled out so session settings cannot shift it."""
-    utc = moment.astimezone(timezone.utc)
-    return f"TIMESTAMP '{utc.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00'"
+# Retries of an action whose commit lost to a concurrent writer (on top of Iceberg's own commit retries).
+COMMIT_RETRIES = 3
+PARTIAL_PROGRESS_MAX_COMMITS = 10
 
 
 @dataclass(frozen=True)
@@ -124,6 +48,9 @@ class ActionResult:
     error: str | None = None
     elapsed_seconds: float = 0.0
     figures: Mapping[str, Any] = field(default_factory=dict)
+    before: Mapping[str, Any] = field(default_factory=dict)
+    after: Mapping[str, Any] = field(default_factory=dict)
+    attempts: int = 1
 
 
 def _figures_message(figures: Mapping[str, Any], prefix: str = "") -> str:
@@ -138,6 +65,33 @@ def _sum_rows(rows: list) -> dict[str, int]:
         for key, value in row.asDict().items():
             totals[key] = totals.get(key, 0) + (value or 0)
     return totals
+
+
+def table_figures(spark: "SparkSession", ref: TableRef, catalog: str = CATALOG) -> dict[str, Any]:
+    """What a job changes, as numbers: data files and bytes, delete files, manifests, and how long a
+    canary scan takes to plan (listing the files a full read would open, without reading them)."""
+    from pyspark.sql import functions as F
+
+    name = ref.in_catalog(catalog)
+    # One pass over `.files` (content 0: data, 1 and 2: deletes) instead of a query per metadata table.
+    by_content = {
+        row["content"]: row
+        for row in spark.table(f"{name}.files")
+        .groupBy("content")
+        .agg(F.count(F.lit(1)).alias("n"), F.sum("file_size_in_bytes").alias("b"))
+        .collect()
+    }
+    started = time.perf_counter()
+    spark.table(name).inputFiles()
+    planning_ms = (time.perf_counter() - started) * 1000
+    data = by_content.get(0)
+    return {
+        "data_files": int(data["n"]) if data else 0,
+        "data_bytes": int(data["b"] or 0) if data else 0,
+        "delete_files": sum(int(row["n"]) for content, row in by_content.items() if content != 0),
+        "manifests": spark.table(f"{name}.manifests").count(),
+        "canary_planning_ms": round(planning_ms, 3),
+    }
 
 
 class ActionRunner:
@@ -164,7 +118,8 @@ class ActionRunner:
         return self.spark.sql(f"CALL {self.catalog}.system.{procedure}({args})").collect()
 
     def _metadata(self, name: str):
-        return self.spark.table(f"{self.ref.in_catalog(self.catalog)}.{validate_identifier(name, 'metadata table')}")
+        name = validate_identifier(name, "metadata table")
+        return self.spark.table(f"{self.ref.in_catalog(self.catalog)}.{name}")
 
     def _older_than(self, hours: float) -> str:
         return timestamp_literal(self.now() - timedelta(hours=hours))
@@ -177,8 +132,18 @@ class ActionRunner:
         arguments = [f"strategy => '{s.rewrite_strategy}'"]
         if s.rewrite_strategy == "sort" and s.sort_order:
             arguments.append(f"sort_order => '{sort_order_sql(s.sort_order)}'")
-        arguments.append(f"options => map('target-file-size-bytes', '{int(s.target_file_size_bytes)}')")
+        arguments.append(
+            f"options => map('target-file-size-bytes', '{int(s.target_file_size_bytes)}',"
+            f" 'partial-progress.enabled', 'true',"
+            f" 'partial-progress.max-commits', '{PARTIAL_PROGRESS_MAX_COMMITS}')"
+        )
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
+        if figures.get("failed_data_files_count"):
+            # Partial progress logs a refused or lost group commit and carries on: make it an error.
+            raise RuntimeError(
+                f"{figures['failed_data_files_count']} data files were rewritten but their commit failed"
+                f" ({_figures_message(figures)})"
+            )
         return _figures_message(figures), figures
 
     def _plan_rewrite_data_files(self) -> tuple[str, dict]:
@@ -189,13 +154,18 @@ class ActionRunner:
         files = self._metadata("data_files")
         if s.rewrite_strategy == "binpack":
             files = files.where(F.col("file_size_in_bytes") < F.lit(threshold))
-        row = files.agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b")).first()
+        row = files.agg(
+            F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b")
+        ).first()
         count, size = int(row["n"]), int(row["b"])
         if s.rewrite_strategy == "binpack" and count < BINPACK_MIN_INPUT_FILES:
             count, size = 0, 0
         planned = max(1, math.ceil(size / s.target_file_size_bytes)) if count else 0
-        figures = {"would_rewrite_data_files_count": count, "would_rewrite_bytes_count": size,
-                   "would_add_data_files_count": planned}
+        figures = {
+            "would_rewrite_data_files_count": count,
+            "would_rewrite_bytes_count": size,
+            "would_add_data_files_count": planned,
+        }
         return _figures_message(figures, "dry run: "), figures
 
     def rewrite_position_delete_files(self, dry_run: bool) -> tuple[str, dict]:
@@ -203,11 +173,17 @@ class ActionRunner:
             from pyspark.sql import functions as F
 
             row = (
-                self._metadata("delete_files").where(F.col("content") == F.lit(1))
-                .agg(F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b"))
+                self._metadata("delete_files")
+                .where(F.col("content") == F.lit(1))
+                .agg(
+                    F.count(F.lit(1)).alias("n"), F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("b")
+                )
                 .first()
             )
-            figures = {"would_rewrite_delete_files_count": int(row["n"]), "would_rewrite_bytes_count": int(row["b"])}
+            figures = {
+                "would_rewrite_delete_files_count": int(row["n"]),
+                "would_rewrite_bytes_count": int(row["b"]),
+            }
             return _figures_message(figures, "dry run: "), figures
         figures = _sum_rows(self._call("rewrite_position_delete_files"))
         return _figures_message(figures), figures
@@ -223,18 +199,22 @@ class ActionRunner:
         s = self.settings
         if dry_run:
             return self._plan_expire_snapshots()
-        figures = _sum_rows(self._call(
-            "expire_snapshots",
-            f"older_than => {self._older_than(s.expire_older_than_hours)}",
-            f"retain_last => {int(s.retain_last)}",
-        ))
+        figures = _sum_rows(
+            self._call(
+                "expire_snapshots",
+                f"older_than => {self._older_than(s.expire_older_than_hours)}",
+                f"retain_last => {int(s.retain_last)}",
+            )
+        )
         return _figures_message(figures), figures
 
     def _plan_expire_snapshots(self) -> tuple[str, dict]:
         # Iceberg keeps the current snapshot, the newest `retain_last`, and all newer than the cutoff.
         s = self.settings
-        cutoff = (self.now() - timedelta(hours=s.expire_older_than_hours)).astimezone(timezone.utc).replace(tzinfo=None)
-        rows = self._metadata("snapshots").select("committed_at").orderBy("committed_at", ascending=False).collect()
+        cutoff = self.now() - timedelta(hours=s.expire_older_than_hours)
+        cutoff = cutoff.astimezone(timezone.utc).replace(tzinfo=None)
+        snapshots = self._metadata("snapshots").select("committed_at")
+        rows = snapshots.orderBy("committed_at", ascending=False).collect()
         expirable = [r for i, r in enumerate(rows) if i >= s.retain_last and r["committed_at"] < cutoff]
         figures = {"would_expire_snapshots_count": len(expirable), "snapshot_count": len(rows)}
         return _figures_message(figures, "dry run: "), figures
@@ -249,179 +229,82 @@ class ActionRunner:
         figures = {key: len(rows)}
         return _figures_message(figures, "dry run: " if dry_run else ""), figures
 
-    def run(self, action: str, dry_run: bool = False) -> ActionResult:
-        """One action; a Spark failure becomes an unsuccessful result that names the table."""
+    def run(
+        self, action: str, dry_run: bool = False, before: Mapping[str, Any] | None = None
+    ) -> ActionResult:
+        """One action, retried when its commit loses to a concurrent writer; a Spark failure becomes an
+        unsuccessful result that names the table. `before` (the table's figures) enables `after`."""
         if action not in ACTIONS:
             raise UnknownAction(f"unknown maintenance action {action!r}; choose from {', '.join(ACTIONS)}")
         started = time.perf_counter()
-        try:
-            message, figures = getattr(self, action)(dry_run)
-        except Exception as exc:  # noqa: BLE001 - recorded in job_actions, the job then fails
-            error = f"{action} on {self.ref.key} failed: {type(exc).__name__}: {_first_line(exc)}"
-            log.warning("%s", error)
-            return ActionResult(action, False, "", error, time.perf_counter() - started)
-        return ActionResult(action, True, message, None, time.perf_counter() - started, figures)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else ""
-
-
-# -- the fenced job runner --------------------------------------------------------------------
-
-
-class JobStore(Protocol):
-    """The part of MaintenanceStore a job run needs (the core packages stay decoupled)."""
-
-    def heartbeat(self, claim: Any, lease_seconds: float | None = None) -> bool: ...
-    def record_action(self, claim: Any, action: str, success: bool, message: str = "", error: str | None = None,
-                      elapsed_seconds: float = 0.0) -> bool: ...
-    def complete(self, claim: Any, status: str, error: str | None = None) -> bool: ...
-    def is_cancel_requested(self, claim: Any) -> bool: ...
-    def acquire_table_lock(self, table_key: str, holder: str, ttl_seconds: float) -> bool: ...
-    def release_table_lock(self, table_key: str, holder: str) -> bool: ...
-
-
-@dataclass
-class JobOutcome:
-    job_id: str
-    attempt_id: str
-    status: str  # completed | failed | cancelled | fenced_out
-    results: list[ActionResult] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def completed_actions(self) -> list[str]:
-        return [r.action for r in self.results if r.success]
-
-
-class LeaseKeeper:
-    """A thread that heartbeats the claim and refreshes the table lock until stopped or fenced out."""
-
-    def __init__(self, store: JobStore, claim: Any, table_key: str, holder: str, *, interval_seconds: float,
-                 lease_seconds: float, lock_ttl_seconds: float) -> None:
-        self.store, self.claim, self.table_key, self.holder = store, claim, table_key, holder
-        self.interval, self.lease_seconds, self.lock_ttl = interval_seconds, lease_seconds, lock_ttl_seconds
-        self.fenced_out = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"lease-{claim.job_id}", daemon=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        for attempt in range(1, COMMIT_RETRIES + 2):
             try:
-                alive = self.store.heartbeat(self.claim, self.lease_seconds)
-                alive = alive and self.store.acquire_table_lock(self.table_key, self.holder, self.lock_ttl)
-            except Exception:  # noqa: BLE001 - a database blip; the next beat retries, the lease has slack
-                log.exception("heartbeat for job %s failed", self.claim.job_id)
-                continue
-            if not alive:
-                self.fenced_out.set()
-                return
+                message, figures = getattr(self, action)(dry_run)
+                break
+            except Exception as exc:  # noqa: BLE001 - recorded in job_actions, the job then fails
+                if _lost_commit_race(exc) and attempt <= COMMIT_RETRIES:
+                    log.info(
+                        "%s on %s lost a commit race (attempt %d); retrying", action, self.ref.key, attempt
+                    )
+                    continue
+                error = f"{action} on {self.ref.key} failed: {type(exc).__name__}: {_describe(exc)}"
+                log.warning("%s", error)
+                return ActionResult(action, False, "", error, time.perf_counter() - started, attempts=attempt)
+        elapsed = time.perf_counter() - started
+        after = self.figures() if before is not None and not dry_run else {}
+        return ActionResult(action, True, message, None, elapsed, figures, dict(before or {}), after, attempt)
 
-    def __enter__(self) -> "LeaseKeeper":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def run_job(
-    spark: "SparkSession",
-    store: JobStore,
-    claim: Any,
-    *,
-    settings: ActionSettings | None = None,
-    catalog: str = CATALOG,
-    lock_ttl_seconds: float = 600,
-    heartbeat_seconds: float | None = None,
-    after_action: Callable[[ActionResult], None] | None = None,
-) -> JobOutcome:
-    """Run a claimed job: hold the table lock, heartbeat, run its actions in order, complete under the fence.
-
-    Stops between actions when the job is cancelled or the claim is fenced out. Raises TableLocked
-    (nothing run, nothing recorded) when another holder has the table; the lease then expires and
-    the job is claimed again later, or fails at its maximum attempts.
-    """
-    ref = TableRef(claim.database, claim.table)
-    # The lock holder is the attempt (the fence), so a fenced-out attempt still running keeps the
-    # table from its own job's next attempt until its lock expires.
-    holder = claim.attempt_id
-    try:
-        action_settings = ActionSettings.from_options(claim.options, settings)
-    except InvalidActionOption as exc:
-        error = f"job {claim.job_id} on {ref.key}: {exc}"
-        done = store.complete(claim, "failed", error)
-        return JobOutcome(claim.job_id, claim.attempt_id, "failed" if done else "fenced_out", [], error)
-    if not store.acquire_table_lock(ref.key, holder, lock_ttl_seconds):
-        raise TableLocked(f"table {ref.key} is locked by another maintenance job; job {claim.job_id} not run")
-    runner = ActionRunner(spark, ref, action_settings, catalog=catalog)
-    outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
-    lease_seconds = float(claim.lease_seconds)
-    # Three beats per lease: one lost beat never costs the claim.
-    heartbeat_seconds = heartbeat_seconds or max(lease_seconds / 3, 0.05)
-    try:
-        with LeaseKeeper(store, claim, ref.key, holder, interval_seconds=heartbeat_seconds,
-                         lease_seconds=lease_seconds, lock_ttl_seconds=lock_ttl_seconds) as keeper:
-            outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
-        if outcome.status == "fenced_out":
-            return outcome
-        failures = [r.error for r in outcome.results if not r.success]
-        if failures:
-            outcome.status, outcome.error = "failed", "; ".join(e for e in failures if e)
-        if not store.complete(claim, outcome.status, outcome.error):
-            outcome.status = "fenced_out"
-        return outcome
-    finally:
-        store.release_table_lock(ref.key, holder)
+    def figures(self) -> dict[str, Any]:
+        return table_figures(self.spark, self.ref, self.catalog)
 
 
-def _run_actions(runner: ActionRunner, store: JobStore, claim: Any, keeper: LeaseKeeper, outcome: JobOutcome,
-                 after_action: Callable[[ActionResult], None] | None) -> str:
-    for action in claim.actions:
-        # A beat right before each action: a worker whose lease ran out never starts another procedure.
-        if keeper.fenced_out.is_set() or not store.heartbeat(claim, keeper.lease_seconds):
-            return "fenced_out"
-        if store.is_cancel_requested(claim):
-            return "cancelled"
-        result = runner.run(action, dry_run=claim.dry_run)
-        outcome.results.append(result)
-        if not store.record_action(claim, result.action, result.success, result.message, result.error,
-                                   result.elapsed_seconds):
-            return "fenced_out"
-        if after_action is not None:
-            after_action(result)
-    # A cancel that arrives after the last action is too late to stop anything: the job did complete.
-    return "completed"
-
-
-# -- the queue side of a worker ---------------------------------------------------------------
-
-
-def claim_ready(store: Any, worker: str, lease_seconds: float, concurrency_limit: int) -> list[Claim]:
-    """Claim ready jobs while fewer than `concurrency_limit` hold a live lease."""
-    ready, in_flight = store.queue_depth()
-    running = in_flight - ready
-    claims: list[Claim] = []
-    for _ in range(max(0, concurrency_limit - running)):
-        claim = store.claim(worker, lease_seconds)
-        if claim is None:
-            break
-        claims.append(claim)
-    return claims
-
-
-def resume_claim(store: Any, job_id: str, attempt_id: str, lease_seconds: float) -> Claim | None:
-    """The Claim a worker process received by id (a Dagster run's config); None when its fence is gone."""
-    job = store.get_job(job_id)
-    if job is None or job.attempt_id != attempt_id:
-        return None
-    if not (job.status == "running" or job.cancel_requested):
-        return None
-    return Claim(
-        job_id=job.job_id, attempt_id=attempt_id, database=job.database, table=job.table,
-        actions=tuple(job.actions), dry_run=job.dry_run, options=dict(job.options or {}),
-        attempt_count=job.attempt_count or 0, worker=job.claimed_by or "", lease_seconds=lease_seconds,
+def _describe(exc: BaseException) -> str:
+    """The first line of a (Java) error plus its root cause, which holds the reason (a refused commit)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    text = (
+        lines[0]
+        if not causes or causes[-1] == lines[0]
+        else f"{lines[0]} (root cause: {causes[-1][10:].strip()})"
     )
+    return text[:1000]
+
+
+def _lost_commit_race(exc: BaseException) -> bool:
+    """Iceberg's CommitFailedException (a concurrent commit won) reaches Python only as text."""
+    return "CommitFailedException" in str(exc) or "CommitFailedException" in type(exc).__name__
+
+
+# The job runner moved to runner.py; these names stay importable from here. (At the bottom: runner
+# imports ActionRunner from this module.)
+from runstate.maintenance.runner import (  # noqa: E402
+    JobOutcome,
+    JobStore,
+    LeaseKeeper,
+    claim_ready,
+    resume_claim,
+    run_job,
+)
+
+__all__ = [
+    "ACTIONS",
+    "CATALOG",
+    "MIN_ORPHAN_AGE_HOURS",
+    "STRATEGIES",
+    "ActionResult",
+    "ActionRunner",
+    "ActionSettings",
+    "InvalidActionOption",
+    "JobOutcome",
+    "JobStore",
+    "LeaseKeeper",
+    "TableLocked",
+    "claim_ready",
+    "resume_claim",
+    "run_job",
+    "sort_order_sql",
+    "table_figures",
+    "timestamp_literal",
+]

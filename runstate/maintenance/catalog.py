@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from runstate.maintenance.identifiers import InvalidIdentifier, TableRef, validate_identifier
-from runstate.maintenance.store import CachedTable
+from runstate.maintenance.models import CachedTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -40,7 +40,7 @@ def parse_enabled(value: str | None) -> bool | None:
 
 
 def parse_cadence_hours(value: str | None) -> int | None:
-    """A whole number of hours (0: no minimum interval), else None (a bad value must not stop the inventory)."""
+    """Whole hours (0: no minimum interval), else None (a bad value must not stop the inventory)."""
     if value is None:
         return None
     try:
@@ -64,7 +64,7 @@ class CatalogTable:
 
     @property
     def key(self) -> str:
-        return f"{self.database}.{self.table}"
+        return self.ref.key
 
     @property
     def maintenance_enabled(self) -> bool | None:
@@ -120,8 +120,14 @@ def list_tables(spark: "SparkSession", catalog: str = CATALOG) -> CatalogListing
             except InvalidIdentifier:
                 listing.skipped.append(f"{namespace}.{name}")
                 continue
-            listing.tables.append(CatalogTable(ref.database, ref.table, table_properties(spark, ref, catalog)))
+            listing.tables.append(
+                CatalogTable(ref.database, ref.table, table_properties(spark, ref, catalog))
+            )
     if listing.skipped:
-        log.warning("catalog %s: %d table name(s) are not plain identifiers and were left out: %s",
-                    catalog, len(listing.skipped), ", ".join(listing.skipped))
+        log.warning(
+            "catalog %s: %d table name(s) are not plain identifiers and were left out: %s",
+            catalog,
+            len(listing.skipped),
+            ", ".join(listing.skipped),
+        )
     return listing

@@ -19,9 +19,9 @@ from runstate.maintenance.catalog import (
     parse_cadence_hours,
     parse_enabled,
 )
-from runstate.maintenance.errors import MaintenanceError
+from runstate.maintenance.errors import TableNotFound
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
-from runstate.maintenance.store import HealthSnapshot
+from runstate.maintenance.models import HealthSnapshot
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,10 +48,6 @@ class HealthThresholds:
     max_manifests: int = 100
 
 
-class TableNotFound(MaintenanceError, LookupError):
-    pass
-
-
 def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]:
     """Ordered actions (in ACTIONS order) that the metrics ask for."""
     wanted = set()
@@ -61,13 +57,17 @@ def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]
         wanted.add("rewrite_position_delete_files")
     if health.manifest_count > thresholds.max_manifests:
         wanted.add("rewrite_manifests")
-    if (health.snapshot_count > thresholds.max_snapshots
-            or health.oldest_snapshot_age_hours > thresholds.max_snapshot_age_hours):
+    if (
+        health.snapshot_count > thresholds.max_snapshots
+        or health.oldest_snapshot_age_hours > thresholds.max_snapshot_age_hours
+    ):
         wanted.add("expire_snapshots")
     return [action for action in ACTIONS if action in wanted]
 
 
-def apply_verdict(health: HealthSnapshot, thresholds: HealthThresholds, metrics_complete: bool) -> HealthSnapshot:
+def apply_verdict(
+    health: HealthSnapshot, thresholds: HealthThresholds, metrics_complete: bool
+) -> HealthSnapshot:
     """The report with recommended_actions, needs_maintenance and health_status set from its metrics."""
     actions = recommend(health, thresholds)
     if actions:
@@ -81,8 +81,14 @@ def apply_verdict(health: HealthSnapshot, thresholds: HealthThresholds, metrics_
 class HealthAnalyzer:
     """Computes the HealthSnapshot of tables of the `lake` catalog through one Spark session."""
 
-    def __init__(self, spark: "SparkSession", thresholds: HealthThresholds | None = None, *, catalog: str = CATALOG,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        spark: "SparkSession",
+        thresholds: HealthThresholds | None = None,
+        *,
+        catalog: str = CATALOG,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         self.spark = spark
         self.thresholds = thresholds or HealthThresholds()
         self.catalog = validate_identifier(catalog, "catalog name")
@@ -114,10 +120,15 @@ class HealthAnalyzer:
                 errors.append(f"{step.__name__.strip('_')}: {message}")
                 log.warning("health of %s: %s failed: %s", ref.key, step.__name__, message)
         health = HealthSnapshot(
-            ref.database, ref.table, needs_maintenance=False, checked_at=checked_at, snapshot_id=snapshot_id,
+            ref.database,
+            ref.table,
+            needs_maintenance=False,
+            checked_at=checked_at,
+            snapshot_id=snapshot_id,
             maintenance_enabled=parse_enabled(properties.get(ENABLED_PROPERTY)),
             maintenance_cadence_hours=parse_cadence_hours(properties.get(CADENCE_PROPERTY)),
-            error="; ".join(errors) or None, **metrics,
+            error="; ".join(errors) or None,
+            **metrics,
         )
         return apply_verdict(health, self.thresholds, metrics_complete=not errors)
 
@@ -126,15 +137,25 @@ class HealthAnalyzer:
     def _data_files(self, ref: TableRef, *_: Any) -> dict[str, Any]:
         from pyspark.sql import functions as F
 
-        row = self._metadata(ref, "data_files").agg(
-            F.count(F.lit(1)).alias("files"),
-            F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("bytes"),
-            F.coalesce(F.sum("record_count"), F.lit(0)).alias("records"),
-            F.count(F.when(F.col("file_size_in_bytes") < F.lit(self.thresholds.small_file_bytes), True)).alias("small"),
-        ).first()
+        row = (
+            self._metadata(ref, "data_files")
+            .agg(
+                F.count(F.lit(1)).alias("files"),
+                F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("bytes"),
+                F.coalesce(F.sum("record_count"), F.lit(0)).alias("records"),
+                F.count(
+                    F.when(F.col("file_size_in_bytes") < F.lit(self.thresholds.small_file_bytes), True)
+                ).alias("small"),
+            )
+            .first()
+        )
         files, size, small = int(row["files"]), int(row["bytes"]), int(row["small"])
-        metrics = {"total_data_files": files, "total_size_bytes": size, "total_records": int(row["records"]),
-                   "small_file_count": small}
+        metrics = {
+            "total_data_files": files,
+            "total_size_bytes": size,
+            "total_records": int(row["records"]),
+            "small_file_count": small,
+        }
         if files:
             metrics.update(avg_file_size_bytes=size / files, small_file_pct=100.0 * small / files)
         return metrics
@@ -146,9 +167,11 @@ class HealthAnalyzer:
         # committed_at comes back in the session time zone; unix_timestamp keeps the arithmetic zone-free.
         from pyspark.sql import functions as F
 
-        rows = self._metadata(ref, "snapshots").select(
-            "snapshot_id", F.unix_timestamp("committed_at").alias("epoch")
-        ).collect()
+        rows = (
+            self._metadata(ref, "snapshots")
+            .select("snapshot_id", F.unix_timestamp("committed_at").alias("epoch"))
+            .collect()
+        )
         if not rows:
             return {"snapshot_count": 0}
         now_epoch = checked_at.timestamp()

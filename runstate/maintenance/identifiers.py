@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from runstate.maintenance.errors import MaintenanceError
+from runstate.maintenance.errors import InvalidIdentifier, UnknownAction
 
 IDENTIFIER_PATTERN = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
-_IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN)
+_IDENTIFIER_RE = re.compile(IDENTIFIER_PATTERN, re.ASCII)
 
 # Execution order, chosen so each step works on what the previous one left:
 # 1. rewrite_data_files compacts small files and folds position deletes into the rewritten files;
@@ -32,21 +32,15 @@ ACTIONS: tuple[str, ...] = (
 _ACTION_RANK = {name: rank for rank, name in enumerate(ACTIONS)}
 
 
-class InvalidIdentifier(MaintenanceError, ValueError):
-    """A database, table or other name that is not a plain SQL identifier."""
-
-
-class UnknownAction(MaintenanceError, ValueError):
-    """A maintenance action that is not in `ACTIONS` (or no action at all)."""
-
-
 def validate_identifier(value: object, what: str = "identifier") -> str:
     """Return `value` unchanged when it is one safe identifier part, else raise InvalidIdentifier."""
     if not isinstance(value, str):
         raise InvalidIdentifier(f"{what} must be a string, got {type(value).__name__}")
     # fullmatch, not match+$: `$` would accept a trailing newline.
     if not _IDENTIFIER_RE.fullmatch(value):
-        raise InvalidIdentifier(f"{what} {value!r} is not a valid identifier (each part must match {IDENTIFIER_PATTERN})")
+        raise InvalidIdentifier(
+            f"{what} {value!r} is not a valid identifier (each part must match {IDENTIFIER_PATTERN})"
+        )
     return value
 
 
@@ -82,7 +76,9 @@ class TableRef:
 def parse_table_ref(value: object) -> TableRef:
     """Parse `"db.table"` into a TableRef; exactly two valid parts, nothing else."""
     if not isinstance(value, str):
-        raise InvalidIdentifier(f"table reference must be a string 'database.table', got {type(value).__name__}")
+        raise InvalidIdentifier(
+            f"table reference must be a string 'database.table', got {type(value).__name__}"
+        )
     parts = value.split(".")
     if len(parts) != 2:
         raise InvalidIdentifier(f"table reference {value!r} must be exactly 'database.table'")
@@ -91,13 +87,19 @@ def parse_table_ref(value: object) -> TableRef:
 
 def validate_actions(actions: Iterable[str] | str) -> tuple[str, ...]:
     """Known actions, deduplicated, in `ACTIONS` order. A string is read as a comma-separated list."""
+    if actions is None or isinstance(actions, (bytes, Mapping)):
+        raise UnknownAction(f"actions must be a list of names, got {type(actions).__name__}")
     if isinstance(actions, str):
         names = [part.strip() for part in actions.split(",") if part.strip()]
     else:
-        names = list(actions)
+        try:
+            names = list(actions)
+        except TypeError:
+            raise UnknownAction(f"actions must be a list of names, got {type(actions).__name__}") from None
     if not names:
         raise UnknownAction(f"no maintenance action given; choose from {', '.join(ACTIONS)}")
     unknown = [name for name in names if not isinstance(name, str) or name not in _ACTION_RANK]
     if unknown:
-        raise UnknownAction(f"unknown maintenance action(s) {unknown!r}; choose from {', '.join(ACTIONS)}")
+        shown = ", ".join(repr(name) for name in unknown[:5])
+        raise UnknownAction(f"unknown maintenance action(s) {shown}; choose from {', '.join(ACTIONS)}")
     return tuple(sorted(set(names), key=_ACTION_RANK.__getitem__))

@@ -4,8 +4,9 @@ Per table, in this order (the cheap checks first, so Spark only looks at candida
 1. skip when the table is not opted in (`runstate.maintenance.enabled` is not true);
 2. skip when it already has an active (pending or running) job;
 3. skip when its last job was submitted within its cadence (`cadence-hours` 0: no minimum interval);
-4. analyze health (and keep the snapshot); a healthy table is counted healthy;
-5. an unhealthy table gets a job with the recommended actions, or only advice in dry-run mode.
+4. analyze health (and keep the snapshot); the thresholds' actions, then the table's own snapshot
+   retention and the orphan-cleanup rule (rules.py) decide the job; a table with none is healthy;
+5. a table with actions gets a job (with the options the rules chose), or only advice in dry-run mode.
 Every run writes one orchestrator_runs row with all its counters, also when it fails.
 """
 
@@ -16,9 +17,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from runstate.maintenance.health import TableNotFound
-from runstate.maintenance.identifiers import InvalidIdentifier, TableRef
-from runstate.maintenance.store import HealthSnapshot, MaintenanceStore, OrchestratorRun
+from runstate.maintenance.errors import InvalidIdentifier, TableNotFound
+from runstate.maintenance.identifiers import ACTIONS, TableRef
+from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
+from runstate.maintenance.rules import (
+    DEFAULT_ORPHAN_INTERVAL_HOURS,
+    DEFAULT_ORPHAN_MIN_AGE_HOURS,
+    orphan_cleanup_due,
+    orphan_min_age_hours,
+    table_retention,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,8 @@ class OrchestratorSettings:
     dry_run: bool = False
     default_cadence_hours: int = 24
     record_health: bool = True
+    orphan_min_age_hours: float = DEFAULT_ORPHAN_MIN_AGE_HOURS
+    orphan_interval_hours: float = DEFAULT_ORPHAN_INTERVAL_HOURS
 
 
 @dataclass
@@ -82,18 +92,31 @@ class OrchestratorReport:
 
     def as_run(self) -> OrchestratorRun:
         return OrchestratorRun(
-            started_at=self.started_at, completed_at=self.completed_at or self.started_at, status=self.status,
-            tables_assessed=self.tables_assessed, tables_skipped=self.tables_skipped,
-            tables_healthy=self.tables_healthy, jobs_submitted=self.jobs_submitted,
-            jobs_completed=self.jobs_completed, jobs_failed=self.jobs_failed, dry_run=self.dry_run, error=self.error,
+            started_at=self.started_at,
+            completed_at=self.completed_at or self.started_at,
+            status=self.status,
+            tables_assessed=self.tables_assessed,
+            tables_skipped=self.tables_skipped,
+            tables_healthy=self.tables_healthy,
+            jobs_submitted=self.jobs_submitted,
+            jobs_completed=self.jobs_completed,
+            jobs_failed=self.jobs_failed,
+            dry_run=self.dry_run,
+            error=self.error,
         )
 
     def summary(self) -> dict[str, Any]:
         return {
-            "status": self.status, "dry_run": self.dry_run, "tables_assessed": self.tables_assessed,
-            "tables_skipped": self.tables_skipped, "tables_healthy": self.tables_healthy,
-            "jobs_submitted": self.jobs_submitted, "jobs_completed": self.jobs_completed,
-            "jobs_failed": self.jobs_failed, "advised": self.count(ADVISED), "errors": self.count(ERROR),
+            "status": self.status,
+            "dry_run": self.dry_run,
+            "tables_assessed": self.tables_assessed,
+            "tables_skipped": self.tables_skipped,
+            "tables_healthy": self.tables_healthy,
+            "jobs_submitted": self.jobs_submitted,
+            "jobs_completed": self.jobs_completed,
+            "jobs_failed": self.jobs_failed,
+            "advised": self.count(ADVISED),
+            "errors": self.count(ERROR),
         }
 
 
@@ -104,9 +127,14 @@ def _cadence_hours(entry: Any, default: int) -> int:
 
 
 class Orchestrator:
-    def __init__(self, store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
-                 settings: OrchestratorSettings | None = None, *,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+    def __init__(
+        self,
+        store: Any,
+        analyze: Callable[[TableRef], HealthSnapshot],
+        settings: OrchestratorSettings | None = None,
+        *,
+        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
         self.store = store
         self.analyze = analyze
         self.settings = settings or OrchestratorSettings()
@@ -139,34 +167,58 @@ class Orchestrator:
             return TableDecision(key, ERROR, str(exc))
         active = self.store.active_job(ref.key)
         if active is not None:
-            return TableDecision(key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id)
+            return TableDecision(
+                key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id
+            )
         cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
         last = self.store.list_jobs(table_key=ref.key, limit=1) if cadence else []
         if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
-            return TableDecision(key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id)
+            return TableDecision(
+                key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id
+            )
         try:
-            return self._assess(ref)
+            return self._assess(ref, dict((getattr(entry, "payload", None) or {}).get("properties") or {}))
         except TableNotFound as exc:
             return TableDecision(key, SKIPPED_MISSING, str(exc))
         except Exception as exc:  # noqa: BLE001 - one table's failure must not stop the others
             log.exception("orchestrator: assessing %s failed", key)
             return TableDecision(key, ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _assess(self, ref: TableRef) -> TableDecision:
+    def _assess(self, ref: TableRef, properties: dict[str, Any]) -> TableDecision:
         key = ref.key
         health = self.analyze(ref)
         if self.settings.record_health:
             self.store.insert_health_snapshot(health)
-        if not health.needs_maintenance and health.error:
+        actions, options = self._plan(ref, health, properties)
+        if not actions and health.error:
             # Nothing found wrong, but not everything could be measured: not evidence of health.
             return TableDecision(key, ERROR, f"health incomplete: {health.error}")
-        if not health.needs_maintenance:
+        if not actions:
             return TableDecision(key, HEALTHY, health.health_status)
-        actions = list(health.recommended_actions)
         if self.settings.dry_run:
             return TableDecision(key, ADVISED, "dry run: advisory only", None, actions)
-        job_id = self.store.submit(ref.database, ref.table, actions)
+        job_id = self.store.submit(ref.database, ref.table, actions, options=options)
         return TableDecision(key, SUBMITTED, health.health_status, job_id, actions)
+
+    def _plan(
+        self, ref: TableRef, health: HealthSnapshot, properties: dict[str, Any]
+    ) -> tuple[list[str], dict]:
+        """The health thresholds' actions, with the table's own retention and the orphan rule applied."""
+        wanted = set(health.recommended_actions)
+        options: dict[str, Any] = {}
+        retention = table_retention(properties)
+        if retention is not None:
+            # The table states its retention: expire exactly when and what that retention says.
+            wanted.discard("expire_snapshots")
+            if retention.due(health):
+                wanted.add("expire_snapshots")
+                options.update(retention.options())
+        min_age = orphan_min_age_hours(properties, self.settings.orphan_min_age_hours)
+        last = self.store.last_action_at(ref.key, "remove_orphan_files")
+        if orphan_cleanup_due(health, last, self.now(), min_age, self.settings.orphan_interval_hours):
+            wanted.add("remove_orphan_files")
+            options["orphan_older_than_hours"] = min_age
+        return [action for action in ACTIONS if action in wanted], options
 
     def _count_finished_jobs(self, report: OrchestratorReport) -> None:
         """Jobs this run submitted that already reached a terminal state (when run inline, say)."""
@@ -180,6 +232,7 @@ class Orchestrator:
                 report.jobs_failed += 1
 
 
-def run_orchestrator(store: MaintenanceStore, analyze: Callable[[TableRef], HealthSnapshot],
-                     settings: OrchestratorSettings | None = None) -> OrchestratorReport:
+def run_orchestrator(
+    store: Any, analyze: Callable[[TableRef], HealthSnapshot], settings: OrchestratorSettings | None = None
+) -> OrchestratorReport:
     return Orchestrator(store, analyze, settings).run()

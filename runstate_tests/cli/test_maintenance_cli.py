@@ -36,8 +36,16 @@ def run(*args: str) -> Result:
 
 
 def test_submit_status_cancel(store):
-    submitted = run("maintenance", "submit", "db.orders", "-a", "rewrite_manifests,rewrite_data_files",
-                    "--dry-run", "-o", "retain_last=4")
+    submitted = run(
+        "maintenance",
+        "submit",
+        "db.orders",
+        "-a",
+        "rewrite_manifests,rewrite_data_files",
+        "--dry-run",
+        "-o",
+        "retain_last=4",
+    )
     job_id = submitted.output.strip()
 
     listed = run("maintenance", "status")
@@ -52,12 +60,15 @@ def test_submit_status_cancel(store):
     assert store.get_job(job_id).status == "cancelled"
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["db.orders;drop"], "not a valid identifier"),
-    (["db.orders", "-a", "vacuum"], "unknown maintenance action"),
-    (["db.orders", "-o", "orphan_older_than_hours=1"], "under 24"),
-    (["db.elsewhere"], "runstate maintenance sync"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["db.orders;drop"], "not a valid identifier"),
+        (["db.orders", "-a", "vacuum"], "unknown maintenance action"),
+        (["db.orders", "-o", "orphan_older_than_hours=1"], "under 24"),
+        (["db.elsewhere"], "runstate maintenance sync"),
+    ],
+)
 def test_bad_submissions_print_one_clear_line_and_write_nothing(store, args, fragment):
     result = run("maintenance", "submit", *args)
 

@@ -13,20 +13,14 @@ from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
 from runstate.defs.ticking import tick_schedule, tick_sensor
 from runstate.maintenance.identifiers import TableRef
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 
 
 def make_table(spark, namespace: str, name: str, *, files: int, rows: int, enabled: str | None) -> TableRef:
-    ref = TableRef(namespace, name)
-    opt_in = f", 'runstate.maintenance.enabled'='{enabled}'" if enabled else ""
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{opt_in})"
-    )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
-    spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")  # position deletes in every file
-    return ref
+    # position deletes in every file
+    return shared_make_table(spark, namespace, name, files=files, rows=rows, deletes=True, enabled=enabled)
 
 
 def contents(spark, ref: TableRef) -> list[tuple]:
@@ -36,8 +30,9 @@ def contents(spark, ref: TableRef) -> list[tuple]:
 @pytest.fixture
 def resources(pg_database, pg_schema, spark_settings, spark):
     return {
-        "maintenance": MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, lease_seconds=120,
-                                           concurrency_limit=2),
+        "maintenance": MaintenanceResource(
+            dsn=pg_database, pg_schema=pg_schema, lease_seconds=120, max_worker_runs=2
+        ),
         # getOrCreate hands back the worker's session: same catalog and warehouse.
         "spark": SparkResource(pg_url=spark_settings.pg_url, warehouse_dir=str(spark_settings.warehouse_dir)),
     }
@@ -54,15 +49,21 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     inventory = dg.materialize([table_inventory], resources=resources, instance=instance)
     assert inventory.success
     assert {ref.key, bystander.key} <= set(instance.get_dynamic_partitions("tables"))
-    cached = {c.table_key: c.maintenance_enabled for c in store.cached_tables() if c.database == iceberg_namespace}
+    cached = {
+        c.table_key: c.maintenance_enabled for c in store.cached_tables() if c.database == iceberg_namespace
+    }
     assert cached == {ref.key: True, bystander.key: None} and store.last_synced_at() is not None
 
     planned = tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
     assert planned.succeeded == 1
     run = store.orchestrator_runs(limit=1)[0]
     others = len(store.cached_tables()) - 2  # tables other tests of this worker left in the catalog, if any
-    assert (run.status, run.tables_assessed, run.tables_skipped, run.jobs_submitted) == ("completed", 2 + others,
-                                                                                          1 + others, 1)
+    assert (run.status, run.tables_assessed, run.tables_skipped, run.jobs_submitted) == (
+        "completed",
+        2 + others,
+        1 + others,
+        1,
+    )
     job = store.active_job(ref.key)
     assert job.actions == ("rewrite_data_files", "rewrite_position_delete_files")
     unhealthy = store.latest_health(ref.key)
@@ -74,13 +75,30 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     done = store.get_job(job.job_id)
     assert done.status == "completed"
     maintenance_run = ticked.results[0].dagster_run
-    assert maintenance_run.tags["runstate/table"] == ref.key
-    assert maintenance_run.tags["dagster/run_key"] == done.attempt_id
-    assert [(a.action, a.success) for a in store.job_actions(job.job_id)] == [
-        ("rewrite_data_files", True), ("rewrite_position_delete_files", True)]
+    assert maintenance_run.tags["runstate/maintenance_worker"] == "true"
+    actions = store.job_actions(job.job_id)
+    assert [(a.action, a.success) for a in actions] == [
+        ("rewrite_data_files", True),
+        ("rewrite_position_delete_files", True),
+    ]
+    # What the job achieved, in job_actions and in the run's metadata.
+    assert (actions[0].before["data_files"], actions[-1].after["data_files"]) == (30, 1)
+    assert (actions[0].before["delete_files"], actions[-1].after["delete_files"]) == (30, 0)
+    [output] = [e for e in ticked.results[0].all_events if e.event_type_value == "STEP_OUTPUT"]
+    metadata = output.event_specific_data.metadata
+    assert (metadata["data_files_before"].value, metadata["data_files_after"].value) == (30, 1)
+    job_figures = metadata[f"job {job.job_id}"].value
+    assert (
+        job_figures["status"] == "completed" and job_figures["actions"][0]["after"]["canary_planning_ms"] > 0
+    )
 
-    health = dg.materialize([table_health], partition_key=ref.key, resources=resources, instance=instance,
-                            selection=[table_health])
+    health = dg.materialize(
+        [table_health],
+        partition_key=ref.key,
+        resources=resources,
+        instance=instance,
+        selection=[table_health],
+    )
     assert health.success
     healed = store.latest_health(ref.key)
     assert (healed.total_data_files, healed.total_delete_files) == (1, 0)

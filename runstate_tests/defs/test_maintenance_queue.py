@@ -1,4 +1,4 @@
-"""The maintenance Dagster shell without Spark: queue sensor claims and limits, submit_maintenance, sweeps."""
+"""The maintenance Dagster shell without Spark: the worker-run sensor and its limit, submits, sweeps."""
 
 from __future__ import annotations
 
@@ -14,74 +14,67 @@ from runstate.maintenance.store import CachedTable
 
 @pytest.fixture
 def resource(pg_database, pg_schema):
-    res = MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, concurrency_limit=2, lease_seconds=120)
+    res = MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, max_worker_runs=2, lease_seconds=120)
     res.get_store().replace_table_cache([CachedTable("db", f"t{i}", True, {}) for i in range(3)])
     yield res
     res.get_store().close()
 
 
-def evaluate(resource):
-    with dg.build_sensor_context(resources={"maintenance": resource}) as context:
+def evaluate(resource, instance=None):
+    instance = instance or dg.DagsterInstance.ephemeral()
+    with dg.build_sensor_context(resources={"maintenance": resource}, instance=instance) as context:
         return maintenance_queue_sensor(context)
 
 
-def test_the_sensor_claims_up_to_the_concurrency_limit_with_attempt_run_keys(resource):
+def test_the_sensor_requests_up_to_w_worker_runs_and_claims_nothing(resource):
     store = resource.get_store()
     jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(3)]
 
     first = evaluate(resource)
 
-    assert len(first.run_requests) == 2
-    for request in first.run_requests:
-        config = request.run_config["ops"]["run_maintenance_job"]["config"]
-        job = store.get_job(config["job_id"])
-        assert job.status == "running" and request.run_key == config["attempt_id"] == job.attempt_id
-        assert request.tags["runstate/table"] == job.table_key
-    assert isinstance(evaluate(resource), dg.SkipReason)  # both slots taken
-    assert store.complete(_claim_of(store, first.run_requests[0]), "completed")
-
-    third = evaluate(resource)
-
-    assert len(third.run_requests) == 1
-    claimed = {r.run_config["ops"]["run_maintenance_job"]["config"]["job_id"]
-               for r in [*first.run_requests, *third.run_requests]}
-    assert claimed == set(jobs)
+    assert len(first.run_requests) == 2  # W = 2, three jobs ready
+    assert [r.run_key for r in first.run_requests] == ["maintenance-worker-1", "maintenance-worker-2"]
+    assert all(r.tags["runstate/maintenance_worker"] == "true" for r in first.run_requests)
+    assert all(store.get_job(job_id).status == "pending" for job_id in jobs)  # workers claim, not the sensor
 
 
-def _claim_of(store, request):
-    from runstate.maintenance.actions import resume_claim
+def test_the_sensor_counts_the_worker_runs_still_alive(resource):
+    resource.get_store().submit("db", "t0", ["rewrite_manifests"])
+    instance = dg.DagsterInstance.ephemeral()
+    job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def("iceberg_maintenance")
+    for _ in range(2):  # created, not started: what the run queue holds while the daemon waits
+        instance.create_run_for_job(job, run_config={})
 
-    config = request.run_config["ops"]["run_maintenance_job"]["config"]
-    return resume_claim(store, config["job_id"], config["attempt_id"], 120)
+    result = evaluate(resource, instance)
+
+    assert isinstance(result, dg.SkipReason) and "limit is 2" in result.skip_message
 
 
-def test_a_fenced_out_run_fails_without_running_anything(resource, pg_database):
-    store = resource.get_store()
-    job_id = store.submit("db", "t0", ["rewrite_manifests"])
-    stale = store.claim("w", lease_seconds=0.001)
-    store.claim("w2", lease_seconds=120)  # the job moved on to a new attempt
+def test_the_sensor_skips_an_empty_queue(resource):
+    assert isinstance(evaluate(resource), dg.SkipReason)
+
+
+def test_a_worker_run_with_an_empty_queue_never_starts_spark(resource):
     defs = build_defs({"maintenance": resource, "spark": _no_spark()})
 
-    result = defs.resolve_job_def("iceberg_maintenance").execute_in_process(
-        run_config={"ops": {"run_maintenance_job": {"config": {"job_id": job_id, "attempt_id": stale.attempt_id}}}},
-        raise_on_error=False,
-    )
+    result = defs.resolve_job_def("iceberg_maintenance").execute_in_process()
 
-    assert not result.success
-    failure = [e for e in result.all_events if e.is_step_failure][0]
-    assert "no longer holds the job" in str(failure.event_specific_data.error)
-    assert store.job_actions(job_id) == []
+    assert result.success
+    assert result.output_for_node("run_maintenance_worker")["jobs"] == 0
 
 
 def _no_spark():
     from runstate.defs.spark import SparkResource
 
-    return SparkResource(master="invalid://never-started")  # a fenced-out run must not even start Spark
+    return SparkResource(master="invalid://never-started")  # a worker with nothing to do must not start Spark
 
 
 def test_submit_maintenance_queues_a_job_and_returns_the_active_one_on_resubmit(resource):
-    config = {"ops": {"submit_maintenance_request": {"config": {"table": "db.t1", "dry_run": True,
-                                                               "retain_last": 3}}}}
+    config = {
+        "ops": {
+            "submit_maintenance_request": {"config": {"table": "db.t1", "dry_run": True, "retain_last": 3}}
+        }
+    }
 
     first = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource})
     second = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource})
@@ -92,17 +85,21 @@ def test_submit_maintenance_queues_a_job_and_returns_the_active_one_on_resubmit(
     assert job.dry_run and job.options == {"retain_last": 3} and job.status == "pending"
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    ({"table": "db.t1; DROP TABLE jobs"}, "not a valid identifier"),
-    ({"table": "db.t1", "actions": ["vacuum"]}, "unknown maintenance action"),
-    ({"table": "db.t1", "rewrite_strategy": "sort", "sort_order": "id'--"}, "sort_order term"),
-    ({"table": "db.not_cached"}, "not in the catalog cache"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"table": "db.t1; DROP TABLE jobs"}, "not a valid identifier"),
+        ({"table": "db.t1", "actions": ["vacuum"]}, "unknown maintenance action"),
+        ({"table": "db.t1", "rewrite_strategy": "sort", "sort_order": "id'--"}, "sort_order term"),
+        ({"table": "db.not_cached"}, "not in the catalog cache"),
+    ],
+)
 def test_submit_maintenance_refuses_bad_input_and_writes_nothing(resource, overrides, fragment):
     config = {"ops": {"submit_maintenance_request": {"config": overrides}}}
 
-    result = submit_maintenance.execute_in_process(run_config=config, resources={"maintenance": resource},
-                                                   raise_on_error=False)
+    result = submit_maintenance.execute_in_process(
+        run_config=config, resources={"maintenance": resource}, raise_on_error=False
+    )
 
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]

@@ -10,23 +10,16 @@ import pytest
 
 from runstate.maintenance.actions import ActionRunner, ActionSettings, InvalidActionOption, timestamp_literal
 from runstate.maintenance.identifiers import TableRef
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 
 
-def make_table(spark, namespace: str, name: str = "events", *, files: int = 24, rows: int = 2400,
-               deletes: bool = True, properties: str = "") -> TableRef:
-    """A v2 merge-on-read table of `files` small files; `deletes` adds position deletes hitting part of each file."""
-    ref = TableRef(namespace, name)
-    extra = f", {properties}" if properties else ""
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})"
+def make_table(spark, namespace: str, name: str = "events", **knobs) -> TableRef:
+    """24 small files with position deletes, not opted in, unless the test says otherwise."""
+    return shared_make_table(
+        spark, namespace, name, **{"files": 24, "rows": 2400, "deletes": True, "enabled": None, **knobs}
     )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
-    if deletes:
-        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
-    return ref
 
 
 def contents(spark, ref: TableRef) -> list[tuple]:
@@ -125,9 +118,16 @@ def test_dry_run_of_every_action_writes_nothing(spark, iceberg_namespace):
     before_tree, before_rows = tree(location), contents(spark, ref)
     runner = ActionRunner(spark, ref, ActionSettings(expire_older_than_hours=0, retain_last=1))
 
-    results = [runner.run(action, dry_run=True) for action in (
-        "rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots",
-        "remove_orphan_files")]
+    results = [
+        runner.run(action, dry_run=True)
+        for action in (
+            "rewrite_data_files",
+            "rewrite_position_delete_files",
+            "rewrite_manifests",
+            "expire_snapshots",
+            "remove_orphan_files",
+        )
+    ]
 
     assert all(r.success for r in results), [r.error for r in results]
     plans = {r.action: r.figures for r in results}
@@ -148,17 +148,20 @@ def test_a_failing_procedure_is_an_unsuccessful_result_naming_the_table(spark, i
     assert f"rewrite_manifests on {ref.key} failed" in result.error
 
 
-@pytest.mark.parametrize("options, fragment", [
-    ({"rewrite_strategy": "sort", "sort_order": "id'); DROP TABLE x; --"}, "sort_order term"),
-    ({"rewrite_strategy": "sort", "sort_order": "id DESC, v ASC NULLS FIRST; x"}, "sort_order term"),
-    ({"rewrite_strategy": "zorder"}, "rewrite_strategy"),
-    ({"sort_order": "id"}, "needs rewrite_strategy 'sort'"),
-    ({"target_file_size_bytes": "1; DROP"}, "target_file_size_bytes"),
-    ({"retain_last": 0}, "retain_last"),
-    ({"expire_older_than_hours": float("nan")}, "expire_older_than_hours"),
-    ({"orphan_older_than_hours": 1}, "under 24"),
-    ({"older_than": "yesterday"}, "unknown maintenance option"),
-])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"rewrite_strategy": "sort", "sort_order": "id'); DROP TABLE x; --"}, "sort_order term"),
+        ({"rewrite_strategy": "sort", "sort_order": "id DESC, v ASC NULLS FIRST; x"}, "sort_order term"),
+        ({"rewrite_strategy": "zorder"}, "rewrite_strategy"),
+        ({"sort_order": "id"}, "needs rewrite_strategy 'sort'"),
+        ({"target_file_size_bytes": "1; DROP"}, "target_file_size_bytes"),
+        ({"retain_last": 0}, "retain_last"),
+        ({"expire_older_than_hours": float("nan")}, "expire_older_than_hours"),
+        ({"orphan_older_than_hours": 1}, "under 24"),
+        ({"older_than": "yesterday"}, "unknown maintenance option"),
+    ],
+)
 def test_bad_options_are_refused_before_spark_is_touched(options, fragment):
     with pytest.raises(InvalidActionOption, match=fragment):
         ActionSettings.from_options(options)

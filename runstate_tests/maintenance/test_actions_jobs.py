@@ -8,19 +8,13 @@ from runstate.maintenance.actions import TableLocked, run_job
 from runstate.maintenance.catalog import list_tables
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 
 
-def make_table(spark, namespace: str, name: str = "events", *, files: int = 12, rows: int = 1200) -> TableRef:
-    ref = TableRef(namespace, name)
-    spark.sql(
-        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-        "('format-version'='2', 'write.delete.mode'='merge-on-read', 'runstate.maintenance.enabled'='true')"
-    )
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
-    spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
-    return ref
+def make_table(spark, namespace: str, name: str = "events", **knobs) -> TableRef:
+    return shared_make_table(spark, namespace, name, **{"files": 12, "rows": 1200, "deletes": True, **knobs})
 
 
 def data_files(spark, ref: TableRef) -> int:
@@ -140,8 +134,10 @@ def test_catalog_listing_reads_the_opt_in_and_cadence_properties(spark, iceberg_
     ref = make_table(spark, iceberg_namespace, files=1, rows=10)
     spark.sql(f"ALTER TABLE lake.{ref.quoted} SET TBLPROPERTIES ('runstate.maintenance.cadence-hours'='6')")
     spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.plain (id BIGINT) USING iceberg")
-    spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.odd (id BIGINT) USING iceberg "
-              "TBLPROPERTIES ('runstate.maintenance.enabled'='sometimes')")
+    spark.sql(
+        f"CREATE TABLE lake.`{iceberg_namespace}`.odd (id BIGINT) USING iceberg "
+        "TBLPROPERTIES ('runstate.maintenance.enabled'='sometimes')"
+    )
 
     tables = {t.table: t for t in list_tables(spark).tables if t.database == iceberg_namespace}
 

@@ -9,54 +9,90 @@ from pathlib import Path
 import pytest
 
 from runstate.maintenance.health import (
-    HEALTHY, NEEDS_MAINTENANCE, UNKNOWN, HealthAnalyzer, HealthThresholds, TableNotFound, apply_verdict,
+    HEALTHY,
+    NEEDS_MAINTENANCE,
+    UNKNOWN,
+    HealthAnalyzer,
+    HealthThresholds,
+    TableNotFound,
+    apply_verdict,
 )
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.store import HealthSnapshot, MaintenanceStore
+from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 MB = 1024 * 1024
 
 
 def healthy_metrics(**changes) -> HealthSnapshot:
-    base = HealthSnapshot("db", "t", needs_maintenance=False, total_data_files=4, total_size_bytes=4 * 200 * MB,
-                          small_file_count=0, snapshot_count=3, manifest_count=2, oldest_snapshot_age_hours=10)
+    base = HealthSnapshot(
+        "db",
+        "t",
+        needs_maintenance=False,
+        total_data_files=4,
+        total_size_bytes=4 * 200 * MB,
+        small_file_count=0,
+        snapshot_count=3,
+        manifest_count=2,
+        oldest_snapshot_age_hours=10,
+    )
     return dataclasses.replace(base, **changes)
 
 
-def verdict(health: HealthSnapshot, thresholds: HealthThresholds | None = None,
-            complete: bool = True) -> HealthSnapshot:
+def verdict(
+    health: HealthSnapshot, thresholds: HealthThresholds | None = None, complete: bool = True
+) -> HealthSnapshot:
     return apply_verdict(health, thresholds or HealthThresholds(), metrics_complete=complete)
 
 
 def test_a_table_under_every_threshold_is_healthy():
     health = verdict(healthy_metrics())
-    assert (health.health_status, health.needs_maintenance, health.recommended_actions) == (HEALTHY, False, [])
+    assert (health.health_status, health.needs_maintenance, health.recommended_actions) == (
+        HEALTHY,
+        False,
+        [],
+    )
 
 
-@pytest.mark.parametrize("changes, action", [
-    ({"small_file_count": 5}, "rewrite_data_files"),
-    ({"total_delete_files": 1}, "rewrite_position_delete_files"),
-    ({"manifest_count": 101}, "rewrite_manifests"),
-    ({"snapshot_count": 101}, "expire_snapshots"),
-    ({"oldest_snapshot_age_hours": 7 * 24 + 1}, "expire_snapshots"),
-])
+@pytest.mark.parametrize(
+    "changes, action",
+    [
+        ({"small_file_count": 5}, "rewrite_data_files"),
+        ({"total_delete_files": 1}, "rewrite_position_delete_files"),
+        ({"manifest_count": 101}, "rewrite_manifests"),
+        ({"snapshot_count": 101}, "expire_snapshots"),
+        ({"oldest_snapshot_age_hours": 7 * 24 + 1}, "expire_snapshots"),
+    ],
+)
 def test_each_default_threshold_recommends_its_action(changes, action):
     health = verdict(healthy_metrics(**changes))
     assert health.recommended_actions == [action]
     assert health.needs_maintenance and health.health_status == NEEDS_MAINTENANCE
 
 
-@pytest.mark.parametrize("changes", [
-    {"small_file_count": 4}, {"manifest_count": 100}, {"snapshot_count": 100}, {"oldest_snapshot_age_hours": 168},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"small_file_count": 4},
+        {"manifest_count": 100},
+        {"snapshot_count": 100},
+        {"oldest_snapshot_age_hours": 168},
+    ],
+)
 def test_at_the_threshold_nothing_is_recommended(changes):
     assert verdict(healthy_metrics(**changes)).recommended_actions == []
 
 
 def test_recommendations_come_in_execution_order():
-    health = verdict(healthy_metrics(snapshot_count=500, manifest_count=500, total_delete_files=3, small_file_count=9))
+    health = verdict(
+        healthy_metrics(snapshot_count=500, manifest_count=500, total_delete_files=3, small_file_count=9)
+    )
     assert health.recommended_actions == [
-        "rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots"]
+        "rewrite_data_files",
+        "rewrite_position_delete_files",
+        "rewrite_manifests",
+        "expire_snapshots",
+    ]
 
 
 def test_thresholds_are_configurable():
@@ -71,21 +107,22 @@ def test_a_partial_report_that_finds_nothing_is_unknown_not_healthy():
 
 # -- real Spark + Iceberg -------------------------------------------------------------------------
 
-def make_table(spark, namespace, name="events", *, files=8, rows=800, deletes=True, properties=""):
-    ref = TableRef(namespace, name)
-    extra = f", {properties}" if properties else ""
-    spark.sql(f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
-              f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})")
-    spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files).writeTo(f"lake.{ref.quoted}").append()
-    if deletes:
-        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
-    return ref
+
+def make_table(spark, namespace: str, name: str = "events", **knobs) -> TableRef:
+    return shared_make_table(
+        spark, namespace, name, **{"files": 8, "rows": 800, "deletes": True, "enabled": None, **knobs}
+    )
 
 
 @pytest.mark.spark
-def test_the_analyzer_fills_every_column_and_the_row_round_trips(spark, iceberg_namespace, pg_database, pg_schema):
-    ref = make_table(spark, iceberg_namespace, properties=(
-        "'runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='6'"))
+def test_the_analyzer_fills_every_column_and_the_row_round_trips(
+    spark, iceberg_namespace, pg_database, pg_schema
+):
+    ref = make_table(
+        spark,
+        iceberg_namespace,
+        properties=("'runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='6'"),
+    )
     current = int(dict(spark.sql(f"SHOW TBLPROPERTIES lake.{ref.quoted}").collect())["current-snapshot-id"])
 
     health = HealthAnalyzer(spark).analyze(ref)
@@ -98,7 +135,9 @@ def test_the_analyzer_fills_every_column_and_the_row_round_trips(spark, iceberg_
     assert 0 <= health.hours_since_last_snapshot <= health.oldest_snapshot_age_hours < 1
     assert (health.maintenance_enabled, health.maintenance_cadence_hours) == (True, 6)
     assert health.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
-    assert health.health_status == NEEDS_MAINTENANCE and health.error is None and health.checked_at is not None
+    assert (
+        health.health_status == NEEDS_MAINTENANCE and health.error is None and health.checked_at is not None
+    )
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
         store.insert_health_snapshot(health)
@@ -111,14 +150,31 @@ def test_the_analyzer_fills_every_column_and_the_row_round_trips(spark, iceberg_
 @pytest.mark.spark
 def test_opt_in_is_none_when_unset_or_unrecognised(spark, iceberg_namespace):
     unset = make_table(spark, iceberg_namespace, "unset", files=1, rows=10, deletes=False)
-    odd = make_table(spark, iceberg_namespace, "odd", files=1, rows=10, deletes=False,
-                     properties="'runstate.maintenance.enabled'='perhaps', 'runstate.maintenance.cadence-hours'='x'")
-    off = make_table(spark, iceberg_namespace, "off", files=1, rows=10, deletes=False,
-                     properties="'runstate.maintenance.enabled'='false'")
+    odd = make_table(
+        spark,
+        iceberg_namespace,
+        "odd",
+        files=1,
+        rows=10,
+        deletes=False,
+        properties="'runstate.maintenance.enabled'='perhaps', 'runstate.maintenance.cadence-hours'='x'",
+    )
+    off = make_table(
+        spark,
+        iceberg_namespace,
+        "off",
+        files=1,
+        rows=10,
+        deletes=False,
+        properties="'runstate.maintenance.enabled'='false'",
+    )
     analyzer = HealthAnalyzer(spark)
 
     assert analyzer.analyze(unset).maintenance_enabled is None
-    assert (analyzer.analyze(odd).maintenance_enabled, analyzer.analyze(odd).maintenance_cadence_hours) == (None, None)
+    assert (analyzer.analyze(odd).maintenance_enabled, analyzer.analyze(odd).maintenance_cadence_hours) == (
+        None,
+        None,
+    )
     off_health = analyzer.analyze(off)
     assert off_health.maintenance_enabled is False and off_health.health_status == HEALTHY
 

@@ -87,12 +87,17 @@ def test_actions_order_compacts_first_and_removes_orphans_last() -> None:
 
 
 def test_validate_actions_dedupes_and_orders() -> None:
-    got = validate_actions(["remove_orphan_files", "expire_snapshots", "rewrite_data_files", "expire_snapshots"])
+    got = validate_actions(
+        ["remove_orphan_files", "expire_snapshots", "rewrite_data_files", "expire_snapshots"]
+    )
     assert got == ("rewrite_data_files", "expire_snapshots", "remove_orphan_files")
 
 
 def test_validate_actions_reads_a_comma_separated_string() -> None:
-    assert validate_actions("expire_snapshots, rewrite_manifests") == ("rewrite_manifests", "expire_snapshots")
+    assert validate_actions("expire_snapshots, rewrite_manifests") == (
+        "rewrite_manifests",
+        "expire_snapshots",
+    )
 
 
 @pytest.mark.parametrize(

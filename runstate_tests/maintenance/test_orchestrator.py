@@ -9,7 +9,13 @@ import pytest
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.orchestrator import (
-    ADVISED, HEALTHY, SKIPPED_ACTIVE_JOB, SKIPPED_CADENCE, SKIPPED_MISSING, SKIPPED_NOT_OPTED_IN, Orchestrator,
+    ADVISED,
+    HEALTHY,
+    SKIPPED_ACTIVE_JOB,
+    SKIPPED_CADENCE,
+    SKIPPED_MISSING,
+    SKIPPED_NOT_OPTED_IN,
+    Orchestrator,
     OrchestratorSettings,
 )
 from runstate.maintenance.store import CachedTable, MaintenanceStore
@@ -31,12 +37,14 @@ def decisions(report) -> dict[str, str]:
 
 
 def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(store):
-    store.replace_table_cache([
-        CachedTable("db", "unset", None, {}),
-        CachedTable("db", "off", False, {}),
-        CachedTable("db", "busy", True, {}),
-        CachedTable("db", "recent", True, {}),
-    ])
+    store.replace_table_cache(
+        [
+            CachedTable("db", "unset", None, {}),
+            CachedTable("db", "off", False, {}),
+            CachedTable("db", "busy", True, {}),
+            CachedTable("db", "recent", True, {}),
+        ]
+    )
     busy_job = store.submit("db", "busy", ["rewrite_manifests"])
     recent_job = store.submit("db", "recent", ["rewrite_manifests"])
     claim = store.claim("w", lease_seconds=60)
@@ -46,19 +54,35 @@ def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(sto
 
     report = Orchestrator(store, must_not_analyze).run()
 
-    assert decisions(report) == {"db.unset": SKIPPED_NOT_OPTED_IN, "db.off": SKIPPED_NOT_OPTED_IN,
-                                 "db.busy": SKIPPED_ACTIVE_JOB, "db.recent": SKIPPED_CADENCE}
+    assert decisions(report) == {
+        "db.unset": SKIPPED_NOT_OPTED_IN,
+        "db.off": SKIPPED_NOT_OPTED_IN,
+        "db.busy": SKIPPED_ACTIVE_JOB,
+        "db.recent": SKIPPED_CADENCE,
+    }
     assert next(d for d in report.decisions if d.table_key == "db.busy").job_id == busy_job
     run = store.orchestrator_runs(limit=1)[0]
-    assert (run.status, run.tables_assessed, run.tables_skipped, run.tables_healthy, run.jobs_submitted,
-            run.jobs_completed, run.jobs_failed, run.dry_run) == ("completed", 4, 4, 0, 0, 0, 0, False)
+    assert (
+        run.status,
+        run.tables_assessed,
+        run.tables_skipped,
+        run.tables_healthy,
+        run.jobs_submitted,
+        run.jobs_completed,
+        run.jobs_failed,
+        run.dry_run,
+    ) == ("completed", 4, 4, 0, 0, 0, 0, False)
     assert run.id == report.run_id
 
 
 def test_a_per_table_cadence_overrides_the_default(store):
-    store.replace_table_cache([CachedTable("db", "hourly", True, {"maintenance_cadence_hours": 1}),
-                               CachedTable("db", "daily", True, {}),
-                               CachedTable("db", "always", True, {"maintenance_cadence_hours": 0})])
+    store.replace_table_cache(
+        [
+            CachedTable("db", "hourly", True, {"maintenance_cadence_hours": 1}),
+            CachedTable("db", "daily", True, {}),
+            CachedTable("db", "always", True, {"maintenance_cadence_hours": 0}),
+        ]
+    )
     for table in ("hourly", "daily", "always"):
         store.submit("db", table, ["rewrite_manifests"])
         store.complete(store.claim("w", lease_seconds=60), "completed")
@@ -71,7 +95,10 @@ def test_a_per_table_cadence_overrides_the_default(store):
     in_two_hours = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731
     report = Orchestrator(store, record_and_refuse, now=in_two_hours).run()
 
-    assert sorted(analyzed) == ["db.always", "db.hourly"]  # past its 1 h cadence, no cadence; "daily" within 24 h
+    assert sorted(analyzed) == [
+        "db.always",
+        "db.hourly",
+    ]  # past its 1 h cadence, no cadence; "daily" within 24 h
     assert decisions(report)["db.daily"] == SKIPPED_CADENCE
     assert report.status == "completed_with_errors" and "db.hourly" in report.error
     assert store.orchestrator_runs(limit=1)[0].error == report.error
@@ -79,8 +106,10 @@ def test_a_per_table_cadence_overrides_the_default(store):
 
 def make_table(spark, namespace, name, *, files, rows, deletes):
     ref = TableRef(namespace, name)
-    spark.sql(f"CREATE TABLE lake.{ref.quoted} (id BIGINT) USING iceberg TBLPROPERTIES "
-              "('format-version'='2', 'write.delete.mode'='merge-on-read')")
+    spark.sql(
+        f"CREATE TABLE lake.{ref.quoted} (id BIGINT) USING iceberg TBLPROPERTIES "
+        "('format-version'='2', 'write.delete.mode'='merge-on-read')"
+    )
     spark.range(rows).repartition(files).writeTo(f"lake.{ref.quoted}").append()
     if deletes:
         spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
@@ -91,21 +120,31 @@ def make_table(spark, namespace, name, *, files, rows, deletes):
 def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_namespace, store):
     sick = make_table(spark, iceberg_namespace, "sick", files=6, rows=60, deletes=True)
     fine = make_table(spark, iceberg_namespace, "fine", files=1, rows=10, deletes=False)
-    store.replace_table_cache([CachedTable(r.database, r.table, True, {}) for r in (sick, fine)]
-                              + [CachedTable(iceberg_namespace, "dropped_since_sync", True, {})])
+    store.replace_table_cache(
+        [CachedTable(r.database, r.table, True, {}) for r in (sick, fine)]
+        + [CachedTable(iceberg_namespace, "dropped_since_sync", True, {})]
+    )
     analyzer = HealthAnalyzer(spark)
 
     report = Orchestrator(store, analyzer.analyze, OrchestratorSettings(dry_run=True)).run()
 
-    assert decisions(report) == {sick.key: ADVISED, fine.key: HEALTHY,
-                                 f"{iceberg_namespace}.dropped_since_sync": SKIPPED_MISSING}
+    assert decisions(report) == {
+        sick.key: ADVISED,
+        fine.key: HEALTHY,
+        f"{iceberg_namespace}.dropped_since_sync": SKIPPED_MISSING,
+    }
     advice = next(d for d in report.decisions if d.table_key == sick.key)
     assert advice.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
     assert store.list_jobs() == []  # advisory only
     assert store.latest_health(sick.key).needs_maintenance  # the assessment is kept
     run = store.orchestrator_runs(limit=1)[0]
     assert (run.dry_run, run.tables_assessed, run.tables_skipped, run.tables_healthy, run.jobs_submitted) == (
-        True, 3, 1, 1, 0)
+        True,
+        3,
+        1,
+        1,
+        0,
+    )
 
     submitted = Orchestrator(store, analyzer.analyze).run()
 

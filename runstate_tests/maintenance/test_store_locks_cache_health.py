@@ -33,7 +33,11 @@ def _sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
 
 
 def _expire_lock(store: MaintenanceStore, table_key: str) -> None:
-    _sql(store, "UPDATE table_locks SET expires_at = now() - interval '1 second' WHERE table_key = %s", table_key)
+    _sql(
+        store,
+        "UPDATE table_locks SET expires_at = now() - interval '1 second' WHERE table_key = %s",
+        table_key,
+    )
 
 
 # -------------------------------------------------------------------------------------------- locks
@@ -99,7 +103,9 @@ def test_concurrent_acquires_have_one_winner(store: MaintenanceStore) -> None:
     assert store.table_lock("db.hot")["holder"] == wins[0]  # type: ignore[index]
 
 
-@pytest.mark.parametrize("key, holder, ttl", [("db.t;", "a", 60), ("dbt", "a", 60), ("db.t", "", 60), ("db.t", "a", -1)])
+@pytest.mark.parametrize(
+    "key, holder, ttl", [("db.t;", "a", 60), ("dbt", "a", 60), ("db.t", "", 60), ("db.t", "a", -1)]
+)
 def test_bad_lock_arguments_are_rejected(store: MaintenanceStore, key: str, holder: str, ttl: float) -> None:
     with pytest.raises(ValueError):
         store.acquire_table_lock(key, holder, ttl)
@@ -111,11 +117,19 @@ def test_bad_lock_arguments_are_rejected(store: MaintenanceStore, key: str, hold
 
 def test_replace_table_cache_swaps_the_inventory_and_stamps_the_sync(store: MaintenanceStore) -> None:
     assert store.last_synced_at() is None
-    assert store.replace_table_cache([CachedTable("db", "a", True, {"location": "file:/a"}), CachedTable("db", "b")]) == 2
+    assert (
+        store.replace_table_cache(
+            [CachedTable("db", "a", True, {"location": "file:/a"}), CachedTable("db", "b")]
+        )
+        == 2
+    )
     first_sync = store.last_synced_at()
     assert first_sync is not None
     assert store.replace_table_cache([CachedTable("db", "c", False), CachedTable("db", "d", True)]) == 2
-    assert [(t.table_key, t.maintenance_enabled) for t in store.cached_tables()] == [("db.c", False), ("db.d", True)]
+    assert [(t.table_key, t.maintenance_enabled) for t in store.cached_tables()] == [
+        ("db.c", False),
+        ("db.d", True),
+    ]
     assert [t.table_key for t in store.cached_tables(enabled_only=True)] == ["db.d"]
     assert store.last_synced_at() >= first_sync  # type: ignore[operator]
     assert _sql(store, "SELECT count(*) FROM table_cache_meta") == [(1,)]
@@ -161,12 +175,26 @@ def test_readers_see_the_old_or_the_new_inventory_never_a_mix(store: Maintenance
 
 def _snapshot(table: str = "t", **values: object) -> HealthSnapshot:
     base: dict = dict(
-        database="db", table=table, needs_maintenance=True, total_data_files=40, total_delete_files=3,
-        total_size_bytes=4_000_000, avg_file_size_bytes=100_000.0, small_file_count=40, small_file_pct=100.0,
-        snapshot_count=12, manifest_count=12, maintenance_enabled=True, maintenance_cadence_hours=6,
-        recommended_actions=("rewrite_position_delete_files", "rewrite_data_files"), error=None,
-        total_records=1000, snapshot_id=1234567890123, health_status="Unhealthy",
-        hours_since_last_snapshot=0.5, oldest_snapshot_age_hours=30.0,
+        database="db",
+        table=table,
+        needs_maintenance=True,
+        total_data_files=40,
+        total_delete_files=3,
+        total_size_bytes=4_000_000,
+        avg_file_size_bytes=100_000.0,
+        small_file_count=40,
+        small_file_pct=100.0,
+        snapshot_count=12,
+        manifest_count=12,
+        maintenance_enabled=True,
+        maintenance_cadence_hours=6,
+        recommended_actions=("rewrite_position_delete_files", "rewrite_data_files"),
+        error=None,
+        total_records=1000,
+        snapshot_id=1234567890123,
+        health_status="Unhealthy",
+        hours_since_last_snapshot=0.5,
+        oldest_snapshot_age_hours=30.0,
     )
     base.update(values)
     return HealthSnapshot(**base)
@@ -197,7 +225,8 @@ def test_health_snapshot_accepts_a_row_mapping(store: MaintenanceStore) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"table": "t; --"}, {"recommended_actions": ("vacuum",)}, {"needs_maintenance": None}, {"bogus": 1}]
+    "bad",
+    [{"table": "t; --"}, {"recommended_actions": ("vacuum",)}, {"needs_maintenance": None}, {"bogus": 1}],
 )
 def test_bad_health_rows_write_nothing(store: MaintenanceStore, bad: dict) -> None:
     row = {"database": "db", "table": "t", "needs_maintenance": True, **bad}
@@ -214,7 +243,11 @@ def test_prune_health_keeps_recent_rows_and_each_tables_newest(store: Maintenanc
     store.insert_health_snapshot(_snapshot("b", checked_at=now - timedelta(days=50)))
     store.insert_health_snapshot(_snapshot("b", checked_at=now - timedelta(days=45)))
     assert store.prune_health(30) == 3
-    left = _sql(store, "SELECT table_name, round(extract(epoch FROM now() - checked_at) / 86400) FROM health_snapshots ORDER BY 1")
+    left = _sql(
+        store,
+        "SELECT table_name, round(extract(epoch FROM now() - checked_at) / 86400)"
+        " FROM health_snapshots ORDER BY 1",
+    )
     assert [(table, int(days)) for table, days in left] == [("a", 1), ("b", 45)]
     with pytest.raises(ValueError):
         store.prune_health(-1)
@@ -226,15 +259,25 @@ def test_prune_health_keeps_recent_rows_and_each_tables_newest(store: Maintenanc
 def test_orchestrator_run_records_every_counter(store: MaintenanceStore) -> None:
     started = datetime.now(timezone.utc) - timedelta(seconds=5)
     run = OrchestratorRun(
-        started_at=started, completed_at=started + timedelta(seconds=4), status="success", tables_assessed=9,
-        tables_skipped=3, tables_healthy=4, jobs_submitted=2, jobs_completed=1, jobs_failed=1, dry_run=True,
+        started_at=started,
+        completed_at=started + timedelta(seconds=4),
+        status="success",
+        tables_assessed=9,
+        tables_skipped=3,
+        tables_healthy=4,
+        jobs_submitted=2,
+        jobs_completed=1,
+        jobs_failed=1,
+        dry_run=True,
         error=None,
     )
     run_id = store.record_orchestrator_run(run)
     [stored] = store.orchestrator_runs()
     assert stored.id == run_id and stored.created_at is not None
     assert {**stored.__dict__, "id": None, "created_at": None} == run.__dict__
-    second = store.record_orchestrator_run(started_at=started, completed_at=started, status="failed", error="catalog down")
+    second = store.record_orchestrator_run(
+        started_at=started, completed_at=started, status="failed", error="catalog down"
+    )
     assert [r.id for r in store.orchestrator_runs()] == [second, run_id]  # newest first, id breaks the tie
     with pytest.raises(ValueError):
         store.record_orchestrator_run(started_at=started, completed_at=started, status="")

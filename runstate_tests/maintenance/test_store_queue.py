@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Iterator
 
 import psycopg
@@ -24,9 +25,12 @@ from runstate.maintenance import (
     InvalidStatus,
     JobNotFound,
     MaintenanceStore,
+    StoreError,
+    StoreUnavailable,
     TableNotCached,
     UnknownAction,
 )
+from runstate.maintenance.db import CHECK_AFTER_IDLE_SECONDS
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 
@@ -87,8 +91,9 @@ def test_bad_submit_is_rejected_before_any_sql(database: str, table: str, action
 
 
 def test_unreachable_dsn_does_fail_once_input_is_valid() -> None:
-    with pytest.raises(psycopg.OperationalError):
+    with pytest.raises(StoreUnavailable, match="cannot connect") as raised:
         MaintenanceStore(UNREACHABLE_DSN).submit("db", "t0", ["rewrite_data_files"])
+    assert isinstance(raised.value.__cause__, psycopg.OperationalError)
 
 
 @pytest.mark.parametrize("kwargs", [{"dry_run": "yes"}, {"options": {"when": object()}}, {"options": ["a"]}])
@@ -112,7 +117,9 @@ def test_submit_requires_the_table_in_the_cache(store: MaintenanceStore) -> None
 
 
 def test_submit_writes_job_and_queue_row(store: MaintenanceStore) -> None:
-    job_id = store.submit("db", "t0", ["expire_snapshots", "rewrite_data_files"], dry_run=True, options={"k": 1})
+    job_id = store.submit(
+        "db", "t0", ["expire_snapshots", "rewrite_data_files"], dry_run=True, options={"k": 1}
+    )
     job = store.get_job(job_id)
     assert job is not None
     assert (job.status, job.actions, job.dry_run, job.options) == (
@@ -121,7 +128,9 @@ def test_submit_writes_job_and_queue_row(store: MaintenanceStore) -> None:
         True,
         {"k": 1},
     )
-    assert _sql(store, "SELECT claimed_at, attempt_count, visible_at <= now() FROM job_queue") == [(None, 0, True)]
+    assert _sql(store, "SELECT claimed_at, attempt_count, visible_at <= now() FROM job_queue") == [
+        (None, 0, True)
+    ]
 
 
 def test_submit_is_atomic_when_the_queue_insert_fails(store: MaintenanceStore) -> None:
@@ -131,9 +140,13 @@ def test_submit_is_atomic_when_the_queue_insert_fails(store: MaintenanceStore) -
         "CREATE FUNCTION refuse_enqueue() RETURNS trigger LANGUAGE plpgsql AS"
         " $$ BEGIN RAISE EXCEPTION 'queue is read-only'; END $$",
     )
-    _sql(store, "CREATE TRIGGER refuse BEFORE INSERT ON job_queue FOR EACH ROW EXECUTE FUNCTION refuse_enqueue()")
-    with pytest.raises(psycopg.errors.RaiseException, match="queue is read-only"):
+    _sql(
+        store,
+        "CREATE TRIGGER refuse BEFORE INSERT ON job_queue FOR EACH ROW EXECUTE FUNCTION refuse_enqueue()",
+    )
+    with pytest.raises(StoreError, match="queue is read-only") as raised:
         store.submit("db", "t0", ["rewrite_data_files"])
+    assert isinstance(raised.value.__cause__, psycopg.errors.RaiseException)
     assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
     _sql(store, "DROP TRIGGER refuse ON job_queue")
     job_id = store.submit("db", "t0", ["rewrite_data_files"])  # the retry goes through, once
@@ -177,15 +190,25 @@ def test_claim_sets_the_fence_on_both_rows_and_the_lease(store: MaintenanceStore
     claim = store.claim("worker-a", 90)
     assert claim is not None
     assert (claim.job_id, claim.database, claim.table, claim.actions, claim.attempt_count) == (
-        job_id, "db", "t0", ("rewrite_data_files",), 1,
+        job_id,
+        "db",
+        "t0",
+        ("rewrite_data_files",),
+        1,
     )
     assert claim.options == {"strategy": "sort"}
     [(job_status, job_fence)] = _sql(store, "SELECT status, attempt_id FROM jobs")
     [(queue_fence, claimed_by, count, lease)] = _sql(
-        store, "SELECT attempt_id, claimed_by, attempt_count, extract(epoch FROM visible_at - claimed_at) FROM job_queue"
+        store,
+        "SELECT attempt_id, claimed_by, attempt_count, extract(epoch FROM visible_at - claimed_at)"
+        " FROM job_queue",
     )
     assert (job_status, job_fence, queue_fence, claimed_by, count) == (
-        "running", claim.attempt_id, claim.attempt_id, "worker-a", 1,
+        "running",
+        claim.attempt_id,
+        claim.attempt_id,
+        "worker-a",
+        1,
     )
     assert float(lease) == 90.0
 
@@ -197,7 +220,9 @@ def test_claim_returns_none_when_nothing_is_visible(store: MaintenanceStore) -> 
     assert store.claim("w", 30) is None  # leased, not visible
 
 
-@pytest.mark.parametrize("worker, lease", [("", 30), ("w", -1), ("w", float("nan")), ("w", float("inf")), ("w", "30")])
+@pytest.mark.parametrize(
+    "worker, lease", [("", 30), ("w", -1), ("w", float("nan")), ("w", float("inf")), ("w", "30")]
+)
 def test_claim_rejects_bad_arguments(store: MaintenanceStore, worker: str, lease: float) -> None:
     with pytest.raises(ValueError):
         store.claim(worker, lease)
@@ -226,7 +251,9 @@ def test_concurrent_claims_from_threads_never_share_a_job(store: MaintenanceStor
     assert _sql(store, "SELECT status, count(*) FROM jobs GROUP BY status") == [("completed", 120)]
 
 
-def _claim_all_in_process(dsn: str, schema: str, worker: str, start: multiprocessing.synchronize.Event) -> list[str]:
+def _claim_all_in_process(
+    dsn: str, schema: str, worker: str, start: multiprocessing.synchronize.Event
+) -> list[str]:
     start.wait()
     done = []
     with MaintenanceStore(dsn, schema=schema) as store:
@@ -245,7 +272,8 @@ def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceSt
         start = manager.Event()
         with context.Pool(4) as pool:
             pending = [
-                pool.apply_async(_claim_all_in_process, (store.dsn, store.schema, f"proc{i}", start)) for i in range(4)
+                pool.apply_async(_claim_all_in_process, (store.dsn, store.schema, f"proc{i}", start))
+                for i in range(4)
             ]
             start.set()
             results = [result.get(timeout=120) for result in pending]
@@ -331,7 +359,9 @@ def test_killed_worker_job_is_reclaimed_and_completed(store: MaintenanceStore) -
         "print(claim.attempt_id, flush=True)\n"
         "time.sleep(600)\n"
     )
-    worker = subprocess.Popen([sys.executable, "-c", script, store.dsn, store.schema], stdout=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script, store.dsn, store.schema], stdout=subprocess.PIPE, text=True
+    )
     doomed_attempt = worker.stdout.readline().strip()  # type: ignore[union-attr]
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=30)
@@ -370,13 +400,19 @@ def test_sweep_requeues_expired_leases_and_fails_exhausted_ones(pg_database: str
         assert {store.claim("w", 30).job_id for _ in range(3)} == {retry, exhausted, live}  # type: ignore[union-attr]
         _expire_lease(store, retry)  # attempt 1 of 2 ran out: back to pending
         # attempt 2 of 2 ran out: nothing left
-        _sql(store, "UPDATE job_queue SET attempt_count = 2, visible_at = now() - interval '1 s' WHERE job_id = %s", exhausted)
+        _sql(
+            store,
+            "UPDATE job_queue SET attempt_count = 2, visible_at = now() - interval '1 s' WHERE job_id = %s",
+            exhausted,
+        )
 
         assert store.sweep_stale_claims() == 2
-        assert _sql(store, "SELECT status, attempt_id FROM jobs WHERE job_id = %s", retry) == [("pending", None)]
-        assert _sql(store, "SELECT claimed_at, claimed_by, attempt_id FROM job_queue WHERE job_id = %s", retry) == [
-            (None, None, None)
+        assert _sql(store, "SELECT status, attempt_id FROM jobs WHERE job_id = %s", retry) == [
+            ("pending", None)
         ]
+        assert _sql(
+            store, "SELECT claimed_at, claimed_by, attempt_id FROM job_queue WHERE job_id = %s", retry
+        ) == [(None, None, None)]
         assert store.get_job(exhausted).status == "failed"  # type: ignore[union-attr]
         assert store.get_job(live).status == "running"  # type: ignore[union-attr]
         assert store.sweep_stale_claims() == 0
@@ -408,7 +444,10 @@ def test_record_action_is_fenced_and_written_once_per_attempt(store: Maintenance
         store.record_action(claim, "vacuum", True)
     [record] = store.job_actions(claim.job_id)
     assert (record.action, record.success, record.message, record.elapsed_seconds) == (
-        "rewrite_data_files", True, "rewritten 40 -> 1", 1.5,
+        "rewrite_data_files",
+        True,
+        "rewritten 40 -> 1",
+        1.5,
     )
 
 
@@ -435,7 +474,9 @@ def test_cancel_pending_job(store: MaintenanceStore) -> None:
     assert store.cancel(job_id) == "cancelled"
 
 
-def test_cancel_running_job_is_seen_by_the_worker_which_completes_as_cancelled(store: MaintenanceStore) -> None:
+def test_cancel_running_job_is_seen_by_the_worker_which_completes_as_cancelled(
+    store: MaintenanceStore,
+) -> None:
     job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
     claim = store.claim("w", 30)
     assert claim is not None
@@ -535,7 +576,9 @@ def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: Mainten
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(2)] + [threading.Thread(target=canceller)]
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(2)] + [
+        threading.Thread(target=canceller)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -555,7 +598,8 @@ def test_claim_plan_probes_the_seed_indexes_instead_of_sorting_the_queue(store: 
     _sql(
         store,
         "INSERT INTO jobs (job_id, database_name, table_name, actions, dry_run, status, submitted_at)"
-        " SELECT 'j' || g, 'db', 't' || g, '{rewrite_manifests}', false, 'pending', now() FROM generate_series(1, 5000) g",
+        " SELECT 'j' || g, 'db', 't' || g, '{rewrite_manifests}', false, 'pending', now()"
+        " FROM generate_series(1, 5000) g",
     )
     _sql(store, "INSERT INTO job_queue (job_id, visible_at) SELECT job_id, now() FROM jobs")
     _sql(store, "ANALYZE jobs")
@@ -581,10 +625,16 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     job_id = store.submit("db", "t0", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None
-    pid = store._conn().info.backend_pid  # this thread's session, the one the next call would use
-    assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until it is gone
-    with pytest.raises(psycopg.OperationalError):
-        store.heartbeat(claim)  # the call in flight sees the failure...
-    assert store.heartbeat(claim) is True  # ...and a retry goes through on a fresh connection
+    # Every pooled session of the store, the one the next call would use among them.
+    pids = _sql(
+        store,
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'runstate-maintenance'"
+        " AND datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    for (pid,) in pids:
+        assert _sql(store, "SELECT pg_terminate_backend(%s, 10000)", pid) == [(True,)]  # waits until gone
+    # The pool checks a connection idle for a while when it hands it out: a dead one is replaced.
+    time.sleep(CHECK_AFTER_IDLE_SECONDS)  # a lower bound, not a race: idle at least this long
+    assert store.heartbeat(claim) is True
     assert store.complete(claim, "completed")
     assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]

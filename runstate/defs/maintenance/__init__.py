@@ -1,11 +1,13 @@
-"""Dagster definitions for Iceberg maintenance: inventory and health assets, the queue sensor,
-the maintenance/submit/orchestrator jobs and the sweep schedules. The `spark` resource is shared."""
+"""Dagster definitions for Iceberg maintenance: inventory and health assets, the queue sensor
+(worker runs), the maintenance/submit/orchestrator/health-sync jobs and the sweep schedules.
+The `spark` resource is shared."""
 
 from __future__ import annotations
 
 import dagster as dg
 
 from runstate.defs.maintenance.assets import table_health, table_inventory
+from runstate.defs.maintenance.health_sync import table_health_sync
 from runstate.defs.maintenance.jobs import (
     iceberg_maintenance,
     maintenance_claim_sweep,
@@ -25,15 +27,25 @@ def maintenance_resource(**overrides: object) -> MaintenanceResource:
     from runstate.config import settings
 
     s = settings()
-    return MaintenanceResource(**{"dsn": s.pg_url, "pg_schema": s.schema, **overrides})
+    return MaintenanceResource(
+        **{"dsn": s.pg_url, "pg_schema": s.schema, "max_worker_runs": s.maintenance_workers, **overrides}
+    )
 
 
 def build_defs(resources: dict | None = None) -> dg.Definitions:
     """The maintenance domain; tests pass their own `maintenance` (and `spark`) resources."""
     return dg.Definitions(
         assets=[table_inventory, table_health],
-        jobs=[iceberg_maintenance, submit_maintenance, maintenance_orchestrator_job, maintenance_claim_sweep,
-              maintenance_lock_sweep, maintenance_health_retention, table_inventory_job],
+        jobs=[
+            iceberg_maintenance,
+            submit_maintenance,
+            maintenance_orchestrator_job,
+            maintenance_claim_sweep,
+            maintenance_lock_sweep,
+            maintenance_health_retention,
+            table_inventory_job,
+            table_health_sync,
+        ],
         sensors=[maintenance_queue_sensor],
         schedules=SCHEDULES,
         resources=resources if resources is not None else {"maintenance": maintenance_resource()},

@@ -1,6 +1,5 @@
 """`table_inventory` (the catalog copied into the cache) and `table_health` (one partition per table)."""
 
-
 import dagster as dg
 
 from runstate.defs.maintenance.checks import TABLE_IS_HEALTHY, table_is_healthy
@@ -9,25 +8,31 @@ from runstate.defs.spark import SparkResource
 from runstate.maintenance.catalog import list_tables
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import parse_table_ref
+from runstate.maintenance.models import HealthSnapshot
 
 GROUP = "maintenance"
 tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
 
 
-@dg.asset(group_name=GROUP, description="Every table of the `lake` catalog, copied atomically into table_cache_entries.")
+@dg.asset(
+    group_name=GROUP,
+    description="Every table of the `lake` catalog, copied atomically into table_cache_entries.",
+)
 def table_inventory(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
     listing = list_tables(spark.get_session())
     stored = maintenance.get_store().replace_table_cache([table.cached() for table in listing.tables])
     added, removed = sync_table_partitions(context.instance, {table.key for table in listing.tables})
-    return dg.MaterializeResult(metadata={
-        "tables": stored,
-        "opted_in": sum(1 for t in listing.tables if t.maintenance_enabled),
-        "partitions_added": len(added),
-        "partitions_removed": len(removed),
-        "skipped_names": ", ".join(listing.skipped) or "none",
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "tables": stored,
+            "opted_in": sum(1 for t in listing.tables if t.maintenance_enabled),
+            "partitions_added": len(added),
+            "partitions_removed": len(removed),
+            "skipped_names": ", ".join(listing.skipped) or "none",
+        }
+    )
 
 
 def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple[list[str], list[str]]:
@@ -46,7 +51,10 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
     partitions_def=tables_partitions,
     deps=[table_inventory],
     check_specs=[TABLE_IS_HEALTHY],
-    description="Health of one table from its Iceberg metadata tables; each materialization appends a health_snapshots row.",
+    description=(
+        "Health of one table from its Iceberg metadata tables;"
+        " each materialization appends a health_snapshots row."
+    ),
 )
 def table_health(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
@@ -55,19 +63,26 @@ def table_health(
     health = HealthAnalyzer(spark.get_session(), maintenance.thresholds()).analyze(ref)
     snapshot_id = maintenance.get_store().insert_health_snapshot(health)
     return dg.MaterializeResult(
-        metadata={
-            "health_snapshot_id": snapshot_id,
-            "health_status": health.health_status,
-            "needs_maintenance": health.needs_maintenance,
-            "recommended_actions": ", ".join(health.recommended_actions) or "none",
-            "data_files": health.total_data_files,
-            "delete_files": health.total_delete_files,
-            "small_files": health.small_file_count,
-            "total_bytes": health.total_size_bytes,
-            "records": health.total_records,
-            "snapshots": health.snapshot_count,
-            "manifests": health.manifest_count,
-            "error": health.error or "",
-        },
-        check_results=[table_is_healthy(health)],
+        metadata=health_metadata(health, snapshot_id), check_results=[table_is_healthy(health)]
     )
+
+
+def health_metadata(health: HealthSnapshot, snapshot_id: int) -> dict[str, dg.MetadataValue]:
+    """A table_health materialization's metadata; the numbers are typed so the UI plots them over time."""
+    return {
+        "health_snapshot_id": dg.MetadataValue.int(snapshot_id),
+        "health_status": dg.MetadataValue.text(health.health_status),
+        "needs_maintenance": dg.MetadataValue.bool(health.needs_maintenance),
+        "recommended_actions": dg.MetadataValue.text(", ".join(health.recommended_actions) or "none"),
+        "data_files": dg.MetadataValue.int(health.total_data_files),
+        "avg_file_size_bytes": dg.MetadataValue.float(float(health.avg_file_size_bytes)),
+        "delete_files": dg.MetadataValue.int(health.total_delete_files),
+        "delete_ratio": dg.MetadataValue.float(float(health.delete_ratio)),
+        "small_files": dg.MetadataValue.int(health.small_file_count),
+        "total_bytes": dg.MetadataValue.int(health.total_size_bytes),
+        "records": dg.MetadataValue.int(health.total_records),
+        "manifests": dg.MetadataValue.int(health.manifest_count),
+        "snapshots": dg.MetadataValue.int(health.snapshot_count),
+        "oldest_snapshot_age_hours": dg.MetadataValue.float(float(health.oldest_snapshot_age_hours)),
+        "error": dg.MetadataValue.text(health.error or ""),
+    }

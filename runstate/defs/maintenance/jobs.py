@@ -1,8 +1,8 @@
-"""Maintenance jobs: `iceberg_maintenance` (one claimed job), `submit_maintenance` (manual requests),
-the orchestrator run, and the sweeps. Ops take Pydantic config and call the core."""
+"""Maintenance jobs: `iceberg_maintenance` (a worker run that drains the queue on one Spark session),
+`submit_maintenance` (manual requests), the orchestrator run, and the sweeps. Ops take Pydantic config
+and call the core."""
 
-
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import dagster as dg
 from pydantic import Field
@@ -10,76 +10,136 @@ from pydantic import Field
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
-from runstate.maintenance.actions import ActionSettings, TableLocked, resume_claim, run_job
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import parse_table_ref
+from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator
+from runstate.maintenance.runner import JobOutcome, work_queue
 
-# A transient fault (a database blip, the table lock still held) is worth a few spaced-out retries;
-# the claim's lease outlives them and the run carries the same fence.
-TRANSIENT_RETRY = dg.RetryPolicy(max_retries=3, delay=20, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
-DEFAULT_ACTIONS = ["rewrite_data_files", "rewrite_position_delete_files", "rewrite_manifests", "expire_snapshots"]
+# A transient fault (a database blip) is worth a few spaced-out retries; a retried worker simply
+# claims whatever is still queued, and every job keeps its own fence.
+TRANSIENT_RETRY = dg.RetryPolicy(
+    max_retries=2, delay=20, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+)
+DEFAULT_ACTIONS = [
+    "rewrite_data_files",
+    "rewrite_position_delete_files",
+    "rewrite_manifests",
+    "expire_snapshots",
+]
+FIGURES = ("data_files", "data_bytes", "delete_files", "manifests", "canary_planning_ms")
 
 
-class MaintenanceClaimConfig(dg.Config):
-    """Set by maintenance_queue_sensor: the claimed job and the fence of this attempt."""
+class MaintenanceWorkerConfig(dg.Config):
+    """Limits of one worker run; defaults come from the resource."""
 
-    job_id: str = Field(description="jobs.job_id of the claimed job.")
-    attempt_id: str = Field(description="The claim's fence; the run acts only while it still holds.")
+    budget_seconds: Optional[float] = Field(default=None, description="Claim no new job after this long.")
+    max_jobs: Optional[int] = Field(
+        default=None, description="Stop after this many jobs (None: until empty)."
+    )
 
 
-@dg.op(retry_policy=TRANSIENT_RETRY, description="Hold the table lock, heartbeat, run the actions, complete under the fence.")
-def run_maintenance_job(
-    context: dg.OpExecutionContext, config: MaintenanceClaimConfig, spark: SparkResource,
+def job_metadata(outcome: JobOutcome, table_key: str) -> dict[str, Any]:
+    """One job's run metadata: its status and, per action, the table's figures before and after."""
+    actions = [
+        {
+            "action": r.action,
+            "success": r.success,
+            "attempts": r.attempts,
+            "message": r.message or r.error or "",
+            "before": dict(r.before),
+            "after": dict(r.after),
+        }
+        for r in outcome.results
+    ]
+    return {"table": table_key, "status": outcome.status, "error": outcome.error or "", "actions": actions}
+
+
+def _figure_totals(jobs: list[dict[str, Any]]) -> dict[str, float]:
+    """Sum of each figure before the first and after the last action of every job that measured them."""
+    totals: dict[str, float] = {}
+    for job in jobs:
+        measured = [a for a in job["actions"] if a["before"] and a["after"]]
+        if not measured:
+            continue
+        for name in FIGURES:
+            totals[f"{name}_before"] = totals.get(f"{name}_before", 0) + measured[0]["before"].get(name, 0)
+            totals[f"{name}_after"] = totals.get(f"{name}_after", 0) + measured[-1]["after"].get(name, 0)
+    return totals
+
+
+@dg.op(
+    retry_policy=TRANSIENT_RETRY,
+    description="Claim jobs one after another on one Spark session until the queue is empty or time is up.",
+)
+def run_maintenance_worker(
+    context: dg.OpExecutionContext,
+    config: MaintenanceWorkerConfig,
+    spark: SparkResource,
     maintenance: MaintenanceResource,
 ) -> dict:
-    store = maintenance.get_store()
-    claim = resume_claim(store, config.job_id, config.attempt_id, maintenance.lease_seconds)
-    if claim is None:
+    jobs: dict[str, dict[str, Any]] = {}
+
+    def on_outcome(claim, outcome: JobOutcome) -> None:
+        jobs[outcome.job_id] = job_metadata(outcome, claim.table_key)
+        context.log.info(f"job {outcome.job_id} on {claim.table_key}: {outcome.status} {outcome.error or ''}")
+
+    report = work_queue(
+        spark.get_session,
+        maintenance.get_store(),
+        f"{maintenance.worker_name}:{context.run_id[:8]}",
+        lease_seconds=maintenance.lease_seconds,
+        budget_seconds=config.budget_seconds or maintenance.worker_budget_seconds,
+        max_jobs=config.max_jobs,
+        on_outcome=on_outcome,
+        settings=maintenance.action_settings(),
+        lock_ttl_seconds=maintenance.lock_ttl_seconds,
+    )
+    summary = {status: report.count(status) for status in ("completed", "failed", "cancelled", "fenced_out")}
+    summary.update(jobs=len(report.outcomes), table_locked=len(report.locked))
+    metadata: dict[str, Any] = {
+        **summary,
+        "worker_seconds": round(report.elapsed_seconds, 3),
+        **_figure_totals(list(jobs.values())),
+    }
+    metadata.update({f"job {job_id}": dg.MetadataValue.json(value) for job_id, value in jobs.items()})
+    context.add_output_metadata(metadata)
+    if summary["failed"]:
+        failed = [f"{j['table']}: {j['error']}" for j in jobs.values() if j["status"] == "failed"]
         raise dg.Failure(
-            f"maintenance job {config.job_id}: attempt {config.attempt_id} no longer holds the job "
-            "(fenced out, finished or unknown); nothing was run",
+            f"{summary['failed']} maintenance job(s) failed: {'; '.join(failed)}",
+            metadata=metadata,
             allow_retries=False,
         )
-    try:
-        outcome = run_job(spark.get_session(), store, claim, settings=maintenance.action_settings(),
-                          lock_ttl_seconds=maintenance.lock_ttl_seconds)
-    except TableLocked as exc:
-        context.log.warning(str(exc))
-        raise
-    metadata = {
-        "job_id": outcome.job_id, "table": claim.table_key, "status": outcome.status, "dry_run": claim.dry_run,
-        **{f"{r.action}": r.message or (r.error or "") for r in outcome.results},
-    }
-    context.add_output_metadata(metadata)
-    if outcome.status in ("failed", "fenced_out"):
-        raise dg.Failure(f"maintenance job {outcome.job_id} on {claim.table_key}: {outcome.status}: {outcome.error or ''}",
-                         metadata=metadata, allow_retries=False)
-    return {"job_id": outcome.job_id, "status": outcome.status}
+    return summary
 
 
-@dg.job(description="Run one claimed maintenance job (launched by maintenance_queue_sensor, run_key = attempt_id).")
+@dg.job(description="A maintenance worker: drains the queue on one Spark session (maintenance_queue_sensor).")
 def iceberg_maintenance() -> None:
-    run_maintenance_job()
+    run_maintenance_worker()
 
 
 class SubmitMaintenanceConfig(dg.Config):
     """A manual maintenance request from the launchpad."""
 
     table: str = Field(description="The table as `database.table`.")
-    actions: List[str] = Field(default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order.")
+    actions: List[str] = Field(
+        default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order."
+    )
     dry_run: bool = Field(default=False, description="Plan only: report what would be done, write nothing.")
     rewrite_strategy: Optional[str] = Field(default=None, description="binpack (default) or sort.")
     sort_order: Optional[str] = Field(default=None, description="For sort: e.g. `id DESC NULLS LAST, ts`.")
     target_file_size_bytes: Optional[int] = Field(default=None, description="rewrite_data_files target size.")
     expire_older_than_hours: Optional[float] = Field(default=None, description="expire_snapshots older_than.")
     retain_last: Optional[int] = Field(default=None, description="expire_snapshots retain_last.")
-    orphan_older_than_hours: Optional[float] = Field(default=None, description="remove_orphan_files older_than.")
+    orphan_older_than_hours: Optional[float] = Field(
+        default=None, description="remove_orphan_files older_than."
+    )
 
     def options(self) -> dict:
-        names = ("rewrite_strategy", "sort_order", "target_file_size_bytes", "expire_older_than_hours",
-                 "retain_last", "orphan_older_than_hours")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {
+            name: getattr(self, name) for name in ActionSettings.names() if getattr(self, name) is not None
+        }
 
 
 @dg.op(description="Validate and queue a maintenance job; an active job of the table is returned instead.")
@@ -89,8 +149,9 @@ def submit_maintenance_request(
     ref = parse_table_ref(config.table)
     options = config.options()
     ActionSettings.from_options(options, maintenance.action_settings())  # bad options: nothing queued
-    job_id = maintenance.get_store().submit(ref.database, ref.table, config.actions, dry_run=config.dry_run,
-                                            options=options)
+    job_id = maintenance.get_store().submit(
+        ref.database, ref.table, config.actions, dry_run=config.dry_run, options=options
+    )
     context.add_output_metadata({"job_id": job_id, "table": ref.key, "dry_run": config.dry_run})
     return job_id
 
@@ -106,7 +167,10 @@ class OrchestratorConfig(dg.Config):
 
 @dg.op(description="Assess every cached table and submit jobs for the unhealthy opted-in ones.")
 def run_orchestrator(
-    context: dg.OpExecutionContext, config: OrchestratorConfig, spark: SparkResource, maintenance: MaintenanceResource
+    context: dg.OpExecutionContext,
+    config: OrchestratorConfig,
+    spark: SparkResource,
+    maintenance: MaintenanceResource,
 ) -> dict:
     analyzer: list[HealthAnalyzer] = []
 
@@ -115,10 +179,14 @@ def run_orchestrator(
             analyzer.append(HealthAnalyzer(spark.get_session(), maintenance.thresholds()))
         return analyzer[0].analyze(ref)
 
-    report = Orchestrator(maintenance.get_store(), analyze, maintenance.orchestrator_settings(config.dry_run)).run()
+    report = Orchestrator(
+        maintenance.get_store(), analyze, maintenance.orchestrator_settings(config.dry_run)
+    ).run()
     for decision in report.decisions:
-        context.log.info(f"{decision.table_key}: {decision.decision} {decision.reason} "
-                         f"{' '.join(decision.recommended_actions)} {decision.job_id or ''}".rstrip())
+        context.log.info(
+            f"{decision.table_key}: {decision.decision} {decision.reason} "
+            f"{' '.join(decision.recommended_actions)} {decision.job_id or ''}".rstrip()
+        )
     summary = report.summary()
     context.add_output_metadata({**summary, "orchestrator_run_id": report.run_id})
     return summary
@@ -165,5 +233,6 @@ def maintenance_health_retention() -> None:
     prune_health()
 
 
-table_inventory_job = dg.define_asset_job("table_inventory_job", selection=[table_inventory],
-                                          description="Copy the catalog into the table cache.")
+table_inventory_job = dg.define_asset_job(
+    "table_inventory_job", selection=[table_inventory], description="Copy the catalog into the table cache."
+)

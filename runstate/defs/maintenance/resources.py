@@ -23,24 +23,46 @@ class MaintenanceResource(dg.ConfigurableResource):
     dsn: str = Field(default="postgresql://postgres@127.0.0.1:5432/runstate", description="Postgres DSN.")
     # `schema` would shadow pydantic's BaseModel.schema, hence pg_schema (as in EventStoreResource).
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the maintenance tables.")
-    ensure_schema: bool = Field(default=True, description="Apply pending migrations when the store is first opened.")
+    ensure_schema: bool = Field(
+        default=True, description="Apply pending migrations when the store is first opened."
+    )
     max_attempts: int = Field(default=3, description="Claims of one job before it fails for good.")
-    lease_seconds: float = Field(default=900.0, description="Claim lease; heartbeats extend it while a job runs.")
-    lock_ttl_seconds: float = Field(default=1800.0, description="Table lock expiry; refreshed with each heartbeat.")
-    concurrency_limit: int = Field(default=2, description="Maintenance jobs in flight at once (sensor claims).")
-    worker_name: str = Field(default="dagster", description="Recorded as job_queue.claimed_by.")
+    lease_seconds: float = Field(
+        default=900.0, description="Claim lease; heartbeats extend it while a job runs."
+    )
+    lock_ttl_seconds: Optional[float] = Field(
+        default=None, description="Table lock expiry, refreshed with each heartbeat; default: the lease."
+    )
+    max_worker_runs: int = Field(default=2, description="W: iceberg_maintenance worker runs alive at once.")
+    worker_budget_seconds: float = Field(
+        default=1800.0,
+        description="A worker run claims no new job after this long (a job is never cut short).",
+    )
+    worker_name: str = Field(
+        default="dagster", description="Prefix of job_queue.claimed_by (plus the run id)."
+    )
     # Health thresholds (defaults: Snowpack's anchors).
     small_file_mb: float = Field(default=16.0, description="Data files under this size count as small.")
-    min_small_files: int = Field(default=5, description="Small files needed before compaction is recommended.")
+    min_small_files: int = Field(
+        default=5, description="Small files needed before compaction is recommended."
+    )
     max_snapshots: int = Field(default=100, description="More snapshots recommend expire_snapshots.")
-    max_snapshot_age_hours: float = Field(default=168.0, description="An older oldest snapshot recommends expiry.")
-    max_delete_files: int = Field(default=0, description="More delete files recommend rewrite_position_delete_files.")
+    max_snapshot_age_hours: float = Field(
+        default=168.0, description="An older oldest snapshot recommends expiry."
+    )
+    max_delete_files: int = Field(
+        default=0, description="More delete files recommend rewrite_position_delete_files."
+    )
     max_manifests: int = Field(default=100, description="More manifests recommend rewrite_manifests.")
     # Action defaults (a job's options override them).
     target_file_size_bytes: int = Field(default=128 * MB, description="rewrite_data_files target file size.")
-    expire_older_than_hours: float = Field(default=72.0, description="expire_snapshots older_than, as an age.")
+    expire_older_than_hours: float = Field(
+        default=72.0, description="expire_snapshots older_than, as an age."
+    )
     retain_last: int = Field(default=10, description="expire_snapshots retain_last.")
-    orphan_older_than_hours: float = Field(default=72.0, description="remove_orphan_files older_than (>= 24).")
+    orphan_older_than_hours: float = Field(
+        default=72.0, description="remove_orphan_files older_than (>= 24)."
+    )
     # Orchestrator and retention.
     orchestrator_dry_run: bool = Field(default=False, description="Advisory only: record, never submit.")
     default_cadence_hours: int = Field(default=24, description="Minimum hours between jobs of one table.")
@@ -62,15 +84,20 @@ class MaintenanceResource(dg.ConfigurableResource):
 
     def thresholds(self) -> HealthThresholds:
         return HealthThresholds(
-            small_file_bytes=int(self.small_file_mb * MB), min_small_files=self.min_small_files,
-            max_snapshots=self.max_snapshots, max_snapshot_age_hours=self.max_snapshot_age_hours,
-            max_delete_files=self.max_delete_files, max_manifests=self.max_manifests,
+            small_file_bytes=int(self.small_file_mb * MB),
+            min_small_files=self.min_small_files,
+            max_snapshots=self.max_snapshots,
+            max_snapshot_age_hours=self.max_snapshot_age_hours,
+            max_delete_files=self.max_delete_files,
+            max_manifests=self.max_manifests,
         )
 
     def action_settings(self) -> ActionSettings:
         return ActionSettings(
-            target_file_size_bytes=self.target_file_size_bytes, expire_older_than_hours=self.expire_older_than_hours,
-            retain_last=self.retain_last, orphan_older_than_hours=self.orphan_older_than_hours,
+            target_file_size_bytes=self.target_file_size_bytes,
+            expire_older_than_hours=self.expire_older_than_hours,
+            retain_last=self.retain_last,
+            orphan_older_than_hours=self.orphan_older_than_hours,
         ).validated()
 
     def orchestrator_settings(self, dry_run: bool | None = None) -> OrchestratorSettings:

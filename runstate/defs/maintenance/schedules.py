@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from runstate.defs.maintenance.health_sync import table_health_sync_schedule
 from runstate.defs.maintenance.jobs import (
     maintenance_claim_sweep,
     maintenance_health_retention,
@@ -16,21 +17,34 @@ RUNNING = dg.DefaultScheduleStatus.RUNNING
 
 # The inventory refreshes just before the orchestrator reads it.
 table_inventory_schedule = dg.ScheduleDefinition(
-    name="table_inventory_sync", cron_schedule="50 * * * *", job=table_inventory_job, default_status=RUNNING,
+    name="table_inventory_sync",
+    cron_schedule="50 * * * *",
+    job=table_inventory_job,
+    default_status=RUNNING,
 )
 maintenance_orchestrator = dg.ScheduleDefinition(
-    name="maintenance_orchestrator", cron_schedule="0 * * * *", job=maintenance_orchestrator_job,
-    default_status=RUNNING, description="Hourly: assess opted-in tables and submit maintenance for unhealthy ones.",
+    name="maintenance_orchestrator",
+    cron_schedule="0 * * * *",
+    job=maintenance_orchestrator_job,
+    default_status=RUNNING,
+    description="Hourly: assess opted-in tables and submit maintenance for unhealthy ones.",
 )
 maintenance_claim_sweep_schedule = dg.ScheduleDefinition(
-    name="maintenance_stale_claim_sweep", cron_schedule="*/5 * * * *", job=maintenance_claim_sweep,
+    name="maintenance_stale_claim_sweep",
+    cron_schedule="*/5 * * * *",
+    job=maintenance_claim_sweep,
     default_status=RUNNING,
 )
 maintenance_lock_sweep_schedule = dg.ScheduleDefinition(
-    name="maintenance_lock_sweep", cron_schedule="*/5 * * * *", job=maintenance_lock_sweep, default_status=RUNNING,
+    name="maintenance_lock_sweep",
+    cron_schedule="*/5 * * * *",
+    job=maintenance_lock_sweep,
+    default_status=RUNNING,
 )
 maintenance_health_retention_schedule = dg.ScheduleDefinition(
-    name="maintenance_health_retention", cron_schedule="30 3 * * *", job=maintenance_health_retention,
+    name="maintenance_health_retention",
+    cron_schedule="30 3 * * *",
+    job=maintenance_health_retention,
     default_status=RUNNING,
 )
 
@@ -40,4 +54,5 @@ SCHEDULES = [
     maintenance_claim_sweep_schedule,
     maintenance_lock_sweep_schedule,
     maintenance_health_retention_schedule,
+    table_health_sync_schedule,
 ]

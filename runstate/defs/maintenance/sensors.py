@@ -1,6 +1,9 @@
-"""`maintenance_queue_sensor`: claims ready jobs up to the concurrency limit and launches one
-`iceberg_maintenance` run per claim, with run_key = attempt_id (a re-claim is a new attempt, so a new run)."""
+"""`maintenance_queue_sensor`: keeps up to W `iceberg_maintenance` worker runs alive while jobs are queued.
 
+A worker run claims its jobs itself, one after another on one Spark session, so the sensor claims
+nothing: it reads the queue depth and the instance's in-progress worker runs, and requests the
+difference. Run keys come from the cursor's request counter, so a re-evaluated tick never doubles them.
+"""
 
 import json
 
@@ -8,38 +11,46 @@ import dagster as dg
 
 from runstate.defs.maintenance.jobs import iceberg_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.maintenance.actions import claim_ready
 
-TABLE_TAG = "runstate/table"
-JOB_TAG = "runstate/maintenance_job"
+WORKER_TAG = "runstate/maintenance_worker"
+IN_PROGRESS = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
 
 
-@dg.sensor(job=iceberg_maintenance, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Claim queued maintenance jobs (fenced, leased) and launch iceberg_maintenance runs.")
+@dg.sensor(
+    job=iceberg_maintenance,
+    minimum_interval_seconds=30,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Keep up to W iceberg_maintenance worker runs alive while maintenance jobs are queued.",
+)
 def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: MaintenanceResource):
-    # The only side effect is the claim; an unlaunched claim's lease expires and the job is claimed again.
-    claims = claim_ready(maintenance.get_store(), maintenance.worker_name, maintenance.lease_seconds,
-                         maintenance.concurrency_limit)
-    if not claims:
-        return dg.SkipReason("no ready maintenance jobs, or the concurrency limit is reached")
-    cursor = {"claims": _claims_so_far(context.cursor) + len(claims), "last_attempt_id": claims[-1].attempt_id}
+    ready, _ = maintenance.get_store().queue_depth()
+    if not ready:
+        return dg.SkipReason("no ready maintenance jobs")
+    alive = context.instance.get_runs_count(
+        dg.RunsFilter(job_name=iceberg_maintenance.name, statuses=IN_PROGRESS)
+    )
+    wanted = min(maintenance.max_worker_runs - alive, ready)
+    if wanted <= 0:
+        return dg.SkipReason(f"{alive} worker run(s) alive, the limit is {maintenance.max_worker_runs}")
+    requested = _requests_so_far(context.cursor)
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(
-                run_key=claim.attempt_id,
-                run_config={"ops": {"run_maintenance_job": {"config": {"job_id": claim.job_id,
-                                                                       "attempt_id": claim.attempt_id}}}},
-                tags={TABLE_TAG: claim.table_key, JOB_TAG: claim.job_id},
-            )
-            for claim in claims
+            dg.RunRequest(run_key=f"maintenance-worker-{requested + i + 1}", tags={WORKER_TAG: "true"})
+            for i in range(wanted)
         ],
-        cursor=json.dumps(cursor, sort_keys=True),
+        cursor=json.dumps({"requests": requested + wanted}),
     )
 
 
-def _claims_so_far(raw: str | None) -> int:
-    """The cursor only counts claims (the queue itself is the source of truth), so a bad one restarts at 0."""
+def _requests_so_far(raw: str | None) -> int:
+    """The cursor only numbers the requests (the queue is the source of truth); a bad one restarts at 0."""
     try:
-        return int(json.loads(raw).get("claims", 0)) if raw else 0
+        value = json.loads(raw).get("requests", 0) if raw else 0
+        return value if isinstance(value, int) and value >= 0 else 0
     except (ValueError, TypeError, AttributeError):
         return 0

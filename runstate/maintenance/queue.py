@@ -1,0 +1,325 @@
+"""The job queue and its fences: submit, claim, heartbeat, record_action, complete, cancel, reads.
+
+- `jobs` is the durable record; `job_queue` holds a row only while a job is in flight.
+- A claim is one `dequeue_with_claim` statement: it picks a visible row with FOR UPDATE SKIP LOCKED,
+  writes a fresh attempt_id fence on both rows, bumps attempt_count and sets the lease
+  (`visible_at = now() + lease`).
+- Every later write of the worker (heartbeat, record_action, complete) matches that attempt_id and a
+  live lease, so a worker whose lease expired (and whose job may now belong to someone else) changes
+  nothing and is told so by a False return.
+- A cancel of a running job is recorded as `status = 'cancelled'` with `completed_at` still NULL:
+  the worker sees it between actions and completes the job as cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from psycopg.types.json import Jsonb
+
+from runstate.maintenance import queue_sql as q
+from runstate.maintenance.db import Database
+from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
+from runstate.maintenance.identifiers import TableRef, parse_table_ref, validate_actions
+from runstate.maintenance.models import (
+    ACTIVE_STATUSES,
+    COMPLETION_STATUSES,
+    DEFAULT_LEASE_SECONDS,
+    JOB_STATUSES,
+    ActionRecord,
+    Claim,
+    Job,
+)
+from runstate.maintenance.validation import flag, free_text, json_object, non_empty_text, seconds
+
+_CLAIM_ROUNDS = 16
+
+
+class JobQueue:
+    """jobs, job_queue and job_actions of one schema, through the shared Database."""
+
+    def __init__(self, db: Database, *, max_attempts: int = 3) -> None:
+        self.db = db
+        self.max_attempts = max_attempts
+
+    # -- submit ------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        database: str,
+        table: str,
+        actions: Iterable[str] | str,
+        dry_run: bool = False,
+        options: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Queue a job for `database.table`, or return the id of the job already pending/running for it.
+
+        Everything is validated before any SQL runs. Raises InvalidIdentifier / UnknownAction for bad
+        input and TableNotCached when the catalog cache does not list the table.
+        """
+        ref = TableRef(database, table)
+        ordered_actions = validate_actions(actions)
+        dry_run = flag(dry_run, "dry_run")
+        job_options = json_object(options, "options")
+        with self.db.transaction() as cur:
+            # Serialises submits for one table, so "one active job per table" holds under concurrency.
+            cur.execute(
+                q.SUBMIT_LOCK_SQL, (_advisory_key("runstate.maintenance.submit", self.db.schema, ref.key),)
+            )
+            cur.execute(q.TABLE_IS_CACHED_SQL, (ref.database, ref.table))
+            if cur.fetchone() is None:
+                raise TableNotCached(
+                    f"table {ref.key!r} is not in the catalog cache (table_cache_entries in schema "
+                    f"{self.db.schema!r}); materialize table_inventory (or run `runstate maintenance sync`)"
+                )
+            cur.execute(q.ACTIVE_JOB_ID_SQL, (ref.database, ref.table))
+            existing = cur.fetchone()
+            if existing is not None:
+                return existing[0]
+            job_id = str(uuid.uuid4())
+            row = (job_id, ref.database, ref.table, list(ordered_actions), dry_run, Jsonb(job_options))
+            cur.execute(q.INSERT_JOB_SQL, row)
+            cur.execute(q.ENQUEUE_JOB_SQL, (job_id,))
+        return job_id
+
+    # -- claim and the fenced writes ---------------------------------------------------------------
+
+    def claim(self, worker: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Claim | None:
+        """Claim the oldest visible job (expired leases first, then new ones), or None when there is none.
+
+        A claimed job whose last lease expired with no attempts left is failed on the spot (the reason
+        in `error`), and a job cancelled while its worker died ends cancelled; neither is handed out.
+        """
+        worker = non_empty_text(worker, "worker")
+        lease_seconds = seconds(lease_seconds, "lease_seconds")
+        attempt_id = str(uuid.uuid4())
+        params = {
+            "worker": worker,
+            "lease_seconds": lease_seconds,
+            "attempt_id": attempt_id,
+            "max_attempts": self.max_attempts,
+        }
+        job = self._claim_row(params)
+        if job is None:
+            return None
+        job_id, database, table, actions, dry_run, options, attempt_count = job
+        return Claim(
+            job_id=job_id,
+            attempt_id=attempt_id,
+            database=database,
+            table=table,
+            actions=tuple(actions),
+            dry_run=dry_run,
+            options=options or {},
+            attempt_count=attempt_count,
+            worker=worker,
+            lease_seconds=lease_seconds,
+        )
+
+    def _claim_row(self, params: dict[str, Any]) -> Sequence[Any] | None:
+        with self.db.connection() as conn:
+            for _ in range(_CLAIM_ROUNDS):
+                *job, picked = conn.execute(q.DEQUEUE_WITH_CLAIM_SQL, params).fetchone()
+                if job[0] is not None:
+                    return job
+                if not picked:
+                    return None
+                # The row picked belonged to a job that must not run again (out of attempts, cancelled
+                # with a dead worker): finish it now, so it fails the moment a claim meets it; look again.
+                conn.execute(q.SWEEP_STALE_CLAIMS_SQL, {"max_attempts": self.max_attempts})
+        return None  # only rows that must not run in every round: leave them to the sweep schedule
+
+    def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool:
+        """Extend the lease; False when the claim is fenced out or its lease already ran out (stop work)."""
+        lease = seconds(lease_seconds if lease_seconds is not None else claim.lease_seconds, "lease_seconds")
+        params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "lease_seconds": lease}
+        return self.db.rowcount(q.HEARTBEAT_SQL, params) == 1
+
+    def holds_fence(self, claim: Claim) -> bool:
+        params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id}
+        return self.db.fetchone(q.FENCE_HOLDS_SQL, params) is not None
+
+    def record_action(
+        self,
+        claim: Claim,
+        action: str,
+        success: bool,
+        message: str = "",
+        error: str | None = None,
+        elapsed_seconds: float = 0.0,
+        *,
+        before: Mapping[str, Any] | None = None,
+        after: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record one action's result under the claim's fence; False (nothing written) when fenced out.
+
+        Retry-safe: recording the same action again in the same attempt writes nothing and returns True.
+        `before` / `after` are the table's figures around the action (see actions.TableFigures).
+        """
+        validate_actions([action])
+        params = {
+            "job_id": claim.job_id,
+            "attempt_id": claim.attempt_id,
+            "action": action,
+            "success": flag(success, "success"),
+            "message": free_text(message) or "",
+            "error": free_text(error),
+            "elapsed_seconds": max(0.0, float(elapsed_seconds)),
+            "before": Jsonb(json_object(before, "before figures")),
+            "after": Jsonb(json_object(after, "after figures")),
+        }
+        with self.db.connection() as conn:
+            if conn.execute(q.RECORD_ACTION_SQL, params).fetchone() is not None:
+                return True
+            return conn.execute(q.FENCE_HOLDS_SQL, params).fetchone() is not None
+
+    def complete(self, claim: Claim, status: str, error: str | None = None) -> bool:
+        """Finish the job under the claim's fence: drop its queue row, set the terminal status.
+
+        `status` is completed, failed or cancelled. False when fenced out (nothing changes). Repeating a
+        completion that already succeeded with the same attempt and status returns True.
+        """
+        if status not in COMPLETION_STATUSES:
+            raise InvalidStatus(
+                f"job {claim.job_id}: completion status {status!r} is not one of {COMPLETION_STATUSES}"
+            )
+        params = {
+            "job_id": claim.job_id,
+            "attempt_id": claim.attempt_id,
+            "status": status,
+            "error": free_text(error),
+        }
+        with self.db.connection() as conn:
+            if conn.execute(q.COMPLETE_SQL, params).fetchone() is not None:
+                return True
+            return conn.execute(q.COMPLETED_BY_ATTEMPT_SQL, params).fetchone() is not None
+
+    def fail(self, claim: Claim, error: str) -> bool:
+        """complete(claim, "failed", error)."""
+        return self.complete(claim, "failed", error)
+
+    def is_cancel_requested(self, claim: Claim) -> bool:
+        row = self.db.fetchone(q.CANCEL_STATUS_SQL, (claim.job_id,))
+        return row is not None and row[0] == "cancelled"
+
+    def sweep_stale_claims(self) -> int:
+        """Expired leases back to pending (fence cleared); out of attempts -> failed. Returns rows changed."""
+        row = self.db.fetchone(q.SWEEP_STALE_CLAIMS_SQL, {"max_attempts": self.max_attempts})
+        return int(row[0])
+
+    # -- cancel / delete ---------------------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> str:
+        """Cancel a job: "cancelled" when it was not running, "cancel_requested" when a live worker holds
+        it (it stops between actions), else the terminal status it already had."""
+        job_id = _job_id(job_id)
+        with self.db.transaction() as cur:
+            # Queue row first, then job row: the same order as complete(), so the two never deadlock.
+            cur.execute(q.LOCK_QUEUE_ROW_SQL, (job_id,))
+            queue_row = cur.fetchone()
+            cur.execute(q.LOCK_JOB_ROW_SQL, (job_id,))
+            job_row = cur.fetchone()
+            if job_row is None:
+                raise JobNotFound(f"maintenance job {job_id!r} does not exist in schema {self.db.schema!r}")
+            status, completed_at = job_row
+            if status == "cancelled":
+                return "cancelled" if completed_at is not None else "cancel_requested"
+            if status not in ACTIVE_STATUSES:
+                return status
+            if status == "running" and queue_row and queue_row[0]:
+                cur.execute(q.REQUEST_CANCEL_SQL, (job_id,))
+                return "cancel_requested"
+            cur.execute(q.DEQUEUE_SQL, (job_id,))
+            cur.execute(q.CANCEL_NOW_SQL, (job_id,))
+            return "cancelled"
+
+    def soft_delete(self, job_id: str) -> bool:
+        """Tombstone a job (hidden from live_jobs), cancelling it first if active; False if already gone."""
+        self.cancel(job_id)
+        return self.db.rowcount(q.SOFT_DELETE_SQL, (job_id,)) == 1
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def get_job(self, job_id: str) -> Job | None:
+        """The job, soft-deleted or not; None when unknown."""
+        row = self.db.fetchone(q.GET_JOB_SQL, (_job_id(job_id),))
+        return _job(row) if row else None
+
+    def list_jobs(
+        self,
+        status: str | None = None,
+        table_key: str | None = None,
+        limit: int = 100,
+        include_deleted: bool = False,
+    ) -> list[Job]:
+        """Newest first; from the live_jobs view unless include_deleted."""
+        if status is not None and status not in JOB_STATUSES:
+            raise InvalidStatus(f"job status {status!r} is not one of {JOB_STATUSES}")
+        ref = parse_table_ref(table_key) if table_key is not None else None
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        params = {
+            "status": status,
+            "database": ref.database if ref else None,
+            "table": ref.table if ref else None,
+            "limit": limit,
+        }
+        query = q.LIST_ALL_JOBS_SQL if include_deleted else q.LIST_LIVE_JOBS_SQL
+        return [_job(row) for row in self.db.fetchall(query, params)]
+
+    def active_job(self, table_key: str) -> Job | None:
+        """The pending or running job of a table, if any."""
+        ref = parse_table_ref(table_key)
+        row = self.db.fetchone(q.ACTIVE_JOB_ID_SQL, (ref.database, ref.table))
+        return self.get_job(row[0]) if row else None
+
+    def last_action_at(self, table_key: str, action: str) -> datetime | None:
+        """When `action` last succeeded on the table for real (dry runs do not count), or None."""
+        ref = parse_table_ref(table_key)
+        row = self.db.fetchone(q.LAST_ACTION_SQL, (ref.database, ref.table, validate_actions([action])[0]))
+        return row[0] if row else None
+
+    def job_actions(self, job_id: str) -> list[ActionRecord]:
+        rows = self.db.fetchall(q.JOB_ACTIONS_SQL, (_job_id(job_id),))
+        return [ActionRecord(*row[:8], before=row[8] or {}, after=row[9] or {}) for row in rows]
+
+    def queue_depth(self) -> tuple[int, int]:
+        """(claimable now, all in flight)."""
+        ready, total = self.db.fetchone(q.QUEUE_DEPTH_SQL)
+        return int(ready), int(total)
+
+
+def _job_id(value: object) -> str:
+    """Job ids are uuid text; anything else cannot name a job (and must not reach the driver as NUL)."""
+    if not isinstance(value, str) or not value or len(value) > 64 or "\x00" in value:
+        raise JobNotFound(f"maintenance job {str(value)[:64]!r} not found")
+    return value
+
+
+def _job(row: Sequence[Any]) -> Job:
+    return Job(
+        job_id=row[0],
+        database=row[1],
+        table=row[2],
+        actions=tuple(row[3]),
+        dry_run=row[4],
+        status=row[5],
+        submitted_at=row[6],
+        started_at=row[7],
+        completed_at=row[8],
+        error=row[9],
+        attempt_id=row[10],
+        deleted_at=row[11],
+        options=row[12] or {},
+        attempt_count=row[13],
+        claimed_by=row[14],
+        visible_at=row[15],
+    )
+
+
+def _advisory_key(*parts: str) -> int:
+    digest = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)

@@ -1,0 +1,299 @@
+"""The fenced job runner and the worker loop.
+
+`run_job` runs one claimed job: the job's table lock (taken under the claim's fence), a heartbeat
+thread, the actions in order with the table's figures around each, and the completion under the
+fence. Its Spark work runs in an attempt session whose catalog commits are fenced in Postgres
+(commit_fence.py). `work_queue` is a worker: it claims jobs one after another on one Spark session
+until the queue is empty or its time budget is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
+from runstate.maintenance.commit_fence import attempt_session, attempt_tag
+from runstate.maintenance.errors import InvalidActionOption, TableLocked
+from runstate.maintenance.models import Claim
+from runstate.maintenance.options import ActionSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+class JobStore(Protocol):
+    """The part of MaintenanceStore a job run needs."""
+
+    schema: str
+
+    def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool: ...
+    def holds_fence(self, claim: Claim) -> bool: ...
+    def record_action(
+        self,
+        claim: Claim,
+        action: str,
+        success: bool,
+        message: str = "",
+        error: str | None = None,
+        elapsed_seconds: float = 0.0,
+        *,
+        before: Any = None,
+        after: Any = None,
+    ) -> bool: ...
+    def complete(self, claim: Claim, status: str, error: str | None = None) -> bool: ...
+    def is_cancel_requested(self, claim: Claim) -> bool: ...
+    def lock_for_claim(self, claim: Claim, ttl_seconds: float) -> bool: ...
+    def unlock_for_claim(self, claim: Claim) -> bool: ...
+    def ensure_commit_fence(self) -> bool: ...
+
+
+@dataclass
+class JobOutcome:
+    job_id: str
+    attempt_id: str
+    status: str  # completed | failed | cancelled | fenced_out
+    results: list[ActionResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def completed_actions(self) -> list[str]:
+        return [r.action for r in self.results if r.success]
+
+
+class LeaseKeeper:
+    """A thread that heartbeats the claim and refreshes its table lock until stopped or fenced out."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        claim: Claim,
+        *,
+        interval_seconds: float,
+        lease_seconds: float,
+        lock_ttl_seconds: float,
+    ) -> None:
+        self.store, self.claim = store, claim
+        self.interval, self.lease_seconds, self.lock_ttl = interval_seconds, lease_seconds, lock_ttl_seconds
+        self.fenced_out = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease-{claim.job_id}", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                alive = self.store.heartbeat(self.claim, self.lease_seconds)
+                alive = alive and self.store.lock_for_claim(self.claim, self.lock_ttl)
+            except Exception:  # noqa: BLE001 - a database blip; the next beat retries, the lease has slack
+                log.exception("heartbeat for job %s failed", self.claim.job_id)
+                continue
+            if not alive:
+                self.fenced_out.set()
+                return
+
+    def __enter__(self) -> "LeaseKeeper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_job(
+    spark: "SparkSession",
+    store: JobStore,
+    claim: Claim,
+    *,
+    settings: ActionSettings | None = None,
+    catalog: str = CATALOG,
+    lock_ttl_seconds: float | None = None,
+    heartbeat_seconds: float | None = None,
+    after_action: Callable[[ActionResult], None] | None = None,
+) -> JobOutcome:
+    """Run a claimed job: hold the table lock, heartbeat, run its actions in order, complete under the fence.
+
+    Stops between actions when the job is cancelled or the claim is fenced out; a commit attempted
+    after the fence was lost is refused by the catalog. Raises TableLocked (nothing run, nothing
+    recorded) when another job holds the table; the lease then expires and the job is claimed again
+    later, or fails at its maximum attempts. The lock lives as long as the lease unless told otherwise.
+    """
+    try:
+        action_settings = ActionSettings.from_options(claim.options, settings)
+    except InvalidActionOption as exc:
+        error = f"job {claim.job_id} on {claim.table_key}: {exc}"
+        done = store.complete(claim, "failed", error)
+        return JobOutcome(claim.job_id, claim.attempt_id, "failed" if done else "fenced_out", [], error)
+    lease_seconds = float(claim.lease_seconds)
+    lock_ttl = float(lock_ttl_seconds) if lock_ttl_seconds is not None else lease_seconds
+    if not store.lock_for_claim(claim, lock_ttl):
+        if not store.holds_fence(claim):
+            return JobOutcome(claim.job_id, claim.attempt_id, "fenced_out")
+        raise TableLocked(
+            f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run"
+        )
+    store.ensure_commit_fence()
+    outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
+    # Three beats per lease: one lost beat never costs the claim.
+    interval = heartbeat_seconds or max(lease_seconds / 3, 0.05)
+    try:
+        with (
+            attempt_session(spark, catalog, attempt_tag(store.schema, claim.attempt_id)) as session,
+            LeaseKeeper(
+                store,
+                claim,
+                interval_seconds=interval,
+                lease_seconds=lease_seconds,
+                lock_ttl_seconds=lock_ttl,
+            ) as keeper,
+        ):
+            runner = ActionRunner(session, claim.ref, action_settings, catalog=catalog)
+            outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
+        if outcome.status == "fenced_out":
+            return outcome
+        failures = [r.error for r in outcome.results if not r.success]
+        if failures:
+            outcome.status, outcome.error = "failed", "; ".join(e for e in failures if e)
+        if not store.complete(claim, outcome.status, outcome.error):
+            outcome.status = "fenced_out"
+        return outcome
+    finally:
+        store.unlock_for_claim(claim)
+        _refresh(spark, catalog, claim)
+
+
+def _refresh(spark: "SparkSession", catalog: str, claim: Claim) -> None:
+    """The attempt committed through its own catalog: drop the base session's cached copy of the table."""
+    try:
+        spark.catalog.refreshTable(claim.ref.in_catalog(catalog))
+    except Exception:  # noqa: BLE001 - the cache expires on its own; never mask the job's outcome
+        log.warning("could not refresh %s in the base session", claim.table_key, exc_info=True)
+
+
+def _run_actions(
+    runner: ActionRunner,
+    store: JobStore,
+    claim: Claim,
+    keeper: LeaseKeeper,
+    outcome: JobOutcome,
+    after_action: Callable[[ActionResult], None] | None,
+) -> str:
+    figures = None if claim.dry_run else runner.figures()
+    for action in claim.actions:
+        # A beat right before each action: a worker whose lease ran out never starts another procedure.
+        if keeper.fenced_out.is_set() or not store.heartbeat(claim, keeper.lease_seconds):
+            return "fenced_out"
+        if store.is_cancel_requested(claim):
+            return "cancelled"
+        result = runner.run(action, dry_run=claim.dry_run, before=figures)
+        outcome.results.append(result)
+        if result.after:
+            figures = result.after
+        if not store.record_action(
+            claim,
+            result.action,
+            result.success,
+            result.message,
+            result.error,
+            result.elapsed_seconds,
+            before=result.before,
+            after=result.after,
+        ):
+            return "fenced_out"
+        if after_action is not None:
+            after_action(result)
+    # A cancel that arrives after the last action is too late to stop anything: the job did complete.
+    return "completed"
+
+
+# -- the queue side of a worker ---------------------------------------------------------------
+
+
+def claim_ready(store: Any, worker: str, lease_seconds: float, concurrency_limit: int) -> list[Claim]:
+    """Claim ready jobs while fewer than `concurrency_limit` hold a live lease."""
+    ready, in_flight = store.queue_depth()
+    running = in_flight - ready
+    claims: list[Claim] = []
+    for _ in range(max(0, concurrency_limit - running)):
+        claim = store.claim(worker, lease_seconds)
+        if claim is None:
+            break
+        claims.append(claim)
+    return claims
+
+
+def resume_claim(store: Any, job_id: str, attempt_id: str, lease_seconds: float) -> Claim | None:
+    """The Claim a worker process received by id (a Dagster run's config); None when its fence is gone."""
+    job = store.get_job(job_id)
+    if job is None or job.attempt_id != attempt_id:
+        return None
+    if not (job.status == "running" or job.cancel_requested):
+        return None
+    return Claim(
+        job_id=job.job_id,
+        attempt_id=attempt_id,
+        database=job.database,
+        table=job.table,
+        actions=tuple(job.actions),
+        dry_run=job.dry_run,
+        options=dict(job.options or {}),
+        attempt_count=job.attempt_count or 0,
+        worker=job.claimed_by or "",
+        lease_seconds=lease_seconds,
+    )
+
+
+@dataclass
+class WorkerReport:
+    """What one worker run did: one entry per claimed job (TableLocked ones included)."""
+
+    outcomes: list[JobOutcome] = field(default_factory=list)
+    locked: list[str] = field(default_factory=list)
+    elapsed_seconds: float = 0.0
+
+    def count(self, status: str) -> int:
+        return sum(1 for outcome in self.outcomes if outcome.status == status)
+
+
+def work_queue(
+    spark: "SparkSession | Callable[[], SparkSession]",
+    store: Any,
+    worker: str,
+    *,
+    lease_seconds: float,
+    budget_seconds: float,
+    max_jobs: int | None = None,
+    on_outcome: Callable[[Claim, JobOutcome], None] | None = None,
+    **job_options: Any,
+) -> WorkerReport:
+    """Claim and run jobs one after another on one Spark session until the queue is empty, the time
+    budget is spent (checked before each claim, so a job is never cut short) or `max_jobs` ran.
+
+    `spark` may be a factory: then the session (a JVM) starts only when a job was claimed.
+    """
+    get_session = (lambda: spark) if hasattr(spark, "sql") else spark
+    report = WorkerReport()
+    started = time.monotonic()
+    while time.monotonic() - started < budget_seconds and (
+        max_jobs is None or len(report.outcomes) < max_jobs
+    ):
+        claim = store.claim(worker, lease_seconds)
+        if claim is None:
+            break
+        try:
+            outcome = run_job(get_session(), store, claim, **job_options)
+        except TableLocked as exc:
+            # Its lease expires and another worker (or this one, later) claims it again.
+            log.warning("%s", exc)
+            report.locked.append(claim.job_id)
+            continue
+        report.outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(claim, outcome)
+    report.elapsed_seconds = time.monotonic() - started
+    return report

@@ -1,0 +1,116 @@
+"""Shared maintenance fixtures: a store in the test's schema, Iceberg tables, and a worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psycopg
+import pytest
+
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import CachedTable
+from runstate.maintenance.store import MaintenanceStore
+
+WORKER_SCRIPT = Path(__file__).with_name("worker_process.py")
+
+
+@pytest.fixture
+def mstore(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
+    with MaintenanceStore(pg_database, schema=pg_schema) as store:
+        store.ensure_schema()
+        yield store
+
+
+def sql(dsn: str, query: str, *params: object, schema: str | None = None) -> list[tuple]:
+    options = f"-c search_path={schema}" if schema else ""
+    with psycopg.connect(dsn, autocommit=True, options=options) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def make_table(
+    spark,
+    namespace: str,
+    name: str = "events",
+    *,
+    files: int = 6,
+    rows: int = 600,
+    deletes: bool = False,
+    enabled: str | None = "true",
+    properties: str = "",
+) -> TableRef:
+    """A format-2 merge-on-read table of `files` small data files; `deletes` adds position deletes in
+    (almost) every file, `enabled` sets the maintenance opt-in, `properties` adds more table properties."""
+    ref = TableRef(namespace, name)
+    extra = f", 'runstate.maintenance.enabled'='{enabled}'" if enabled else ""
+    extra += f", {properties}" if properties else ""
+    spark.sql(
+        f"CREATE TABLE lake.{ref.quoted} (id BIGINT, v STRING) USING iceberg TBLPROPERTIES "
+        f"('format-version'='2', 'write.delete.mode'='merge-on-read'{extra})"
+    )
+    frame = spark.range(rows).selectExpr("id", "concat('v', id) AS v").repartition(files)
+    frame.writeTo(f"lake.{ref.quoted}").append()
+    if deletes:
+        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id % 7 = 0")
+    return ref
+
+
+def cache(store: MaintenanceStore, *refs: TableRef) -> None:
+    store.replace_table_cache([CachedTable(ref.database, ref.table, True, {}) for ref in refs])
+
+
+def rows(spark, ref: TableRef) -> list[tuple]:
+    return [tuple(r) for r in spark.sql(f"SELECT id, v FROM lake.{ref.quoted} ORDER BY id").collect()]
+
+
+def snapshot_operations(spark, ref: TableRef) -> list[str]:
+    frame = spark.table(f"lake.{ref.quoted}.snapshots").orderBy("committed_at")
+    return [r["operation"] for r in frame.select("operation").collect()]
+
+
+def wait_for(
+    condition: Callable[[], object], what: str, timeout: float = 240.0, every: float = 0.25
+) -> object:
+    """Poll with a generous deadline: this machine is shared and slow, never time-sensitive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class WorkerProcess:
+    """worker_process.py in a process group of its own, so a signal reaches its JVM too."""
+
+    def __init__(self, dsn: str, schema: str, warehouse: Path, lease_seconds: float) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), dsn, schema, str(warehouse), str(lease_seconds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def read_json(self) -> dict:
+        line = self.proc.stdout.readline()
+        assert line, f"worker exited early with {self.proc.wait()}"
+        return json.loads(line)
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.killpg(self.proc.pid, sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=60)

@@ -1,0 +1,200 @@
+"""Fencing at the commit point and a job's next attempt after a crash, with real worker processes.
+
+A worker process (its own JVM) claims a job and starts rewrite_data_files. A statement-level trigger
+installed by the test holds that attempt's catalog UPDATE (its Iceberg commit) on an advisory lock the
+test owns, before any row is locked: "paused just before the commit", deterministically. Then the test
+stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
+
+The zombie test runs in two orders:
+- B claims and completes, then A resumes (the order of the issue). A's commit is refused; here
+  Iceberg's own validation would refuse it too, since B already replaced A's input files.
+- A resumes once B holds the job's fence but before B commits: nothing but the commit fence stands
+  between A and the table (without it, A's commit would land and the history show two rewrites).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from runstate.maintenance.commit_fence import attempt_tag, schema_tag
+from runstate.maintenance.runner import run_job
+from runstate_tests.conftest import unique
+from runstate_tests.maintenance.conftest import (
+    WorkerProcess,
+    cache,
+    make_table,
+    rows,
+    snapshot_operations,
+    sql,
+    wait_for,
+)
+
+# A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
+# Short, so the tests wait little for it to run out; long enough that a loaded machine never misses
+# three heartbeats in a row (one every third of a lease) while the worker is running.
+LEASE_SECONDS = 10.0
+REACH_COMMIT_SECONDS = 900.0  # a worker JVM starting on a shared, loaded machine
+
+
+@dataclass
+class CommitHold:
+    dsn: str
+    name: str
+    key: int
+    holder: psycopg.Connection
+
+    def let_through(self, tag: str) -> None:
+        sql(self.dsn, f"INSERT INTO public.{self.name}_free VALUES (%s)", tag)
+
+    def release(self) -> None:
+        if not self.holder.closed:
+            self.holder.close()
+
+    def waiting(self, tag: str) -> bool:
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
+            " AND application_name = %s"
+        )
+        return sql(self.dsn, query, tag)[0][0] > 0
+
+
+@pytest.fixture
+def commit_hold(pg_database: str, pg_schema: str, spark):
+    """Holds the Iceberg commits of this schema's attempts (but those let through) until release()."""
+    name, key = unique("hold"), random.randrange(1 << 40)
+    spark.sql("SHOW NAMESPACES IN lake").collect()  # the JDBC catalog creates iceberg_tables on first use
+    prefix = f"rsf:{schema_tag(pg_schema)}:"
+    sql(pg_database, f"CREATE TABLE public.{name}_free (tag TEXT PRIMARY KEY)")
+    sql(
+        pg_database,
+        f"""
+        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF left(current_setting('application_name'), {len(prefix)}) = '{prefix}'
+               AND current_setting('application_name') NOT IN (SELECT tag FROM public.{name}_free) THEN
+                PERFORM pg_advisory_lock({key});
+                PERFORM pg_advisory_unlock({key});
+            END IF;
+            RETURN NULL;
+        END $$""",
+    )
+    # "aaa_": triggers fire in name order; statement level: before the UPDATE locks the table's row.
+    sql(
+        pg_database,
+        f"CREATE TRIGGER aaa_{name} BEFORE UPDATE ON public.iceberg_tables "
+        f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()",
+    )
+    holder = psycopg.connect(pg_database, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s)", (key,))
+    yield CommitHold(pg_database, name, key, holder)
+    holder.close()
+    sql(pg_database, f"DROP TRIGGER IF EXISTS aaa_{name} ON public.iceberg_tables")
+    sql(pg_database, f"DROP FUNCTION IF EXISTS public.{name}()")
+    sql(pg_database, f"DROP TABLE IF EXISTS public.{name}_free")
+
+
+def _lease_expired(store, job_id: str) -> bool:
+    query = "SELECT visible_at < now() FROM job_queue WHERE job_id = %s"
+    return sql(store.dsn, query, job_id, schema=store.schema) == [(True,)]
+
+
+@pytest.fixture
+def rewrite_job(spark, iceberg_namespace, mstore):
+    """(table, its rows, the id of a queued rewrite_data_files job on it)."""
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    cache(mstore, ref)
+    return ref, rows(spark, ref), mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+
+
+@pytest.fixture
+def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_schema):
+    """A worker process that claimed the job and now waits inside its Iceberg commit."""
+    worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
+    try:
+        claim = worker.read_json()
+        assert claim["job_id"] == rewrite_job[2]
+        tag = attempt_tag(pg_schema, claim["attempt_id"])
+        wait_for(
+            lambda: commit_hold.waiting(tag), "the worker to reach its Iceberg commit", REACH_COMMIT_SECONDS
+        )
+        yield worker
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("b_commits_first", [True, False], ids=["B-completes-first", "A-resumes-first"])
+def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
+    spark, mstore, rewrite_job, worker_at_commit, commit_hold, b_commits_first
+):
+    ref, before, job_id = rewrite_job
+    worker_a = worker_at_commit
+    worker_a.signal(signal.SIGSTOP)
+    wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
+    claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
+    assert claim_b is not None and claim_b.job_id == job_id
+    commit_hold.let_through(attempt_tag(mstore.schema, claim_b.attempt_id))
+
+    if b_commits_first:
+        outcome_b = run_job(spark, mstore, claim_b)
+    commit_hold.release()  # A's commit goes on now...
+    worker_a.signal(signal.SIGCONT)
+    outcome_a = worker_a.read_json()
+    if not b_commits_first:
+        outcome_b = run_job(spark, mstore, claim_b)
+
+    # A's rewrite was refused: by the commit fence when it resumed first (its UPDATE would have matched),
+    # by Iceberg's validation when B had already replaced its input files. Either way A wrote nothing.
+    assert outcome_a["status"] == "fenced_out"
+    assert outcome_b.status == "completed", outcome_b.error
+    [record] = mstore.job_actions(job_id)
+    assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
+    assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
+    assert rows(spark, ref) == before
+    assert mstore.get_job(job_id).attempt_id == claim_b.attempt_id
+
+
+def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
+    spark, mstore, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema
+):
+    ref, before, job_id = rewrite_job
+    worker_at_commit.signal(signal.SIGKILL)
+    worker_at_commit.proc.wait(timeout=60)
+    # The server notices a dead client only at its next read or write: end its session, as it would.
+    sql(
+        pg_database,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+        f"rsf:{schema_tag(pg_schema)}:%",
+    )
+    commit_hold.release()
+    assert mstore.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
+    wait_for(lambda: _lease_expired(mstore, job_id), "the dead worker's lease to run out")
+
+    second = mstore.claim("worker-2", lease_seconds=300)
+    outcome = run_job(spark, mstore, second)
+
+    assert second.job_id == job_id and second.attempt_count == 2
+    assert outcome.status == "completed", outcome.error
+    assert mstore.get_job(job_id).status == "completed"
+    assert snapshot_operations(spark, ref) == ["append", "replace"]
+    assert rows(spark, ref) == before
+    assert mstore.table_lock(ref.key) is None
+
+
+def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, iceberg_namespace, mstore):
+    ref = make_table(spark, iceberg_namespace, files=1, rows=10)
+    cache(mstore, ref)
+    assert mstore.ensure_commit_fence()
+    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+    claim = mstore.claim("w", lease_seconds=300)
+    assert mstore.lock_for_claim(claim, 300) and mstore.table_lock(ref.key)["holder"] == job_id
+
+    spark.range(10, 20).selectExpr("id", "concat('v', id) AS v").writeTo(f"lake.{ref.quoted}").append()
+
+    assert len(rows(spark, ref)) == 20
+    assert mstore.unlock_for_claim(claim)
