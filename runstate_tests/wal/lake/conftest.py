@@ -9,10 +9,10 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from runstate.wal import DatasetReader, WalProducer, flush_batch
+from runstate.wal import tables as t
 from runstate.wal.changes import Change, fold
 from runstate.wal.lake import BlobLocation, table_ident
-from runstate.wal.producer import query_rows
-from runstate.wal import tables as t
+from runstate.wal.table import WalTable
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ class Feed:
         return seq
 
     def flush(self, dataset_id: str) -> int:
-        rows = query_rows(self.wal.dynamodb, self.wal.table, dataset_id)
+        rows = WalTable(self.wal.dynamodb, self.wal.table).query_rows(dataset_id)
         seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
         result = flush_batch(self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs,
                              **self.wal.target())
