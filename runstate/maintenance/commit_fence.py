@@ -27,10 +27,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CATALOG_TABLE = "iceberg_tables"
+# Each catalog table, and whether this schema's fence trigger is already on it.
 _FIND_CATALOG_TABLES = (
-    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    "SELECT n.nspname, EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = %s)"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
     " WHERE c.relname = %s AND c.relkind IN ('r', 'p')"
 )
+# CREATE TRIGGER waits for every commit in flight on the table (and every later commit queues behind
+# it): never wait long, and never when the trigger is there already.
+_INSTALL_LOCK_TIMEOUT = "SET LOCAL lock_timeout = '10s'"
 _INSTALL_LOCK = "SELECT pg_advisory_xact_lock(hashtext('runstate.maintenance.commit_fence'))"
 _TRIGGER = (
     "CREATE OR REPLACE TRIGGER {trigger} BEFORE UPDATE ON {namespace}.{table}"
@@ -50,15 +55,20 @@ def attempt_tag(schema: str, attempt_id: str) -> str:
 
 def install_commit_fence(conn: psycopg.Connection, schema: str) -> bool:
     """Attach the schema's commit_fence() to every `iceberg_tables` of the database; False if none."""
-    namespaces = [row[0] for row in conn.execute(_FIND_CATALOG_TABLES, (CATALOG_TABLE,)).fetchall()]
-    if not namespaces:
+    trigger = f"runstate_fence_{schema_tag(schema)}"
+    tables = conn.execute(_FIND_CATALOG_TABLES, (trigger, CATALOG_TABLE)).fetchall()
+    if not tables:
         return False
+    missing = [namespace for namespace, installed in tables if not installed]
+    if not missing:
+        return True
     with conn.transaction():
         conn.execute(_INSTALL_LOCK)  # concurrent CREATE OR REPLACE TRIGGER on one table would collide
-        for namespace in namespaces:
+        conn.execute(_INSTALL_LOCK_TIMEOUT)
+        for namespace in missing:
             conn.execute(
                 sql.SQL(_TRIGGER).format(
-                    trigger=sql.Identifier(f"runstate_fence_{schema_tag(schema)}"),
+                    trigger=sql.Identifier(trigger),
                     namespace=sql.Identifier(namespace),
                     table=sql.Identifier(CATALOG_TABLE),
                     schema=sql.Identifier(schema),
