@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps services demo test dev bench down clean
+.PHONY: setup system-deps services demo lint test dev bench down clean
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,11 @@ services: setup system-deps
 demo: services
 	$(BIN)/runstate demo
 
-test: services
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint services
 	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 dev: services

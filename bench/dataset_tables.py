@@ -60,14 +60,15 @@ def changes(count: int, keys: int, seed: int) -> list[tuple[int, list[Any]]]:
     return rows
 
 
-def publish(s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]],
-            offset: int = 0) -> int:
+def publish(
+    s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]], offset: int = 0
+) -> int:
     """The rows as deltas of ROWS_PER_DELTA WAL rows each, seqs shifted by `offset`; returns the version."""
     from runstate.wal.lake.source import publish_delta
 
     version = 0
     for start in range(0, len(rows), ROWS_PER_DELTA):
-        chunk = [(seq + offset, batch) for seq, batch in rows[start:start + ROWS_PER_DELTA]]
+        chunk = [(seq + offset, batch) for seq, batch in rows[start : start + ROWS_PER_DELTA]]
         version = publish_delta(s3, location, dataset_id, chunk)
     return version
 
@@ -111,8 +112,10 @@ def role_merge(args: argparse.Namespace) -> dict[str, Any]:
     ident, raw = table_ident(dataset_id), "lake.bench.raw_m50k"
     spark.sql("CREATE NAMESPACE IF NOT EXISTS lake.bench")
     spark.sql(f"DROP TABLE IF EXISTS {raw}")
-    spark.sql(f"CREATE TABLE {raw} USING iceberg TBLPROPERTIES ('format-version'='2', "
-              f"'write.merge.mode'='merge-on-read') AS SELECT * FROM {ident}")
+    spark.sql(
+        f"CREATE TABLE {raw} USING iceberg TBLPROPERTIES ('format-version'='2', "
+        f"'write.merge.mode'='merge-on-read') AS SELECT * FROM {ident}"
+    )
 
     rows = changes(backlog, keys, seed=50)
     version = publish(s3, location, dataset_id, rows, offset=1)
@@ -121,8 +124,17 @@ def role_merge(args: argparse.Namespace) -> dict[str, Any]:
     merge_seconds = time.perf_counter() - started
 
     # The rows exactly as the blob readers yield them (keys and values as canonical JSON text).
-    local = [(canonical_json(c.key), None if c.op == "delete" else canonical_json(c.value), seq + 1, pos,
-              c.op == "delete") for seq, batch in rows for pos, c in enumerate(batch)]
+    local = [
+        (
+            canonical_json(c.key),
+            None if c.op == "delete" else canonical_json(c.value),
+            seq + 1,
+            pos,
+            c.op == "delete",
+        )
+        for seq, batch in rows
+        for pos, c in enumerate(batch)
+    ]
     frame = spark.createDataFrame(local, "key STRING, value STRING, wal_seq BIGINT, pos INT, deleted BOOLEAN")
     started = time.perf_counter()
     last = frame.groupBy("key").agg(F.max(F.struct("wal_seq", "pos", "value", "deleted")).alias("c"))
@@ -147,8 +159,14 @@ def _location(args: argparse.Namespace) -> Any:
 def _session(args: argparse.Namespace) -> Any:
     from runstate.spark import SparkSettings, build_session
 
-    spark = build_session(SparkSettings(pg_url=args.pg_url, warehouse_dir=Path(args.warehouse),
-                                        extra_conf={"spark.driver.memory": "1g"}, app_name="runstate-bench"))
+    spark = build_session(
+        SparkSettings(
+            pg_url=args.pg_url,
+            warehouse_dir=Path(args.warehouse),
+            extra_conf={"spark.driver.memory": "1g"},
+            app_name="runstate-bench",
+        )
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -161,10 +179,26 @@ ROLES = {"generate": role_generate, "rebuild": role_rebuild, "merge": role_merge
 
 
 def run_role(role: str, args: argparse.Namespace, **extra: str) -> dict[str, Any]:
-    argv = [sys.executable, __file__, "--role", role, "--endpoint", args.endpoint, "--pg-url", args.pg_url,
-            "--warehouse", args.warehouse, "--changes-2m", str(args.changes_2m),
-            "--keys-2m", str(args.keys_2m), "--changes-500k", str(args.changes_500k),
-            "--keys-500k", str(args.keys_500k)]
+    argv = [
+        sys.executable,
+        __file__,
+        "--role",
+        role,
+        "--endpoint",
+        args.endpoint,
+        "--pg-url",
+        args.pg_url,
+        "--warehouse",
+        args.warehouse,
+        "--changes-2m",
+        str(args.changes_2m),
+        "--keys-2m",
+        str(args.keys_2m),
+        "--changes-500k",
+        str(args.changes_500k),
+        "--keys-500k",
+        str(args.keys_500k),
+    ]
     for name, value in extra.items():
         argv += [f"--{name}", value]
     done = subprocess.run(argv, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -187,6 +221,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     import boto3
+
     from runstate.services.moto_server import SerializedMotoServer
 
     server = SerializedMotoServer(ip_address="127.0.0.1", port=0)

@@ -30,9 +30,10 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -50,7 +51,7 @@ from runstate.eventstore import (  # noqa: E402
 )
 
 SCHEMA = "bench"
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SHAPES = {
     "single": (200, 10, 1),
     "batched": (200, 1, 100),

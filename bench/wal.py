@@ -37,15 +37,13 @@ os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
 import boto3  # noqa: E402
 import dagster as dg  # noqa: E402
 from botocore.config import Config  # noqa: E402
-
-from runstate.services.moto_server import SerializedMotoServer  # noqa: E402
-
 from wal_daemon import add_arguments  # noqa: E402
 from wal_daemon import main as daemon_main  # noqa: E402
 
 from runstate.defs.ticking import tick_sensor  # noqa: E402
 from runstate.defs.wal import build_defs  # noqa: E402
 from runstate.defs.wal.resources import WalResource  # noqa: E402
+from runstate.services.moto_server import SerializedMotoServer  # noqa: E402
 from runstate.wal import Change, DatasetReader, WalProducer, ensure_blob_bucket, ensure_wal_table  # noqa: E402
 from runstate.wal import tables as t  # noqa: E402
 

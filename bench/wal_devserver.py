@@ -20,9 +20,11 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from common import create_database, drop_database
 
@@ -178,10 +180,11 @@ class RunTiming:
 
 
 def flush_runs(instance: Any, since: float) -> list[RunTiming]:
-    import dagster as dg
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    created_after = datetime.fromtimestamp(since, tz=timezone.utc)
+    import dagster as dg
+
+    created_after = datetime.fromtimestamp(since, tz=UTC)
     records = instance.get_run_records(
         filters=dg.RunsFilter(job_name="flush_wal", created_after=created_after)
     )

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping
 
 EVENTSTORE_BACKENDS = ("postgres", "snowflake")
 
@@ -75,7 +75,7 @@ class Settings:
     maintenance_workers: int = 2
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
         pg_url = env.get("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:5432/runstate")
         backend = env.get("RUNSTATE_EVENTSTORE", "postgres")
@@ -94,7 +94,9 @@ class Settings:
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
             eventstore=backend,
-            snowflake={k[len("SNOWFLAKE_"):].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")},
+            snowflake={
+                k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
+            },
             spark_master=env.get("RUNSTATE_SPARK_MASTER", "local[2]"),
             spark_conf={str(k): str(v) for k, v in spark_conf.items()},
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),

@@ -9,9 +9,10 @@ recreated, so a second run works and shows the same before/after picture.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 
@@ -70,22 +71,46 @@ def workflow_events(run_id: str, started: datetime, steps: int, fail_step: int |
     events = [NewEvent(run_id, EventType.RUN_STARTED, next(at), data={"workflow": run_id.rsplit("-", 1)[0]})]
     for n in range(1, steps + 1):
         step = f"step-{n}"
-        events.append(NewEvent(run_id, EventType.STEP_STARTED, next(at), step_id=step, logical_attempt_id="1"))
+        events.append(
+            NewEvent(run_id, EventType.STEP_STARTED, next(at), step_id=step, logical_attempt_id="1")
+        )
         if n == fail_step:
-            events.append(NewEvent(run_id, EventType.STEP_FAILED, next(at), step_id=step, logical_attempt_id="1",
-                                   data={"error": "upstream timeout"}))
-            events.append(NewEvent(run_id, EventType.STEP_RETRYING, next(at), step_id=step, logical_attempt_id="1"))
-            events.append(NewEvent(run_id, EventType.STEP_STARTED, next(at), step_id=step, logical_attempt_id="2"))
+            events.append(
+                NewEvent(
+                    run_id,
+                    EventType.STEP_FAILED,
+                    next(at),
+                    step_id=step,
+                    logical_attempt_id="1",
+                    data={"error": "upstream timeout"},
+                )
+            )
+            events.append(
+                NewEvent(run_id, EventType.STEP_RETRYING, next(at), step_id=step, logical_attempt_id="1")
+            )
+            events.append(
+                NewEvent(run_id, EventType.STEP_STARTED, next(at), step_id=step, logical_attempt_id="2")
+            )
         attempt = "2" if n == fail_step else "1"
-        events.append(NewEvent(run_id, EventType.ARTIFACT_EMITTED, next(at), step_id=step, logical_attempt_id=attempt,
-                               data={"uri": f"s3://artifacts/{run_id}/{step}.parquet"}))
-        events.append(NewEvent(run_id, EventType.STEP_COMPLETED, next(at), step_id=step, logical_attempt_id=attempt))
+        events.append(
+            NewEvent(
+                run_id,
+                EventType.ARTIFACT_EMITTED,
+                next(at),
+                step_id=step,
+                logical_attempt_id=attempt,
+                data={"uri": f"s3://artifacts/{run_id}/{step}.parquet"},
+            )
+        )
+        events.append(
+            NewEvent(run_id, EventType.STEP_COMPLETED, next(at), step_id=step, logical_attempt_id=attempt)
+        )
     events.append(NewEvent(run_id, EventType.RUN_COMPLETED, next(at)))
     return events
 
 
 def seed_runs(store: Any, summary: DemoSummary, progress: Progress) -> None:
-    started = datetime(2026, 1, 5, 8, 0, tzinfo=timezone.utc)
+    started = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
     for i, workflow in enumerate(WORKFLOWS):
         run_id = f"{workflow}-demo"  # fixed ids: a second demo re-sends the same events idempotently
         results = store.append_batch(run_id, workflow_events(run_id, started + timedelta(hours=i), 4 + i, 2))
@@ -102,11 +127,16 @@ def wal_changes(dataset: str, n: int) -> list[Change]:
     rng = random.Random(f"{dataset}-{n}")
     if n % 7 == 6:
         return [Change.delete(f"{dataset}-{rng.randrange(n)}")]
-    return [Change.upsert(f"{dataset}-{n}", {"n": n, "amount": rng.randrange(1, 500), "region": rng.choice("NESW")})]
+    return [
+        Change.upsert(
+            f"{dataset}-{n}", {"n": n, "amount": rng.randrange(1, 500), "region": rng.choice("NESW")}
+        )
+    ]
 
 
-def seed_wal(wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int,
-             rows: range | None = None) -> None:
+def seed_wal(
+    wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int, rows: range | None = None
+) -> None:
     producer = WalProducer(wal.dynamodb_client(), wal.table_name)
     for dataset in DEMO_DATASETS:
         for n in rows if rows is not None else range(rows_per_dataset):
@@ -114,11 +144,15 @@ def seed_wal(wal: Any, summary: DemoSummary, progress: Progress, rows_per_datase
             progress("WAL changes", 1)
 
 
-def tick_until_idle(sensor: str, defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> int:
+def tick_until_idle(
+    sensor: str, defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary
+) -> int:
     """Tick a sensor, as the daemon would every interval, until a tick launches nothing; returns the runs."""
     runs = 0
     for _ in range(MAX_TICKS):
-        result = _note(tick_sensor(sensor, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary)
+        result = _note(
+            tick_sensor(sensor, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary
+        )
         runs += len(result.results)
         if not result.results:
             break
@@ -144,8 +178,9 @@ def create_table(spark: Any, name: str, files: int) -> None:
         "'format-version'='2', 'write.delete.mode'='merge-on-read', 'write.update.mode'='merge-on-read', "
         "'runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='0')"
     )
-    frame = spark.range(0, files * 50).selectExpr("id", "CASE WHEN id % 3 = 0 THEN 'view' ELSE 'click' END AS kind",
-                                                   "CAST(id % 97 AS DOUBLE) AS amount")
+    frame = spark.range(0, files * 50).selectExpr(
+        "id", "CASE WHEN id % 3 = 0 THEN 'view' ELSE 'click' END AS kind", "CAST(id % 97 AS DOUBLE) AS amount"
+    )
     for chunk in range(4):  # several commits: several snapshots
         frame.where(f"id % 4 = {chunk}").repartition(files // 4).writeTo(full).append()
     spark.sql(f"DELETE FROM {full} WHERE id % 10 = 7")
@@ -176,7 +211,9 @@ def seed_tables(spark: Any, summary: DemoSummary, progress: Progress, files: int
     for name in DEMO_TABLES:
         create_table(spark, name, files)
         figures = TableFigures(f"{DEMO_NAMESPACE}.{name}")
-        figures.files_before, figures.snapshots_before, figures.delete_files_before = table_figures(spark, name)
+        figures.files_before, figures.snapshots_before, figures.delete_files_before = table_figures(
+            spark, name
+        )
         rows[name] = table_rows(spark, name)
         summary.tables.append(figures)
         progress("Iceberg tables", 1)
@@ -265,17 +302,23 @@ def _run_demo(
 
 def render(summary: DemoSummary) -> str:
     lines = ["", "runstate demo: summary", "=" * 72]
-    lines.append(f"run state store   events appended {summary.events_appended} "
-                 f"(idempotent re-sends {summary.events_idempotent})")
+    lines.append(
+        f"run state store   events appended {summary.events_appended} "
+        f"(idempotent re-sends {summary.events_idempotent})"
+    )
     for run_id, status in summary.runs_projected.items():
         lines.append(f"                  {run_id:<28} {status}")
     lines.append(f"                  Dagster runs recorded by run_recorder: {summary.dagster_runs_recorded}")
     lines.append(f"dataset WAL       flush runs {summary.flush_runs}")
     for dataset, (version, keys) in summary.datasets.items():
         lines.append(f"                  {dataset:<12} version {version:<6} keys {keys}")
-    lines.append(f"dataset tables    merge runs {summary.merge_runs} (lake.datasets.<dataset>, live rows: WHERE NOT deleted)")
+    lines.append(
+        f"dataset tables    merge runs {summary.merge_runs} (lake.datasets.<dataset>, live rows: WHERE NOT deleted)"
+    )
     lines.append(f"maintenance       jobs run {summary.jobs_run}")
-    lines.append(f"                  {'table':<18}{'files':>14}{'snapshots':>14}{'delete files':>16}  rows equal")
+    lines.append(
+        f"                  {'table':<18}{'files':>14}{'snapshots':>14}{'delete files':>16}  rows equal"
+    )
     for t in summary.tables:
         lines.append(
             f"                  {t.table:<18}{t.files_before:>6} -> {t.files_after:<5}{t.snapshots_before:>6} -> "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 # Attributes every LogRecord has; anything else was passed through `extra=` and is structured context.
 _RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
@@ -13,7 +13,7 @@ _RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
-            "ts": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(),
+            "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -27,7 +27,9 @@ class JsonFormatter(logging.Formatter):
 def configure(level: str = "WARNING", fmt: str = "text") -> None:
     """Route the `runstate` loggers to stderr in the chosen format; dagster keeps its own handlers."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if fmt == "json" else logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    )
     logger = logging.getLogger("runstate")
     logger.handlers[:] = [handler]
     logger.setLevel(level.upper())

@@ -10,9 +10,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ def use_this_python_for_tasks() -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
-def build_session(settings: SparkSettings) -> "SparkSession":
+def build_session(settings: SparkSettings) -> SparkSession:
     """A session outside Dagster (CLI, tests, benchmarks), configured exactly as the resource's."""
     from pyspark.sql import SparkSession
 

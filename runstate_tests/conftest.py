@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psycopg
 import pytest
@@ -51,10 +51,11 @@ def drop_database(name: str) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests that touch Spark share one xdist worker, so the suite starts one JVM, not one per worker."""
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
+    """Honour xdist groups (the deployment tests share one `runstate dev`).
+
+    Spark tests are not grouped: each worker starts its own session (about 1.5 GB), and spreading them
+    over the workers halves the suite's longest path.
+    """
     if getattr(config.option, "loadgroup", False):  # set in xdist workers under --dist loadgroup
         _suffix_xdist_groups(items)
 

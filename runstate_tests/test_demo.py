@@ -17,7 +17,10 @@ pytestmark = pytest.mark.slow
 def _run_demo(env: dict[str, str]) -> str:
     result = subprocess.run(
         [RUNSTATE, "demo", "--no-services", "--rows", "8", "--files", "12"],
-        env=env, capture_output=True, text=True, timeout=900,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout

@@ -125,8 +125,12 @@ def test_every_runstate_variable_compose_sets_is_read_by_the_package(compose):
         for variable in service.get("environment") or {}:
             if name == "postgres":
                 continue  # the official image's own variables
-            assert variable in THIRD_PARTY_VARS or f'"{variable}' in source or f"'{variable}" in source or \
-                variable.startswith("SNOWFLAKE_"), f"{name}: {variable} is read by nothing in runstate/"
+            assert (
+                variable in THIRD_PARTY_VARS
+                or f'"{variable}' in source
+                or f"'{variable}" in source
+                or variable.startswith("SNOWFLAKE_")
+            ), f"{name}: {variable} is read by nothing in runstate/"
 
 
 def test_settings_from_the_compose_environment_point_at_the_compose_services(compose):
@@ -139,7 +143,10 @@ def test_settings_from_the_compose_environment_point_at_the_compose_services(com
     assert settings.dagster_pg_url.startswith("postgresql+psycopg2://postgres:")
     assert urlsplit(settings.dagster_pg_url).path == "/dagster"
     assert "CREATE DATABASE dagster" in (DOCKER / "postgres-init.sql").read_text()
-    assert urlsplit(settings.pg_url).path.lstrip("/") == compose["services"]["postgres"]["environment"]["POSTGRES_DB"]
+    assert (
+        urlsplit(settings.pg_url).path.lstrip("/")
+        == compose["services"]["postgres"]["environment"]["POSTGRES_DB"]
+    )
     assert settings.aws_endpoint_url == f"http://moto:{moto_port}"
     assert settings.snowflake["host"] == "fakesnow" and settings.snowflake["port"] == fakesnow_port
     assert settings.snowflake["protocol"] == "http"

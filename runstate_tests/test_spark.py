@@ -10,12 +10,15 @@ from runstate.spark import CATALOG, SparkSettings, spark_config
 
 
 @pytest.mark.spark
-def test_an_iceberg_table_in_the_lake_catalog_is_written_and_read_back(spark, spark_settings, iceberg_namespace,
-                                                                        pg_database):
+def test_an_iceberg_table_in_the_lake_catalog_is_written_and_read_back(
+    spark, spark_settings, iceberg_namespace, pg_database
+):
     table = f"{CATALOG}.{iceberg_namespace}.orders"
     spark.sql(f"CREATE TABLE {table} (id BIGINT, item STRING) USING iceberg")
 
-    spark.createDataFrame([(1, "apple"), (2, "pear"), (3, "fig")], "id BIGINT, item STRING").writeTo(table).append()
+    spark.createDataFrame([(1, "apple"), (2, "pear"), (3, "fig")], "id BIGINT, item STRING").writeTo(
+        table
+    ).append()
     rows = spark.table(table).orderBy("id").collect()
 
     assert [(row.id, row.item) for row in rows] == [(1, "apple"), (2, "pear"), (3, "fig")]
@@ -26,7 +29,8 @@ def test_an_iceberg_table_in_the_lake_catalog_is_written_and_read_back(spark, sp
         pointer = conn.execute(
             "SELECT metadata_location FROM iceberg_tables"
             " WHERE catalog_name = %s AND table_namespace = %s AND table_name = 'orders'",
-            (CATALOG, iceberg_namespace)).fetchone()
+            (CATALOG, iceberg_namespace),
+        ).fetchone()
     assert pointer is not None and pointer[0].endswith(".metadata.json")
 
 
@@ -42,9 +46,15 @@ def test_the_session_binds_to_loopback_with_a_1g_driver(spark):
 
 
 def test_runstate_spark_conf_passes_through_and_wins(tmp_path):
-    settings = Settings.from_env({"RUNSTATE_SPARK_MASTER": "spark://cluster:7077",
-                                  "RUNSTATE_SPARK_CONF": '{"spark.driver.memory": "4g", "spark.executor.cores": 2}'})
-    spark_settings = SparkSettings(master=settings.spark_master, extra_conf=settings.spark_conf, warehouse_dir=tmp_path)
+    settings = Settings.from_env(
+        {
+            "RUNSTATE_SPARK_MASTER": "spark://cluster:7077",
+            "RUNSTATE_SPARK_CONF": '{"spark.driver.memory": "4g", "spark.executor.cores": 2}',
+        }
+    )
+    spark_settings = SparkSettings(
+        master=settings.spark_master, extra_conf=settings.spark_conf, warehouse_dir=tmp_path
+    )
 
     conf = spark_settings.conf()
 
@@ -59,8 +69,9 @@ def test_a_spark_conf_that_is_not_a_json_object_is_refused():
 
 
 def test_the_hadoop_catalog_is_the_fallback(tmp_path):
-    conf = SparkSettings(catalog_kind="hadoop", pg_url="postgresql://postgres@127.0.0.1:5432/x",
-                         warehouse_dir=tmp_path).catalog_conf()
+    conf = SparkSettings(
+        catalog_kind="hadoop", pg_url="postgresql://postgres@127.0.0.1:5432/x", warehouse_dir=tmp_path
+    ).catalog_conf()
 
     assert conf[f"spark.sql.catalog.{CATALOG}.type"] == "hadoop"
     assert conf[f"spark.sql.catalog.{CATALOG}.warehouse"] == tmp_path.resolve().as_uri()
@@ -98,4 +109,5 @@ def test_the_shorthand_fields_build_the_same_config_as_the_settings(tmp_path):
     resource = SparkResource(master="local[1]", pg_url=url, warehouse_dir=str(tmp_path))
 
     assert resource.spark_config == spark_config(
-        SparkSettings(master="local[1]", pg_url=url, warehouse_dir=tmp_path))
+        SparkSettings(master="local[1]", pg_url=url, warehouse_dir=tmp_path)
+    )

@@ -15,15 +15,24 @@ from runstate_tests.devserver import free_port, wait_for_graphql
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                 "--disable-background-networking", "--disable-component-update"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 ASSETS = ("run_snapshots", "dataset_snapshots", "table_health", "table_inventory")
 SENSORS = ("wal_sensor", "maintenance_queue_sensor", "run_recorder")
 SCHEDULES = ("maintenance_orchestrator",)
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is missing: make test installs it (apt)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="chromium is missing: make test installs it (apt)"
+    ),
 ]
 
 
@@ -40,8 +49,12 @@ def dagster_ui(fresh_database: str, moto_endpoint: str, tmp_path: Path):
     )
     log = tmp_path / "dev.log"
     with open(log, "wb") as out:
-        dev = subprocess.Popen([RUNSTATE, "dev", "--no-services", "--port", str(port)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT)
+        dev = subprocess.Popen(
+            [RUNSTATE, "dev", "--no-services", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         assert wait_for_graphql(port, dev), log.read_text()[-3000:]
         yield f"http://127.0.0.1:{port}"

@@ -39,10 +39,21 @@ def one_line(error: BaseException) -> str:
 
 @click.group(cls=RunstateGroup)
 @click.version_option(package_name="runstate")
-@click.option("--log-level", envvar="RUNSTATE_LOG_LEVEL", default="WARNING", show_default=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@click.option("--log-format", envvar="RUNSTATE_LOG_FORMAT", default="text", show_default=True,
-              type=click.Choice(["text", "json"]), help="json: one object per line, with the event's fields.")
+@click.option(
+    "--log-level",
+    envvar="RUNSTATE_LOG_LEVEL",
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="RUNSTATE_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="json: one object per line, with the event's fields.",
+)
 def main(log_level: str, log_format: str) -> None:
     """runstate: run state store, dataset WAL to blobs, and Iceberg maintenance."""
     logs.configure(log_level, log_format)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import closing, contextmanager
-from typing import Iterator
 
 import click
 

@@ -24,7 +24,9 @@ def _instance():
 
 
 @click.command()
-@click.option("--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints).")
+@click.option(
+    "--no-services", is_flag=True, help="Do not run `services up` first (use the configured endpoints)."
+)
 @click.option("--rows", type=int, default=40, show_default=True, help="WAL changes per dataset.")
 @click.option("--files", type=int, default=60, show_default=True, help="Small data files per Iceberg table.")
 def demo(no_services: bool, rows: int, files: int) -> None:

@@ -4,10 +4,11 @@ events from options and JSONL, and printing them."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -87,7 +88,7 @@ def parse_time(value: str | None, run_id: str, index: int | None = None) -> date
     from runstate.eventstore import InvalidEvent
 
     if value is None:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         return datetime.fromisoformat(value)
     except (TypeError, ValueError):

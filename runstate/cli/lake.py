@@ -21,10 +21,16 @@ def _merge_instance() -> Any:
 
 
 @click.command()
-@click.option("--dataset", "dataset_id", default=None, help="Merge only this dataset (default: every dataset "
-              "flushed since its last merge, as dataset_tables_sensor would).")
-@click.option("--rebuild", is_flag=True,
-              help="With --dataset: rebuild the table from the snapshot and every delta.")
+@click.option(
+    "--dataset",
+    "dataset_id",
+    default=None,
+    help="Merge only this dataset (default: every dataset "
+    "flushed since its last merge, as dataset_tables_sensor would).",
+)
+@click.option(
+    "--rebuild", is_flag=True, help="With --dataset: rebuild the table from the snapshot and every delta."
+)
 def merge(dataset_id: str | None, rebuild: bool) -> None:
     """Bring dataset tables up to their datasets' versions on Spark, in-process (as `wal tick` flushes)."""
     from runstate.defs.datasets.jobs import MERGE_OP
@@ -96,8 +102,8 @@ def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
     from pyspark.errors import PySparkException
 
     from runstate.spark import SparkSetupError, build_session, settings_from_runstate
-    from runstate.wal.changes import validate_dataset_id
     from runstate.wal import state_document
+    from runstate.wal.changes import validate_dataset_id
     from runstate.wal.lake import LakeError, read_table
 
     validate_dataset_id(dataset_id)  # before a JVM is started for nothing
@@ -125,10 +131,19 @@ def install(wal: click.Group) -> None:
 
     params = [
         *blob_read.params,
-        click.Option(["--engine"], type=click.Choice(ENGINES), default="blobs", show_default=True,
-                     help="blobs: snapshot + deltas from S3; spark: the Iceberg table lake.datasets.<name>."),
-        click.Option(["--version"], type=click.IntRange(min=0), default=None,
-                     help="With --engine spark: the table as a merge left it at this version (time travel)."),
+        click.Option(
+            ["--engine"],
+            type=click.Choice(ENGINES),
+            default="blobs",
+            show_default=True,
+            help="blobs: snapshot + deltas from S3; spark: the Iceberg table lake.datasets.<name>.",
+        ),
+        click.Option(
+            ["--version"],
+            type=click.IntRange(min=0),
+            default=None,
+            help="With --engine spark: the table as a merge left it at this version (time travel).",
+        ),
     ]
     wal.add_command(click.Command("read", callback=read, params=params, help=blob_read.help))
     wal.add_command(merge)

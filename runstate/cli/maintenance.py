@@ -20,7 +20,7 @@ DEFAULT_ACTIONS = "rewrite_data_files,rewrite_position_delete_files,rewrite_mani
 MAX_OPTION_CHARS = 1000
 
 
-def _store() -> "MaintenanceStore":
+def _store() -> MaintenanceStore:
     from runstate.config import settings
     from runstate.maintenance.store import MaintenanceStore
 
@@ -110,7 +110,7 @@ def status(job_id: str | None, table: str | None, limit: int, as_json: bool) -> 
         click.echo("no maintenance jobs")
 
 
-def _show_job(store: "MaintenanceStore", job_id: str, as_json: bool) -> None:
+def _show_job(store: MaintenanceStore, job_id: str, as_json: bool) -> None:
     from runstate.maintenance.errors import JobNotFound
 
     job = store.get_job(job_id)

@@ -35,7 +35,7 @@ def _client(service: str) -> Any:
     )
 
 
-def wal_table() -> "WalTable":
+def wal_table() -> WalTable:
     """The deployment's WAL table, from the runstate settings (one client: each costs a few tenths of a second)."""
     from runstate.config import settings
     from runstate.wal import WalTable
@@ -43,7 +43,7 @@ def wal_table() -> "WalTable":
     return WalTable(_client("dynamodb"), settings().wal_table)
 
 
-def blob_store() -> "BlobStore":
+def blob_store() -> BlobStore:
     """The deployment's blob bucket, from the runstate settings."""
     from runstate.config import settings
     from runstate.wal import BlobStore

@@ -36,13 +36,13 @@ class SparkResource(LazyPySparkResource):
         super().__init__(**fields)
 
     @classmethod
-    def from_settings(cls, settings: SparkSettings) -> "SparkResource":
+    def from_settings(cls, settings: SparkSettings) -> SparkResource:
         return cls(spark_config=spark_config(settings))
 
     def _init_session(self) -> None:
         use_this_python_for_tasks()
         super()._init_session()
 
-    def get_session(self) -> "SparkSession":
+    def get_session(self) -> SparkSession:
         """The session (built on first call); the name the domains' ops use."""
         return self.spark_session

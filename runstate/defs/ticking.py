@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import dagster as dg
 from dagster import DagsterInstance, RunsFilter
@@ -150,7 +150,7 @@ def tick_schedule(
     defs = defs or default_defs()
     instance = instance or default_instance()
     schedule = defs.resolve_schedule_def(schedule_name)
-    when = at or datetime.now(timezone.utc)
+    when = at or datetime.now(UTC)
     with dg.build_schedule_context(
         instance=instance, scheduled_execution_time=when, resources=defs.resources
     ) as ctx:

@@ -11,8 +11,9 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from runstate.eventstore.contract import (
     AppendResult,
@@ -261,7 +262,7 @@ class _EventStoreBase(ABC):
     def _archive_cutoff(older_than_days: int, now: datetime | None) -> datetime:
         if not isinstance(older_than_days, int) or older_than_days < 0:
             raise InvalidEvent("older_than_days", f"must be a non-negative integer, got {older_than_days!r}")
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.now(UTC)
         if now.tzinfo is None:
             raise InvalidEvent("now", "must be timezone-aware")
         return now - timedelta(days=older_than_days)

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import (
     TYPE_CHECKING,
     Any,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
     Protocol,
-    Sequence,
     runtime_checkable,
 )
 
@@ -97,7 +93,7 @@ class ConcurrencyConflict(EventStoreError):
         self.actual = actual
 
     @classmethod
-    def stale(cls, run_id: str, expected: int, actual: int) -> "ConcurrencyConflict":
+    def stale(cls, run_id: str, expected: int, actual: int) -> ConcurrencyConflict:
         return cls(
             f"run {run_id[:80]!r}: expected last seq {expected}, but the run is at seq {actual}",
             run_id=run_id,
@@ -204,7 +200,7 @@ class RunSnapshot:
     version: int = 0
 
     @classmethod
-    def empty(cls, run_id: str) -> "RunSnapshot":
+    def empty(cls, run_id: str) -> RunSnapshot:
         return cls(run_id=run_id)
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,7 +225,7 @@ class RunSnapshot:
         }
 
     @classmethod
-    def from_dict(cls, doc: Mapping[str, Any], *, version: int = 0) -> "RunSnapshot":
+    def from_dict(cls, doc: Mapping[str, Any], *, version: int = 0) -> RunSnapshot:
         return cls(
             run_id=doc["runId"],
             status=doc.get("status", "PENDING"),
@@ -250,10 +246,10 @@ class RunSnapshot:
             version=version,
         )
 
-    def with_version(self, version: int) -> "RunSnapshot":
+    def with_version(self, version: int) -> RunSnapshot:
         return replace(self, version=version)
 
-    def same_state(self, other: "RunSnapshot") -> bool:
+    def same_state(self, other: RunSnapshot) -> bool:
         """Equal apart from the storage `version`."""
         return self.to_dict() == other.to_dict()
 
@@ -311,7 +307,7 @@ class EventStore(Protocol):
 
     def rebuild(self, run_id: str) -> RunSnapshot: ...
 
-    def resume(self, run_id: str) -> "Resume": ...
+    def resume(self, run_id: str) -> Resume: ...
 
     def checkpoint(self, run_id: str, state: Any = None) -> int: ...
 
@@ -329,7 +325,7 @@ class EventStore(Protocol):
 
     def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]: ...
 
-    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> "ProjectionReport": ...
+    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport: ...
 
     def runs_started_between(self, start: datetime, end: datetime) -> list[str]: ...
 

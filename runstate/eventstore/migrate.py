@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from datetime import timezone
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC
 
 from runstate.eventstore.contract import EventStore, MigrationReport, StoredEvent
 
@@ -126,7 +126,7 @@ def _canonical(event: StoredEvent) -> bytes:
                 event.caused_by_signal_id,
                 event.parent_event_id,
                 event.adapter_version,
-                event.emitted_at.astimezone(timezone.utc).isoformat(),
+                event.emitted_at.astimezone(UTC).isoformat(),
                 event.data,
                 event.engine_run_ref,
             ],

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
@@ -92,7 +93,7 @@ class _PgSnapshots:
             base = recalled
         else:
             base = self._latest_projection_base(conn, run_id, stored_upto)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if base.last_event_seq != stored_upto:
             base = fold(base, self._fetch_run(conn, run_id, base.last_event_seq, upto=stored_upto))
         return fold(base, (_pending_for_fold(run_id, seq, ev, now) for seq, ev in pending))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType, StoredEvent
 from runstate.eventstore.validation import ValidEvent

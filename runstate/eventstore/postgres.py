@@ -23,8 +23,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors

@@ -7,9 +7,10 @@ Unknown event types only move `last_event_seq`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from datetime import datetime, timezone
-from typing import Any, Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 from runstate.eventstore.contract import EventType, RunSnapshot, StepState, StoredEvent
 
@@ -61,7 +62,7 @@ class _Mutable:
 
 
 def _utc(value: datetime) -> datetime:
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 def _error_of(data: Any) -> Any:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Sequence
 
 from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent
 from runstate.eventstore.validation import ValidEvent, validate_batch

@@ -4,8 +4,9 @@ feed positions and the stream row's advance (see snowflake.py for the whole prot
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Sequence
+from typing import Any
 
 from runstate.eventstore.contract import (
     TERMINAL_EVENT_TYPES,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from runstate.eventstore.contract import ConcurrencyConflict, StoredEvent
 from runstate.eventstore.rows import validate_imported

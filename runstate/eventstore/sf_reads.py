@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
 from runstate.eventstore.feed import check_position, follow

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import base64
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.projection import fold
@@ -93,7 +94,7 @@ class _SfSnapshots:
     def _projection_in_tx(
         self, cur: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
     ) -> RunSnapshot:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         recalled = self._recalled(run_id)
         if recalled is not None and recalled.last_event_seq <= stored_upto:
             events = (
@@ -114,7 +115,7 @@ class _SfSnapshots:
         if stored is not None and base.last_event_seq < stored.last_event_seq <= stored_upto:
             base = stored
         events = self._fetch_run(cur, run_id, base.last_event_seq, upto=stored_upto)
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         return fold(fold(base, events), (as_stored(run_id, seq, ev, now) for seq, ev in pending))
 
     def checkpoint(self, run_id: str, state: Any = None) -> int:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator, Sequence
 from datetime import datetime
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from runstate.eventstore.contract import StoredEvent
 

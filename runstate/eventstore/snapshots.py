@@ -37,8 +37,9 @@ import json
 import logging
 import threading
 import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from runstate.eventstore.contract import EventType, InvalidEvent, SnapshotCorrupt
 
@@ -96,7 +97,7 @@ class SnapshotMetrics:
     per_event_replay_seconds: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def record_written(self, encoded: "EncodedSnapshot") -> None:
+    def record_written(self, encoded: EncodedSnapshot) -> None:
         with self._lock:
             self.written += 1
             self.bytes_written += encoded.stored_bytes

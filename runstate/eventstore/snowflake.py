@@ -32,8 +32,9 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (

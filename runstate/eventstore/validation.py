@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -30,8 +31,8 @@ MAX_KEY_CHARS = 512
 MAX_JSON_DEPTH = 100
 # A feed position packs the writing transaction's id with the event's place in its batch (20 bits).
 MAX_BATCH_EVENTS = (1 << 20) - 1
-EARLIEST_EMITTED_AT = datetime(1, 1, 2, tzinfo=timezone.utc)
-LATEST_EMITTED_AT = datetime(9999, 12, 30, tzinfo=timezone.utc)
+EARLIEST_EMITTED_AT = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_EMITTED_AT = datetime(9999, 12, 30, tzinfo=UTC)
 
 _OPTIONAL_TEXT = ("step_id", "engine_attempt_id", "logical_attempt_id", "plan_version", "adapter_version")
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -135,7 +136,7 @@ def check_run_id(run_id: Any, *, index: int | None = None) -> str:
 def check_emitted_at(value: Any, bad: Bad) -> datetime:
     if not isinstance(value, datetime):
         raise bad("emitted_at", f"must be a datetime, got {type(value).__name__}")
-    if value.tzinfo is timezone.utc:  # the common case: no offset arithmetic
+    if value.tzinfo is UTC:  # the common case: no offset arithmetic
         utc = value
     else:
         offset = value.utcoffset()
@@ -144,7 +145,7 @@ def check_emitted_at(value: Any, bad: Bad) -> datetime:
         if offset % timedelta(minutes=1):
             raise bad("emitted_at", f"has a UTC offset of {offset}; offsets are whole minutes")
         try:
-            utc = value.astimezone(timezone.utc)
+            utc = value.astimezone(UTC)
         except OverflowError:  # year 0 or 10000 in UTC
             raise _out_of_range(value, bad) from None
     if not EARLIEST_EMITTED_AT <= utc <= LATEST_EMITTED_AT:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.errors import InvalidActionOption, TableLocked, UnknownAction
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
@@ -67,7 +68,7 @@ def _sum_rows(rows: list) -> dict[str, int]:
     return totals
 
 
-def table_figures(spark: "SparkSession", ref: TableRef, catalog: str = CATALOG) -> dict[str, Any]:
+def table_figures(spark: SparkSession, ref: TableRef, catalog: str = CATALOG) -> dict[str, Any]:
     """What a job changes, as numbers: data files and bytes, delete files, manifests, and how long a
     canary scan takes to plan (listing the files a full read would open, without reading them)."""
     from pyspark.sql import functions as F
@@ -99,12 +100,12 @@ class ActionRunner:
 
     def __init__(
         self,
-        spark: "SparkSession",
+        spark: SparkSession,
         ref: TableRef,
         settings: ActionSettings | None = None,
         *,
         catalog: str = CATALOG,
-        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.spark = spark
         self.ref = ref
@@ -212,7 +213,7 @@ class ActionRunner:
         # Iceberg keeps the current snapshot, the newest `retain_last`, and all newer than the cutoff.
         s = self.settings
         cutoff = self.now() - timedelta(hours=s.expire_older_than_hours)
-        cutoff = cutoff.astimezone(timezone.utc).replace(tzinfo=None)
+        cutoff = cutoff.astimezone(UTC).replace(tzinfo=None)
         snapshots = self._metadata("snapshots").select("committed_at")
         rows = snapshots.orderBy("committed_at", ascending=False).collect()
         expirable = [r for i, r in enumerate(rows) if i >= s.retain_last and r["committed_at"] < cutoff]

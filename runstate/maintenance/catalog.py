@@ -9,8 +9,9 @@ Names that would not pass the identifier validator are reported, never interpola
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.identifiers import InvalidIdentifier, TableRef, validate_identifier
 from runstate.maintenance.models import CachedTable
@@ -94,17 +95,17 @@ class CatalogListing:
     skipped: list[str] = field(default_factory=list)  # names refused by the validator
 
 
-def table_properties(spark: "SparkSession", ref: TableRef, catalog: str = CATALOG) -> dict[str, str]:
+def table_properties(spark: SparkSession, ref: TableRef, catalog: str = CATALOG) -> dict[str, str]:
     rows = spark.sql(f"SHOW TBLPROPERTIES {ref.in_catalog(catalog)}").collect()
     return {row["key"]: row["value"] for row in rows}
 
 
-def list_namespaces(spark: "SparkSession", catalog: str = CATALOG) -> list[str]:
+def list_namespaces(spark: SparkSession, catalog: str = CATALOG) -> list[str]:
     validate_identifier(catalog, "catalog name")
     return [row[0] for row in spark.sql(f"SHOW NAMESPACES IN {catalog}").collect()]
 
 
-def list_tables(spark: "SparkSession", catalog: str = CATALOG) -> CatalogListing:
+def list_tables(spark: SparkSession, catalog: str = CATALOG) -> CatalogListing:
     """Every table in every top-level namespace, with its properties."""
     listing = CatalogListing(tables=[])
     for namespace in list_namespaces(spark, catalog):

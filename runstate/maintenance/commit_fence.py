@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
@@ -77,13 +78,13 @@ def install_commit_fence(conn: psycopg.Connection, schema: str) -> bool:
     return True
 
 
-def is_jdbc_catalog(spark: "SparkSession", catalog: str) -> bool:
+def is_jdbc_catalog(spark: SparkSession, catalog: str) -> bool:
     impl = spark.conf.get(f"spark.sql.catalog.{catalog}.catalog-impl", None) or ""
     return impl.endswith("JdbcCatalog")
 
 
 @contextmanager
-def attempt_session(spark: "SparkSession", catalog: str, tag: str) -> Iterator["SparkSession"]:
+def attempt_session(spark: SparkSession, catalog: str, tag: str) -> Iterator[SparkSession]:
     """A session whose `catalog` connections carry `tag`; closes their JDBC pool afterwards.
 
     With a non-JDBC catalog there is nothing to tag: the base session is used as it is.
@@ -101,7 +102,7 @@ def attempt_session(spark: "SparkSession", catalog: str, tag: str) -> Iterator["
         _close_catalog(session, catalog)
 
 
-def _close_catalog(session: "SparkSession", catalog: str) -> None:
+def _close_catalog(session: SparkSession, catalog: str) -> None:
     """Close the attempt's JDBC connections now rather than when the JVM collects the catalog."""
     try:
         manager = session._jsparkSession.sessionState().catalogManager()

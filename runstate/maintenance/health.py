@@ -8,9 +8,10 @@ the rest of the report is still filled; only a missing table is fatal.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.catalog import (
     CADENCE_PROPERTY,
@@ -83,11 +84,11 @@ class HealthAnalyzer:
 
     def __init__(
         self,
-        spark: "SparkSession",
+        spark: SparkSession,
         thresholds: HealthThresholds | None = None,
         *,
         catalog: str = CATALOG,
-        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.spark = spark
         self.thresholds = thresholds or HealthThresholds()

@@ -12,10 +12,11 @@ import json
 import logging
 import re
 import threading
+from collections.abc import Callable
 from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from runstate.maintenance.errors import InvalidIdentifier, MaintenanceError, TableNotFound

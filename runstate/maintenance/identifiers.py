@@ -8,8 +8,8 @@ anything else (quotes, `;`, whitespace, dots inside a part, NUL, an empty part) 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from runstate.maintenance.errors import InvalidIdentifier, UnknownAction
 

@@ -6,9 +6,10 @@ Every type that names a table carries its `database` and `table` and exposes the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from runstate.maintenance.identifiers import TableRef
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from runstate.maintenance.errors import InvalidActionOption
 
@@ -45,8 +46,8 @@ class ActionSettings:
 
     @classmethod
     def from_options(
-        cls, options: Mapping[str, Any] | None, base: "ActionSettings | None" = None
-    ) -> "ActionSettings":
+        cls, options: Mapping[str, Any] | None, base: ActionSettings | None = None
+    ) -> ActionSettings:
         """Validate a job's options over `base`; any unknown key or bad value raises InvalidActionOption."""
         if options is not None and not isinstance(options, Mapping):
             raise InvalidActionOption(f"maintenance options must be a mapping, got {type(options).__name__}")
@@ -58,7 +59,7 @@ class ActionSettings:
             )
         return replace(base or cls(), **options).validated()
 
-    def validated(self) -> "ActionSettings":
+    def validated(self) -> ActionSettings:
         if not isinstance(self.rewrite_strategy, str) or self.rewrite_strategy not in STRATEGIES:
             raise InvalidActionOption(
                 f"rewrite_strategy {_shown(self.rewrite_strategy)} must be one of {STRATEGIES}"
@@ -116,5 +117,5 @@ def sort_order_sql(sort_order: object) -> str:
 
 def timestamp_literal(moment: datetime) -> str:
     """A Spark TIMESTAMP literal in UTC, with the zone spelled out so session settings cannot shift it."""
-    utc = moment.astimezone(timezone.utc)
+    utc = moment.astimezone(UTC)
     return f"TIMESTAMP '{utc.strftime('%Y-%m-%d %H:%M:%S.%f')}+00:00'"

@@ -13,9 +13,10 @@ Every run writes one orchestrator_runs row with all its counters, also when it f
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from runstate.maintenance.errors import InvalidIdentifier, TableNotFound
 from runstate.maintenance.identifiers import ACTIONS, TableRef
@@ -133,7 +134,7 @@ class Orchestrator:
         analyze: Callable[[TableRef], HealthSnapshot],
         settings: OrchestratorSettings | None = None,
         *,
-        now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.store = store
         self.analyze = analyze

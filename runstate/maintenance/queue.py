@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from psycopg.types.json import Jsonb
 

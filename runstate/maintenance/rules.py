@@ -12,9 +12,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.options import MAX_AGE_HOURS, MAX_RETAIN_LAST, MIN_ORPHAN_AGE_HOURS

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
 from runstate.maintenance.commit_fence import attempt_session, attempt_tag
@@ -96,7 +97,7 @@ class LeaseKeeper:
                 self.fenced_out.set()
                 return
 
-    def __enter__(self) -> "LeaseKeeper":
+    def __enter__(self) -> LeaseKeeper:
         self._thread.start()
         return self
 
@@ -106,7 +107,7 @@ class LeaseKeeper:
 
 
 def run_job(
-    spark: "SparkSession",
+    spark: SparkSession,
     store: JobStore,
     claim: Claim,
     *,
@@ -167,7 +168,7 @@ def run_job(
         _refresh(spark, catalog, claim)
 
 
-def _refresh(spark: "SparkSession", catalog: str, claim: Claim) -> None:
+def _refresh(spark: SparkSession, catalog: str, claim: Claim) -> None:
     """The attempt committed through its own catalog: drop the base session's cached copy of the table."""
     try:
         spark.catalog.refreshTable(claim.ref.in_catalog(catalog))
@@ -261,7 +262,7 @@ class WorkerReport:
 
 
 def work_queue(
-    spark: "SparkSession | Callable[[], SparkSession]",
+    spark: SparkSession | Callable[[], SparkSession],
     store: Any,
     worker: str,
     *,

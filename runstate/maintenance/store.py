@@ -59,7 +59,7 @@ class MaintenanceStore(JobQueue, TableLocks, CatalogCache, History):
         """Close the connection pool (a later call opens a new one)."""
         self.db.close()
 
-    def __enter__(self) -> "MaintenanceStore":
+    def __enter__(self) -> MaintenanceStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

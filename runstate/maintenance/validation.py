@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from runstate.maintenance.errors import InvalidInput
 from runstate.maintenance.identifiers import validate_actions

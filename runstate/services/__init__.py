@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
 
 from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres

@@ -7,7 +7,7 @@ database and applies the Snowflake migrations every time it starts one.
 from __future__ import annotations
 
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from runstate import migrations
 from runstate.services.http import http_answers

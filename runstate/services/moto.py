@@ -7,8 +7,8 @@ on one item both succeed under load, which DynamoDB never does (see that module)
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from runstate.services.http import http_answers
 from runstate.services.state import (

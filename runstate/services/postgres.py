@@ -16,8 +16,8 @@ import pwd
 import shutil
 import signal
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg

@@ -14,8 +14,9 @@ first one), so two writers can never clobber each other's update.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -111,7 +112,7 @@ class BlobRef:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "BlobRef":
+    def from_json(cls, data: Mapping[str, Any]) -> BlobRef:
         return cls(
             str(data["key"]),
             str(data["sha256"]),
@@ -134,7 +135,7 @@ class RetiredBlob:
         return {"key": self.key, "sha256": self.sha256, "retired_at": self.retired_at}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "RetiredBlob":
+    def from_json(cls, data: Mapping[str, Any]) -> RetiredBlob:
         return cls(str(data["key"]), str(data["sha256"]), float(data["retired_at"]))
 
 
@@ -161,7 +162,7 @@ class Manifest:
                 return ref
         return None
 
-    def with_delta(self, ref: BlobRef) -> "Manifest":
+    def with_delta(self, ref: BlobRef) -> Manifest:
         if ref.first_seq != self.version + 1:
             raise ValueError(
                 f"dataset {self.dataset_id!r}: delta {ref.key} starts at seq {ref.first_seq}, "
@@ -181,7 +182,7 @@ class Manifest:
         return canonical_json(body).encode("utf-8")
 
     @classmethod
-    def from_bytes(cls, dataset_id: str, key: str, data: bytes, etag: str | None) -> "Manifest":
+    def from_bytes(cls, dataset_id: str, key: str, data: bytes, etag: str | None) -> Manifest:
         try:
             body = json.loads(data)
             if body.get("format") != MANIFEST_FORMAT or body.get("dataset_id") != dataset_id:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from runstate.wal.errors import WalEncodingError, WalInputError
 
@@ -89,7 +90,7 @@ def encode_value(key: Key, value: Any) -> str:
     return encoded
 
 
-def parse_upsert(text: str) -> "Change":
+def parse_upsert(text: str) -> Change:
     """`KEY=JSON` (the CLI's --upsert) -> Change.upsert(KEY, value); the key is always a string."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
@@ -121,14 +122,14 @@ class Change:
     value: Any = None
 
     @classmethod
-    def upsert(cls, key: Key, value: Any) -> "Change":
+    def upsert(cls, key: Key, value: Any) -> Change:
         validate_key(key)
         encoded = encode_value(key, value)
         # Keep the value as a reader will see it (tuples become lists...), so folds compare equal.
         return cls(UPSERT, key, json.loads(encoded))
 
     @classmethod
-    def delete(cls, key: Key) -> "Change":
+    def delete(cls, key: Key) -> Change:
         validate_key(key)
         return cls(DELETE, key, None)
 
@@ -136,7 +137,7 @@ class Change:
         return [self.op, self.key] if self.op == DELETE else [self.op, self.key, self.value]
 
     @classmethod
-    def from_record(cls, record: list[Any]) -> "Change":
+    def from_record(cls, record: list[Any]) -> Change:
         if record[0] == UPSERT:
             return cls(UPSERT, record[1], record[2])
         if record[0] == DELETE:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from runstate.wal.changes import DELETE, UPSERT, Change, Key, canonical_json
 

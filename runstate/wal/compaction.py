@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runstate.wal.blobs import BlobStore, Manifest, RetiredBlob
@@ -57,7 +57,7 @@ def compact(
     validate_dataset_id(dataset_id)
     if retention_days < 0 or grace_seconds < 0:
         raise WalInputError(f"dataset {dataset_id!r}: retention_days and grace_seconds must be >= 0")
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     reader = DatasetReader.of(blobs, dataset_id)
     folded = 0
     for _ in range(MAX_ATTEMPTS):
@@ -100,7 +100,7 @@ def rebuild_snapshot(
     a corrupt or lost delta blob is repaired.
     """
     validate_dataset_id(dataset_id)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     reader = DatasetReader.of(blobs, dataset_id)
     for _ in range(MAX_ATTEMPTS):
         manifest = reader.manifest()

@@ -19,10 +19,11 @@ Order of the steps, and why each crash point is safe (re-running gives the same 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 from runstate.wal import tables as t
 from runstate.wal.blobs import BlobRef, BlobStore, Manifest
@@ -78,7 +79,7 @@ def flush_dataset(
     """Apply every pending row of `dataset_id` up to max(seqs) (see the module doc for the steps)."""
     validate_dataset_id(dataset_id)
     batch = sorted(set(validate_seqs(dataset_id, seqs)))
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     last_applied_before = table.meta(dataset_id).last_applied_seq
     target = batch[-1]
     written: BlobRef | None = None

@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from datetime import datetime, timezone
-from typing import Any, Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from runstate.wal import tables as t
 from runstate.wal.changes import (
@@ -80,7 +81,7 @@ class WalProducer:
             validate_client_token(client_token)
         payload = _validated_payload(dataset_id, changes)
         checksum = sha256_hex(payload.encode("utf-8"))
-        created_at = int((now or datetime.now(timezone.utc)).timestamp())
+        created_at = int((now or datetime.now(UTC)).timestamp())
         row = _Row(dataset_id, payload, checksum, created_at, client_token)
         if client_token is None:
             return self._write_row(row, checked_upto=None)
@@ -99,7 +100,7 @@ class WalProducer:
 
     # --- seq assignment ----------------------------------------------------------------------------------
 
-    def _write_row(self, row: "_Row", checked_upto: int | None, hint: int | None = None) -> int:
+    def _write_row(self, row: _Row, checked_upto: int | None, hint: int | None = None) -> int:
         """Put the row at the first free seq (conditional put = probe + claim); with a token, stop as soon as
         a row carrying it is found below the seq about to be tried."""
         candidate = (self.wal.meta(row.dataset_id).last_seq if hint is None else hint) + 1
@@ -142,7 +143,7 @@ class WalProducer:
             )
         return item
 
-    def _claim_token(self, row: "_Row", floor: int) -> bool:
+    def _claim_token(self, row: _Row, floor: int) -> bool:
         assert row.client_token is not None
         item = {
             **self.wal.token_key(row.dataset_id, row.client_token),
@@ -152,14 +153,14 @@ class WalProducer:
         }
         return self.wal.put_new(item)
 
-    def _seq_with_token(self, row: "_Row", first: int, last: int) -> int | None:
+    def _seq_with_token(self, row: _Row, first: int, last: int) -> int | None:
         """The seq in first..last whose row carries this append's client token, if any (consistent reads)."""
         for item in self.wal.get_rows(row.dataset_id, range(first, last + 1), t.CLIENT_TOKEN):
             if item.get(t.CLIENT_TOKEN, {}).get("S") == row.client_token:
                 return int(item[t.SEQ_NO]["N"])
         return None
 
-    def _record_token_seq(self, row: "_Row", seq: int) -> int:
+    def _record_token_seq(self, row: _Row, seq: int) -> int:
         assert row.client_token is not None
         if not self.wal.record_token_seq(row.dataset_id, row.client_token, seq):
             raise WalIntegrityError(

@@ -28,7 +28,7 @@ class DatasetReader:
         self.blobs = BlobStore(s3_client, bucket, prefix)
 
     @classmethod
-    def of(cls, blobs: BlobStore, dataset_id: str) -> "DatasetReader":
+    def of(cls, blobs: BlobStore, dataset_id: str) -> DatasetReader:
         return cls(blobs.client, blobs.bucket, blobs.prefix, dataset_id)
 
     @property

@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from runstate.wal.blobs import BlobStore
+from runstate.wal.changes import validate_dataset_id
 from runstate.wal.clients import MAX_POOL_CONNECTIONS
 from runstate.wal.errors import WalError, WalInputError
-from runstate.wal.changes import validate_dataset_id
 from runstate.wal.flush import FlushResult, flush_dataset, validate_seqs
 from runstate.wal.source import Batch
 from runstate.wal.table import WalTable

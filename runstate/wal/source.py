@@ -4,15 +4,17 @@ Gap rule (a consumer never sees a gap): SeqNos are gapless per dataset (the prod
 only once every lower one is taken), and a flush always applies the contiguous range from the dataset's
 manifest version + 1 up to the batch's last seq, reading any lower pending rows itself. So a batch never
 waits for another, a batch that runs late finds its rows already applied and is a no-op, and the
-manifest only ever grows by contiguous ranges. `plan_batches` is a pure function; pass `applied=` (from `last_applied_seqs`) to drop
-keys that are already applied (old stream records), so no run is requested for them.
+manifest only ever grows by contiguous ranges. `plan_batches` is a pure function; pass `applied=`
+(from `last_applied_seqs`) to drop keys that are already applied (old stream records), so no run is
+requested for them.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from botocore.exceptions import ClientError
 

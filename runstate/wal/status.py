@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from runstate.wal.table import WalTable
@@ -21,7 +21,7 @@ class DatasetStatus:
 def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[DatasetStatus]:
     """One DatasetStatus per known dataset, sorted by id (Pending index + meta rows; no table scan)."""
     wal = WalTable(dynamodb, table)
-    now_s = (now or datetime.now(timezone.utc)).timestamp()
+    now_s = (now or datetime.now(UTC)).timestamp()
     pending: dict[str, list[int]] = {}
     for row in wal.pending(limit=1_000_000):
         pending.setdefault(row.dataset_id, []).append(row.created_at)
@@ -46,5 +46,5 @@ def oldest_pending_age_s(dynamodb: Any, table: str, now: datetime | None = None)
     oldest = WalTable(dynamodb, table).oldest_pending()
     if oldest is None:
         return None
-    now_s = (now or datetime.now(timezone.utc)).timestamp()
+    now_s = (now or datetime.now(UTC)).timestamp()
     return max(0.0, now_s - oldest.created_at)

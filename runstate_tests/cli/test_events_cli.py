@@ -4,7 +4,7 @@ migrate)."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -72,7 +72,7 @@ def test_append_a_jsonl_file_as_one_batch_and_duplicates_are_reported(store, tmp
     assert first.output.count("appended") == 3
     assert again.output.count("duplicate") == 3
     assert [e.run_seq for e in store.fetch("r2")] == [1, 2]
-    assert store.fetch("r2")[0].emitted_at == datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert store.fetch("r2")[0].emitted_at == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert len(store.fetch("other")) == 1
 
 
@@ -110,7 +110,7 @@ def test_a_bad_line_in_a_jsonl_file_rejects_the_whole_file(store, tmp_path: Path
 
 
 def test_project_prints_the_snapshot_and_resume_the_replay_point(store):
-    at = datetime.now(timezone.utc)
+    at = datetime.now(UTC)
     store.append_batch(
         "r4",
         [
@@ -131,7 +131,7 @@ def test_project_prints_the_snapshot_and_resume_the_replay_point(store):
 
 
 def test_archive_moves_completed_runs(store):
-    old = datetime.now(timezone.utc) - timedelta(days=10)
+    old = datetime.now(UTC) - timedelta(days=10)
     store.append_batch("done", [NewEvent("done", "RunStarted", old), NewEvent("done", "RunCompleted", old)])
     store.append_batch("live", [NewEvent("live", "RunStarted", old)])
 
@@ -144,7 +144,7 @@ def test_archive_moves_completed_runs(store):
 
 
 def test_restore_moves_an_archived_run_back(store):
-    old = datetime.now(timezone.utc) - timedelta(days=100)
+    old = datetime.now(UTC) - timedelta(days=100)
     store.append_batch("done", [NewEvent("done", "RunStarted", old), NewEvent("done", "RunCompleted", old)])
     archived = run("archive")  # the default age: 90 days
 
@@ -157,8 +157,8 @@ def test_restore_moves_an_archived_run_back(store):
 
 
 def test_tail_prints_the_feed_across_runs(store):
-    store.append(NewEvent("t1", "RunStarted", datetime.now(timezone.utc)))
-    store.append(NewEvent("t2", "RunStarted", datetime.now(timezone.utc)))
+    store.append(NewEvent("t1", "RunStarted", datetime.now(UTC)))
+    store.append(NewEvent("t2", "RunStarted", datetime.now(UTC)))
 
     result = run("tail")
     after = run("tail", "--after", str(json.loads(result.output.splitlines()[0])["position"]))
@@ -216,7 +216,7 @@ def test_project_all_reports_an_unreadable_run_and_projects_the_rest(store, cli_
     import psycopg
 
     for run_id in ("good", "poisoned"):
-        store.append(NewEvent(run_id, "RunStarted", datetime.now(timezone.utc)))
+        store.append(NewEvent(run_id, "RunStarted", datetime.now(UTC)))
     with psycopg.connect(cli_env["RUNSTATE_PG_URL"], autocommit=True) as conn:
         conn.execute(
             f'UPDATE "{cli_env["RUNSTATE_SCHEMA"]}".run_events SET emitted_at = %s::timestamptz'
@@ -238,7 +238,7 @@ def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowfla
         monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(conn_kwargs[key]))
     monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
     settings.cache_clear()
-    at = datetime.now(timezone.utc)
+    at = datetime.now(UTC)
     for run_id in ("m1", "m2"):
         store.append_batch(
             run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")]

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -14,7 +14,6 @@ from click.testing import CliRunner
 from runstate.cli import main
 from runstate.config import settings
 from runstate.wal import Change
-
 from runstate_tests.wal.shell import WalWorld
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import psycopg
@@ -15,7 +15,7 @@ from runstate.defs.eventstore.sensors import run_snapshots_sensor
 from runstate.defs.ticking import tick_sensor
 from runstate.eventstore import NewEvent
 
-TODAY = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 YESTERDAY = TODAY - timedelta(days=1)
 TODAY_KEY = TODAY.strftime("%Y-%m-%d")
 YESTERDAY_KEY = YESTERDAY.strftime("%Y-%m-%d")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -12,7 +12,7 @@ from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConn
 from runstate.defs.eventstore.schedules import archive_events_schedule
 from runstate.eventstore import NewEvent
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_archive_events_job_rejects_negative_days(resource):
 
 
 def test_archive_schedule_requests_one_run_per_day_with_valid_config():
-    when = datetime(2026, 3, 4, 3, 30, tzinfo=timezone.utc)
+    when = datetime(2026, 3, 4, 3, 30, tzinfo=UTC)
     with dg.build_schedule_context(scheduled_execution_time=when) as context:
         request = archive_events_schedule(context)
 
@@ -156,7 +156,7 @@ def test_archive_schedule_tick_archives_once_per_day(resource, store):
         jobs=[archive_events], schedules=[archive_events_schedule], resources={"event_store": resource}
     )
     instance = dg.DagsterInstance.ephemeral()
-    when = datetime(2026, 3, 4, 3, 30, tzinfo=timezone.utc)
+    when = datetime(2026, 3, 4, 3, 30, tzinfo=UTC)
 
     first = tick_schedule("archive_events_schedule", defs=defs, instance=instance, at=when)
     again = tick_schedule("archive_events_schedule", defs=defs, instance=instance, at=when)

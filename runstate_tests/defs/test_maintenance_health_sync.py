@@ -34,7 +34,9 @@ def test_every_cached_table_gets_a_table_health_materialization(
     store.replace_table_cache(
         [CachedTable(opted_in.database, opted_in.table, True, {}), CachedTable(plain.database, plain.table)]
     )
-    spark_resource = SparkResource(pg_url=spark_settings.pg_url, warehouse_dir=str(spark_settings.warehouse_dir))
+    spark_resource = SparkResource(
+        pg_url=spark_settings.pg_url, warehouse_dir=str(spark_settings.warehouse_dir)
+    )
     defs = build_defs({"maintenance": maintenance, "spark": spark_resource})
     instance = dg.DagsterInstance.ephemeral()
 

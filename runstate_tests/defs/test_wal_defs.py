@@ -3,7 +3,7 @@ dataset_snapshots backfill, wal_lag check, compaction schedule."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import dagster as dg
 import pytest
@@ -224,7 +224,7 @@ def _run_lag_check(world: WalWorld, instance: dg.DagsterInstance) -> dg.AssetChe
 def test_wal_lag_check_fails_when_the_oldest_pending_row_is_older_than_an_hour(
     world: WalWorld, instance: dg.DagsterInstance
 ) -> None:
-    two_hours_ago = datetime.now(timezone.utc) - timedelta(hours=2)
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
     world.producer().append("orders", [Change.upsert("a", 1)], now=two_hours_ago)
 
     evaluation = _run_lag_check(world, instance)
@@ -252,7 +252,7 @@ def test_compaction_schedule_requests_one_run_per_shard_and_keeps_reader_state(
             world.producer().append(ds, [change])
     defs = world.defs()
     tick_sensor("wal_sensor", defs=defs, instance=instance)
-    at = datetime(2026, 1, 2, 3, 0, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 2, 3, 0, tzinfo=UTC)
 
     tick = tick_schedule("wal_compaction_schedule", defs=defs, instance=instance, at=at)
     again = tick_schedule("wal_compaction_schedule", defs=defs, instance=instance, at=at)

@@ -9,8 +9,9 @@ The client of a held request is found by its TCP port, which names its process e
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from runstate.services.moto_server import buffer_request_body, serialized_moto_app
 

@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -78,7 +78,7 @@ def launch(deployment: Deployment, job: str, run_config: dict) -> str:
 
 
 def append_events_config(run_id: str) -> dict:
-    now = datetime.now(timezone.utc).isoformat()
+    now = datetime.now(UTC).isoformat()
     events = [
         {"event_type": "RunStarted", "emitted_at": now},
         {"event_type": "StepStarted", "step_id": "extract", "emitted_at": now},
@@ -194,7 +194,7 @@ def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deploymen
     ]
     assert workflow_run in store.stale_runs()
 
-    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    day = datetime.now(UTC).strftime("%Y-%m-%d")
     params = {"assetSelection": [{"path": ["run_snapshots"]}], "partitionNames": [day], "fromFailure": False}
     launched = deployment.graphql(BACKFILL, {"params": params})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched

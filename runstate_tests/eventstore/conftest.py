@@ -5,16 +5,17 @@ Each test gets its own Postgres schema or Snowflake (fakesnow) schema via the sh
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
 from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
 
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def ev(run_id: str, event_type: str, n: int = 0, **kw: Any) -> NewEvent:

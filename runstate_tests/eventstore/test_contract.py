@@ -447,7 +447,7 @@ def test_all_snapshots_corrupt_means_full_replay(backend):
 
 def test_large_state_is_compressed_with_a_warning(backend, caplog):
     store = backend.make(snapshot_interval=1)
-    state = {"blob": ["row %d with some padding text" % i for i in range(6000)]}
+    state = {"blob": [f"row {i} with some padding text" for i in range(6000)]}
 
     with caplog.at_level(logging.WARNING, logger="runstate.eventstore.snapshots"):
         store.append_batch("r1", [ev("r1", "A")], state=state)

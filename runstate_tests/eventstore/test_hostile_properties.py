@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -36,7 +36,7 @@ json_values = st.recursive(
 offsets = st.integers(min_value=-24 * 60 + 1, max_value=24 * 60 - 1).map(
     lambda m: timezone(timedelta(minutes=m))
 )
-aware_times = st.datetimes(timezones=offsets | st.just(timezone.utc)) | st.datetimes(
+aware_times = st.datetimes(timezones=offsets | st.just(UTC)) | st.datetimes(
     timezones=st.just(timezone(timedelta(seconds=30)))
 )
 

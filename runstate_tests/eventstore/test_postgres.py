@@ -53,7 +53,8 @@ from runstate.eventstore import NewEvent, PostgresEventStore
 store = PostgresEventStore(sys.argv[1], schema=sys.argv[2], snapshot_interval=7)
 t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 for b in range(100000):
-    store.append_batch("victim", [NewEvent("victim", "Tick", t0, idempotency_key=f"k{b}-{i}", data={"b": b}) for i in range(5)])
+    events = [NewEvent("victim", "Tick", t0, idempotency_key=f"k{b}-{i}", data={"b": b}) for i in range(5)]
+    store.append_batch("victim", events)
 """
 
 

@@ -4,7 +4,7 @@ accepted and read back identically; refused input writes nothing."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -34,8 +34,8 @@ def test_invalid_event_is_an_event_store_error_and_a_value_error():
     [
         datetime(1, 1, 1, 0, 0, tzinfo=timezone(timedelta(hours=1))),
         datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1))),
-        datetime(1, 1, 1, tzinfo=timezone.utc),
-        datetime(9999, 12, 31, tzinfo=timezone.utc),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, tzinfo=UTC),
         datetime(2026, 1, 1, tzinfo=timezone(timedelta(seconds=30))),
     ],
 )
@@ -48,7 +48,7 @@ def test_timestamps_the_stores_cannot_round_trip_are_refused(store, emitted_at):
 
 @pytest.mark.parametrize(
     "emitted_at",
-    [datetime(1, 1, 2, 12, tzinfo=timezone(timedelta(hours=1))), datetime(9999, 12, 29, tzinfo=timezone.utc)],
+    [datetime(1, 1, 2, 12, tzinfo=timezone(timedelta(hours=1))), datetime(9999, 12, 29, tzinfo=UTC)],
 )
 def test_timestamps_near_the_edges_round_trip(store, emitted_at):
     store.append(NewEvent("edge", "RunStarted", emitted_at))

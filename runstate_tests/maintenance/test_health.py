@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -182,7 +182,7 @@ def test_opt_in_is_none_when_unset_or_unrecognised(spark, iceberg_namespace):
 @pytest.mark.spark
 def test_old_snapshots_recommend_expiry(spark, iceberg_namespace):
     ref = make_table(spark, iceberg_namespace, files=1, rows=10, deletes=False)
-    eight_days_on = lambda: datetime.now(timezone.utc) + timedelta(days=8)  # noqa: E731
+    eight_days_on = lambda: datetime.now(UTC) + timedelta(days=8)  # noqa: E731
 
     health = HealthAnalyzer(spark, now=eight_days_on).analyze(ref)
 

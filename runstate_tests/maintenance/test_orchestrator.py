@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -92,7 +92,7 @@ def test_a_per_table_cadence_overrides_the_default(store):
         analyzed.append(ref.key)
         raise LookupError("not in this test")
 
-    in_two_hours = lambda: datetime.now(timezone.utc) + timedelta(hours=2)  # noqa: E731
+    in_two_hours = lambda: datetime.now(UTC) + timedelta(hours=2)  # noqa: E731
     report = Orchestrator(store, record_and_refuse, now=in_two_hours).run()
 
     assert sorted(analyzed) == [

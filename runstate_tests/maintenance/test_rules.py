@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -10,7 +10,7 @@ from runstate.maintenance.models import CachedTable, HealthSnapshot
 from runstate.maintenance.orchestrator import HEALTHY, SUBMITTED, Orchestrator
 from runstate.maintenance.rules import orphan_cleanup_due, orphan_min_age_hours, table_retention
 
-NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 DAY_MS = 24 * 3_600_000
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -209,7 +209,7 @@ def test_health_snapshot_round_trips_every_column(store: MaintenanceStore) -> No
 
 
 def test_latest_health_is_the_newest_row(store: MaintenanceStore) -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     store.insert_health_snapshot(_snapshot(checked_at=now - timedelta(hours=2), total_data_files=40))
     store.insert_health_snapshot(_snapshot(checked_at=now, total_data_files=1, needs_maintenance=False))
     store.insert_health_snapshot(_snapshot(table="other", checked_at=now + timedelta(seconds=1)))
@@ -236,7 +236,7 @@ def test_bad_health_rows_write_nothing(store: MaintenanceStore, bad: dict) -> No
 
 
 def test_prune_health_keeps_recent_rows_and_each_tables_newest(store: MaintenanceStore) -> None:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     store.insert_health_snapshot(_snapshot("a", checked_at=now - timedelta(days=40)))
     store.insert_health_snapshot(_snapshot("a", checked_at=now - timedelta(days=31)))
     store.insert_health_snapshot(_snapshot("a", checked_at=now - timedelta(days=1)))
@@ -257,7 +257,7 @@ def test_prune_health_keeps_recent_rows_and_each_tables_newest(store: Maintenanc
 
 
 def test_orchestrator_run_records_every_counter(store: MaintenanceStore) -> None:
-    started = datetime.now(timezone.utc) - timedelta(seconds=5)
+    started = datetime.now(UTC) - timedelta(seconds=5)
     run = OrchestratorRun(
         started_at=started,
         completed_at=started + timedelta(seconds=4),

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import boto3
 import pytest
 
 from runstate.wal import BlobStore, WalTable, ensure_blob_bucket, ensure_wal_table
-
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 

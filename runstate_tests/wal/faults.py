@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from botocore.exceptions import BotoCoreError
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -19,7 +19,7 @@ from runstate.wal.changes import fold
 
 from .helpers import object_keys, statuses
 
-NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 26, 1, 0, tzinfo=UTC)
 
 
 def _history(wal, dataset_id: str, flushes: int, per_flush: int = 3, created=NOW) -> list[Change]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -21,7 +21,7 @@ from runstate.wal.source import last_applied_seqs
 from .faults import FAULT_ERRORS, Faults
 from .helpers import object_keys, statuses, wal_rows
 
-NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 26, 1, 0, tzinfo=UTC)
 
 
 def _append(wal, dataset_id: str, count: int, start: int = 0) -> list[Change]:

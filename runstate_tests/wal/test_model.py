@@ -13,7 +13,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -29,8 +29,8 @@ from runstate.wal import (
     read_stream,
     sweep_pending,
 )
-from runstate.wal.shards import flush_shard, plan_shards
 from runstate.wal.changes import fold
+from runstate.wal.shards import flush_shard, plan_shards
 
 from .faults import FAULT_ERRORS, Faults
 from .helpers import wal_rows
@@ -199,7 +199,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
         assert state == model.fold_upto(dataset_id, version), (dataset_id, version)
     # Faults really happened, and compaction then archiving keeps every state.
     assert stats["flush_failures"] > 0 and stats["flushes"] > 0
-    later = datetime.now(timezone.utc) + timedelta(hours=2)
+    later = datetime.now(UTC) + timedelta(hours=2)
     for dataset_id in DATASETS:
         compact_dataset(
             wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, retention_days=0, now=later

@@ -70,7 +70,7 @@ def test_a_corrupt_manifest_raises_a_named_error(wal):
     wal.s3.put_object(Bucket=wal.bucket, Key=key, Body=b"{oops")
 
     with pytest.raises(BlobIntegrityError, match=f"dataset 'orders': manifest {key} is corrupt"):
-        DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").version
+        _ = DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").version
 
 
 def test_a_bad_dataset_id_is_refused(wal):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from runstate.wal import Change, DatasetStatus, WalProducer, flush_batch, oldest_pending_age_s, wal_status
 
-NOW = datetime(2026, 11, 26, 1, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 26, 1, 0, tzinfo=UTC)
 
 
 def test_status_shows_pending_count_oldest_age_and_last_applied_per_dataset(wal):

@@ -1,8 +1,5 @@
 """`dataset_tables`: one dynamic partition per dataset; materializing one rebuilds its Iceberg table."""
 
-
-import json
-
 import dagster as dg
 
 from runstate.defs.datasets.jobs import merge_metadata
@@ -37,8 +34,10 @@ def dataset_tables(
         context.log.info(f"dataset {result.dataset_id!r}: rebuilt {result.table} at version {result.version}")
     if len(results) == 1:
         return dg.MaterializeResult(metadata=merge_metadata(results[0]))
-    return dg.MaterializeResult(metadata={
-        "datasets": len(results),
-        "versions": dg.MetadataValue.json({r.dataset_id: r.version for r in results}),
-        "rows_written": sum(r.rows_written for r in results),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "datasets": len(results),
+            "versions": dg.MetadataValue.json({r.dataset_id: r.version for r in results}),
+            "rows_written": sum(r.rows_written for r in results),
+        }
+    )

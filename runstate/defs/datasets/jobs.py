@@ -1,6 +1,5 @@
 """`merge_dataset_tables`: one run merges a shard's datasets into their tables, on one Spark session."""
 
-
 import dagster as dg
 from pydantic import Field
 
@@ -56,8 +55,10 @@ def merge_datasets(
             metadata = merge_metadata(result)
             context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata))
     if failures:
-        raise dg.Failure(description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed",
-                         metadata={dataset_id: message for dataset_id, message in failures.items()})
+        raise dg.Failure(
+            description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed",
+            metadata={dataset_id: message for dataset_id, message in failures.items()},
+        )
 
 
 @dg.job(

@@ -30,8 +30,13 @@ MERGE_SHARDS = 4
 MERGE_SHARD_TAG = "runstate/merge_shard"
 CURSOR_VERSION = 1
 DEAD_STATUSES = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-ALIVE_STATUSES = {dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
-                  dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
+ALIVE_STATUSES = {
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+}
 
 
 @dataclass
@@ -42,7 +47,7 @@ class MergeCursor:
     ticks: int = 0
 
     @classmethod
-    def parse(cls, raw: str | None) -> "MergeCursor":
+    def parse(cls, raw: str | None) -> MergeCursor:
         try:
             data = json.loads(raw) if raw else None
         except ValueError:
@@ -52,8 +57,11 @@ class MergeCursor:
         return cls({str(k): int(v) for k, v in data.get("requested", {}).items()}, int(data.get("ticks", 0)))
 
     def dump(self) -> str:
-        return json.dumps({"v": CURSOR_VERSION, "requested": self.requested, "ticks": self.ticks},
-                          sort_keys=True, separators=(",", ":"))
+        return json.dumps(
+            {"v": CURSOR_VERSION, "requested": self.requested, "ticks": self.ticks},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
 
 
 @dataclass
@@ -88,8 +96,9 @@ def merge_run_request(shard: int, dataset_ids: list[str], tick: int) -> dg.RunRe
     )
 
 
-def evaluate_merge_tick(instance: dg.DagsterInstance, cursor: MergeCursor, wal: WalResource,
-                        shards: int = MERGE_SHARDS) -> MergeTick:
+def evaluate_merge_tick(
+    instance: dg.DagsterInstance, cursor: MergeCursor, wal: WalResource, shards: int = MERGE_SHARDS
+) -> MergeTick:
     """Which shards get a merge run now, and the cursor after it (a pure decision: no claim, no write)."""
     requested = dict(cursor.requested)
     held = []

@@ -19,7 +19,7 @@ Design (incremental projection AND day-partitioned backfills, one asset):
 
 import warnings
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -42,7 +42,7 @@ run_events = dg.AssetSpec(
 
 
 class RunSnapshotsConfig(dg.Config):
-    rebuild: Optional[bool] = Field(
+    rebuild: bool | None = Field(
         default=None,
         description=(
             "Fold every run of the window from scratch. Default: only when the run is part of a backfill."

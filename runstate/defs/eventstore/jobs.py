@@ -5,8 +5,8 @@ run with the core's `InvalidEvent` message (which names the field), without retr
 is written because the core validates the whole batch before its one transaction.
 """
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -30,19 +30,19 @@ class EventConfig(dg.Config):
     event_type: str = Field(
         description="RunStarted, StepStarted, StepCompleted, ... (other types are stored too)."
     )
-    step_id: Optional[str] = Field(default=None, description="The step the event belongs to.")
-    data: Optional[dict[str, Any]] = Field(default=None, description="The event payload (a JSON object).")
-    emitted_at: Optional[str] = Field(
+    step_id: str | None = Field(default=None, description="The step the event belongs to.")
+    data: dict[str, Any] | None = Field(default=None, description="The event payload (a JSON object).")
+    emitted_at: str | None = Field(
         default=None, description="ISO 8601 with a UTC offset; defaults to the time of the append."
     )
-    logical_attempt_id: Optional[str] = None
-    engine_attempt_id: Optional[str] = None
-    plan_version: Optional[str] = None
-    idempotency_key: Optional[str] = Field(
+    logical_attempt_id: str | None = None
+    engine_attempt_id: str | None = None
+    plan_version: str | None = None
+    idempotency_key: str | None = Field(
         default=None,
         description="Defaults to sha256(run_id|step_id|logical_attempt_id|event_type|plan_version).",
     )
-    event_id: Optional[str] = Field(default=None, description="A UUID; a fresh one when empty.")
+    event_id: str | None = Field(default=None, description="A UUID; a fresh one when empty.")
 
 
 class AppendEventsConfig(dg.Config):
@@ -50,7 +50,7 @@ class AppendEventsConfig(dg.Config):
 
     run_id: str = Field(description="The workflow run the events belong to (1..256 characters).")
     events: list[EventConfig] = Field(description="The events, in order.")
-    expected_last_seq: Optional[int] = Field(
+    expected_last_seq: int | None = Field(
         default=None,
         description="Optimistic concurrency: append only if the run's last seq is this (else the run fails).",
     )
@@ -66,7 +66,7 @@ class ArchiveConfig(dg.Config):
 def parse_emitted_at(value: str | None, index: int, run_id: str) -> datetime:
     """The launchpad gives strings; a bad one is an InvalidEvent on `emitted_at`, like the core's."""
     if value is None:
-        return datetime.now(timezone.utc)
+        return datetime.now(UTC)
     try:
         return datetime.fromisoformat(value)
     except ValueError:

@@ -10,7 +10,7 @@ Nothing connects until `get_store()` is first called.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Any
 
 import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
@@ -18,7 +18,7 @@ from pydantic import Field, PrivateAttr, field_validator
 from runstate.config import EVENTSTORE_BACKENDS, Settings, settings
 from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
 
-EventStoreBackend = Union[PostgresEventStore, SnowflakeEventStore]
+EventStoreBackend = PostgresEventStore | SnowflakeEventStore
 _SNOWFLAKE_KEYS = ("account", "user", "password", "database", "warehouse", "role", "host", "protocol")
 
 
@@ -27,16 +27,14 @@ class SnowflakeConnection(dg.ConfigurableResource):
 
     account: str = Field(description="Snowflake account identifier.")
     user: str = Field(description="User name.")
-    password: Optional[str] = Field(default=None, description="Password (pass it as an EnvVar).")
-    database: Optional[str] = Field(default=None, description="Database holding the event store schema.")
-    warehouse: Optional[str] = None
-    role: Optional[str] = None
-    host: Optional[str] = Field(default=None, description="Endpoint host, when not the account's default.")
-    port: Optional[int] = None
-    protocol: Optional[str] = Field(
-        default=None, description="`https` (default) or `http` (a local endpoint)."
-    )
-    network_timeout: Optional[int] = Field(default=None, description="Seconds before the connector gives up.")
+    password: str | None = Field(default=None, description="Password (pass it as an EnvVar).")
+    database: str | None = Field(default=None, description="Database holding the event store schema.")
+    warehouse: str | None = None
+    role: str | None = None
+    host: str | None = Field(default=None, description="Endpoint host, when not the account's default.")
+    port: int | None = None
+    protocol: str | None = Field(default=None, description="`https` (default) or `http` (a local endpoint).")
+    network_timeout: int | None = Field(default=None, description="Seconds before the connector gives up.")
 
     def connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {key: getattr(self, key) for key in _SNOWFLAKE_KEYS if getattr(self, key)}
@@ -58,7 +56,7 @@ class EventStoreResource(dg.ConfigurableResource):
         description="Postgres DSN (postgres backend).",
     )
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the event tables.")
-    snowflake: Optional[SnowflakeConnection] = Field(
+    snowflake: SnowflakeConnection | None = Field(
         default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
     )
     snowflake_schema: str = Field(

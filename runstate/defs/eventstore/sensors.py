@@ -8,8 +8,8 @@ new key.
 
 import hashlib
 from collections import defaultdict
-from datetime import datetime, timezone
-from typing import Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import dagster as dg
 
@@ -25,7 +25,7 @@ def stale_days(stale: list[tuple[str, datetime | None, int]]) -> dict[str, list[
     for run_id, started_at, last_seq in stale:
         if started_at is None:
             continue
-        by_day[started_at.astimezone(timezone.utc).strftime("%Y-%m-%d")].append((run_id, last_seq))
+        by_day[started_at.astimezone(UTC).strftime("%Y-%m-%d")].append((run_id, last_seq))
     return by_day
 
 

@@ -2,7 +2,7 @@
 `submit_maintenance` (manual requests), the orchestrator run, and the sweeps. Ops take Pydantic config
 and call the core."""
 
-from typing import Any, List, Optional
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
@@ -33,10 +33,8 @@ FIGURES = ("data_files", "data_bytes", "delete_files", "manifests", "canary_plan
 class MaintenanceWorkerConfig(dg.Config):
     """Limits of one worker run; defaults come from the resource."""
 
-    budget_seconds: Optional[float] = Field(default=None, description="Claim no new job after this long.")
-    max_jobs: Optional[int] = Field(
-        default=None, description="Stop after this many jobs (None: until empty)."
-    )
+    budget_seconds: float | None = Field(default=None, description="Claim no new job after this long.")
+    max_jobs: int | None = Field(default=None, description="Stop after this many jobs (None: until empty).")
 
 
 def job_metadata(outcome: JobOutcome, table_key: str) -> dict[str, Any]:
@@ -123,18 +121,16 @@ class SubmitMaintenanceConfig(dg.Config):
     """A manual maintenance request from the launchpad."""
 
     table: str = Field(description="The table as `database.table`.")
-    actions: List[str] = Field(
+    actions: list[str] = Field(
         default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order."
     )
     dry_run: bool = Field(default=False, description="Plan only: report what would be done, write nothing.")
-    rewrite_strategy: Optional[str] = Field(default=None, description="binpack (default) or sort.")
-    sort_order: Optional[str] = Field(default=None, description="For sort: e.g. `id DESC NULLS LAST, ts`.")
-    target_file_size_bytes: Optional[int] = Field(default=None, description="rewrite_data_files target size.")
-    expire_older_than_hours: Optional[float] = Field(default=None, description="expire_snapshots older_than.")
-    retain_last: Optional[int] = Field(default=None, description="expire_snapshots retain_last.")
-    orphan_older_than_hours: Optional[float] = Field(
-        default=None, description="remove_orphan_files older_than."
-    )
+    rewrite_strategy: str | None = Field(default=None, description="binpack (default) or sort.")
+    sort_order: str | None = Field(default=None, description="For sort: e.g. `id DESC NULLS LAST, ts`.")
+    target_file_size_bytes: int | None = Field(default=None, description="rewrite_data_files target size.")
+    expire_older_than_hours: float | None = Field(default=None, description="expire_snapshots older_than.")
+    retain_last: int | None = Field(default=None, description="expire_snapshots retain_last.")
+    orphan_older_than_hours: float | None = Field(default=None, description="remove_orphan_files older_than.")
 
     def options(self) -> dict:
         return {
@@ -162,7 +158,7 @@ def submit_maintenance() -> None:
 
 
 class OrchestratorConfig(dg.Config):
-    dry_run: Optional[bool] = Field(default=None, description="Advisory only; default from the resource.")
+    dry_run: bool | None = Field(default=None, description="Advisory only; default from the resource.")
 
 
 @dg.op(description="Assess every cached table and submit jobs for the unhealthy opted-in ones.")

@@ -6,8 +6,6 @@ session comes from the shared `spark` resource (`runstate.defs.spark.SparkResour
 
 from __future__ import annotations
 
-from typing import Optional
-
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
@@ -30,7 +28,7 @@ class MaintenanceResource(dg.ConfigurableResource):
     lease_seconds: float = Field(
         default=900.0, description="Claim lease; heartbeats extend it while a job runs."
     )
-    lock_ttl_seconds: Optional[float] = Field(
+    lock_ttl_seconds: float | None = Field(
         default=None, description="Table lock expiry, refreshed with each heartbeat; default: the lease."
     )
     max_worker_runs: int = Field(default=2, description="W: iceberg_maintenance worker runs alive at once.")
@@ -68,7 +66,7 @@ class MaintenanceResource(dg.ConfigurableResource):
     default_cadence_hours: int = Field(default=24, description="Minimum hours between jobs of one table.")
     health_keep_days: float = Field(default=30.0, description="health_snapshots retention.")
 
-    _store: Optional[MaintenanceStore] = PrivateAttr(default=None)
+    _store: MaintenanceStore | None = PrivateAttr(default=None)
 
     def get_store(self) -> MaintenanceStore:
         if self._store is None:

@@ -7,8 +7,8 @@ event log twice (a re-delivered sensor tick, a cursor reset) appends nothing new
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
 from dagster import DagsterEventType, DagsterInstance
 from dagster._core.events.log import EventLogEntry
@@ -50,7 +50,7 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
     events: list[NewEvent] = []
     for entry in entries:
         event_type = entry.dagster_event_type
-        emitted_at = datetime.fromtimestamp(entry.timestamp, tz=timezone.utc)
+        emitted_at = datetime.fromtimestamp(entry.timestamp, tz=UTC)
         ref = {"dagster_run_id": run_id, "job_name": job_name}
         if event_type in RUN_EVENT_TYPES:
             data = {"job_name": job_name}

@@ -1,7 +1,6 @@
 """`flush_wal` (one shard's planned batches to delta blobs) and `compact_wal` (snapshots, trim, archive)."""
 
 import json
-from typing import Optional
 
 import dagster as dg
 from pydantic import Field
@@ -53,7 +52,7 @@ class CompactConfig(dg.Config):
     dataset_ids: list[str] = Field(
         default_factory=list, description="Datasets to compact; empty means every dataset."
     )
-    retention_days: Optional[int] = Field(
+    retention_days: int | None = Field(
         default=None, description="Applied rows older than this are trimmed; empty means the resource's."
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -21,24 +21,22 @@ class WalResource(dg.ConfigurableResource):
     being rebuilt. Clients are created on first use, never at import or definition time.
     """
 
-    endpoint_url: Optional[str] = Field(
+    endpoint_url: str | None = Field(
         default=None,
         description="AWS endpoint (moto's server by default); empty means RUNSTATE_AWS_ENDPOINT_URL, then AWS itself.",
     )
-    region: Optional[str] = Field(
+    region: str | None = Field(
         default=None, description="AWS region; empty means AWS_DEFAULT_REGION or us-east-1."
     )
-    table: Optional[str] = Field(default=None, description="The WAL table; empty means RUNSTATE_WAL_TABLE.")
-    bucket: Optional[str] = Field(
-        default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET."
-    )
-    prefix: Optional[str] = Field(
+    table: str | None = Field(default=None, description="The WAL table; empty means RUNSTATE_WAL_TABLE.")
+    bucket: str | None = Field(default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET.")
+    prefix: str | None = Field(
         default=None, description="Key prefix of every blob; empty means RUNSTATE_BLOB_PREFIX."
     )
     max_batch_size: int = Field(
         default=500, gt=0, description="The most WAL rows of one dataset that go into one delta blob."
     )
-    flush_shards: Optional[int] = Field(
+    flush_shards: int | None = Field(
         default=None,
         gt=0,
         description="Flush shards S: at most one flush run per shard at a time; empty means RUNSTATE_WAL_FLUSH_SHARDS.",
@@ -64,10 +62,10 @@ class WalResource(dg.ConfigurableResource):
     retention_days: int = Field(
         default=30, ge=0, description="Compaction trims Applied WAL rows older than this."
     )
-    aws_access_key_id: Optional[str] = Field(
+    aws_access_key_id: str | None = Field(
         default=None, description="Pass as dg.EnvVar; empty uses boto3's chain."
     )
-    aws_secret_access_key: Optional[str] = Field(
+    aws_secret_access_key: str | None = Field(
         default=None, description="Pass as dg.EnvVar; empty uses boto3's chain."
     )
 

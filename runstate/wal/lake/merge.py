@@ -31,6 +31,7 @@ from runstate.wal.lake.source import (
 )
 from runstate.wal.lake.table import ensure_table, set_version_property, spark_errors, table_version
 
+
 @dataclass(frozen=True)
 class MergeResult:
     """What one merge did: the table went from `from_version` to `version` reading `blobs` blobs;
@@ -60,12 +61,28 @@ def merge_dataset(
     with spark_errors(dataset_id, ident, "merge"):
         plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
         if not plan.reads and not plan.full:
-            return MergeResult(dataset_id, ident, plan.from_version, plan.from_version, 0, False, 0,
-                               time.perf_counter() - started)
+            return MergeResult(
+                dataset_id,
+                ident,
+                plan.from_version,
+                plan.from_version,
+                0,
+                False,
+                0,
+                time.perf_counter() - started,
+            )
         rows_written = apply_plan(spark, location, ident, plan)
         set_version_property(spark, ident, plan.to_version)
-    return MergeResult(dataset_id, ident, plan.from_version, plan.to_version, len(plan.reads), plan.full,
-                       rows_written, time.perf_counter() - started)
+    return MergeResult(
+        dataset_id,
+        ident,
+        plan.from_version,
+        plan.to_version,
+        len(plan.reads),
+        plan.full,
+        rows_written,
+        time.perf_counter() - started,
+    )
 
 
 def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: Any = None) -> MergeResult:
@@ -78,16 +95,20 @@ def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Any:
         return location.manifest(s3 or location.client(), dataset_id)
     except (ClientError, BotoCoreError) as error:
         where = location.endpoint_url or "AWS"
-        raise LakeError(f"dataset {dataset_id!r}: reading its manifest from bucket {location.bucket!r} "
-                        f"at {where} failed: {error}") from None
+        raise LakeError(
+            f"dataset {dataset_id!r}: reading its manifest from bucket {location.bucket!r} "
+            f"at {where} failed: {error}"
+        ) from None
 
 
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
     """One row per key: its last change (highest seq, then position), plus the `#version` row."""
     from pyspark.sql import functions as F
 
-    marker = spark.createDataFrame([(VERSION_KEY, None, plan.to_version, True)],
-                                   "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
+    marker = spark.createDataFrame(
+        [(VERSION_KEY, None, plan.to_version, True)],
+        "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN",
+    )
     if not plan.reads:
         return marker
     reads = blob_reads_frame(spark, plan.reads)

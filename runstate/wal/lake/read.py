@@ -42,9 +42,12 @@ def read_table(spark: Any, dataset_id: str, version: int | None = None) -> tuple
 
 def snapshot_at_version(spark: Any, dataset_id: str, ident: str, version: int) -> int:
     """The id of the snapshot whose `#version` row is `version`, or VersionNotFound naming its neighbours."""
-    history = [row.snapshot_id for row in spark.sql(
-        f"SELECT snapshot_id FROM {ident}.history WHERE is_current_ancestor ORDER BY made_current_at"
-    ).collect()]
+    history = [
+        row.snapshot_id
+        for row in spark.sql(
+            f"SELECT snapshot_id FROM {ident}.history WHERE is_current_ancestor ORDER BY made_current_at"
+        ).collect()
+    ]
     low, high = 0, len(history) - 1
     below = above = None
     while low <= high:

@@ -9,9 +9,10 @@ no row ever passes through the driver process.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from runstate.wal.blobs import Manifest, get_verified_blob, read_manifest
 from runstate.wal.changes import DELETE
@@ -133,15 +134,25 @@ def _change_batches(data: bytes, read: dict[str, Any]) -> Batches:
         if read["kind"] == SNAPSHOT:
             version = pa.repeat(pa.scalar(read["version"], pa.int64()), rows)
             yield pa.RecordBatch.from_arrays(
-                [batch.column("key"), batch.column("value"), version,
-                 pa.repeat(pa.scalar(0, pa.int32()), rows), pa.repeat(pa.scalar(False), rows)],
+                [
+                    batch.column("key"),
+                    batch.column("value"),
+                    version,
+                    pa.repeat(pa.scalar(0, pa.int32()), rows),
+                    pa.repeat(pa.scalar(False), rows),
+                ],
                 names=["key", "value", "wal_seq", "pos", "deleted"],
             )
             continue
         batch = batch.filter(pc.greater(batch.column("seq"), read["after_seq"]))
         yield pa.RecordBatch.from_arrays(
-            [batch.column("key"), batch.column("value"), batch.column("seq"), batch.column("pos"),
-             pc.equal(batch.column("op"), DELETE)],
+            [
+                batch.column("key"),
+                batch.column("value"),
+                batch.column("seq"),
+                batch.column("pos"),
+                pc.equal(batch.column("op"), DELETE),
+            ],
             names=["key", "value", "wal_seq", "pos", "deleted"],
         )
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from runstate.wal.errors import BlobIntegrityError
 from runstate.wal.lake.errors import LakeError
@@ -18,8 +19,10 @@ from runstate.wal.lake.naming import (
     table_ident,
 )
 
-COLUMNS = "key STRING NOT NULL, value STRING, wal_seq BIGINT NOT NULL, updated_at TIMESTAMP NOT NULL, " \
-          "deleted BOOLEAN NOT NULL"
+COLUMNS = (
+    "key STRING NOT NULL, value STRING, wal_seq BIGINT NOT NULL, updated_at TIMESTAMP NOT NULL, "
+    "deleted BOOLEAN NOT NULL"
+)
 # Merge-on-read: a merge writes small delete files instead of rewriting every data file it touches;
 # the maintenance service (opted in below) compacts them like any other table's.
 TABLE_PROPERTIES = {
@@ -45,8 +48,10 @@ def ensure_table(spark: Any, dataset_id: str) -> str:
     with spark_errors(dataset_id, ident, "create"):
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{NAMESPACE}")
         try:
-            spark.sql(f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg "
-                      f"TBLPROPERTIES ({_properties_sql(properties)})")
+            spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg "
+                f"TBLPROPERTIES ({_properties_sql(properties)})"
+            )
         except Exception as error:
             # Two runs creating the same table at once: the loser's IF NOT EXISTS check came too early.
             if "already exists" not in str(error).lower():

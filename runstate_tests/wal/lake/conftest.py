@@ -4,7 +4,8 @@ of the test's own whose tables are dropped afterwards."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -50,8 +51,9 @@ class Feed:
     def flush(self, dataset_id: str) -> int:
         rows = WalTable(self.wal.dynamodb, self.wal.table).query_rows(dataset_id)
         seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
-        result = flush_batch(self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs,
-                             **self.wal.target())
+        result = flush_batch(
+            self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs, **self.wal.target()
+        )
         return result.version or result.last_seq
 
     def fold(self, dataset_id: str, version: int) -> dict:

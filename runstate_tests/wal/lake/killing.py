@@ -82,7 +82,11 @@ class MergeChild:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "runstate_tests.wal.lake.killing", json.dumps(args)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
 
     def wait_for(self, line: str, timeout: float = 300) -> None:
@@ -105,8 +109,11 @@ def _child(args: dict[str, Any]) -> None:
     from runstate.spark import SparkSettings, build_session
     from runstate.wal.lake import BlobLocation, merge_dataset
 
-    spark = build_session(SparkSettings(pg_url=args["pg_url"], warehouse_dir=Path(args["warehouse"]),
-                                        app_name="runstate-merge-child"))
+    spark = build_session(
+        SparkSettings(
+            pg_url=args["pg_url"], warehouse_dir=Path(args["warehouse"]), app_name="runstate-merge-child"
+        )
+    )
     spark.sparkContext.setLogLevel("OFF")
     location = BlobLocation(bucket=args["bucket"], prefix=args["prefix"], endpoint_url=args["endpoint"])
     print("MERGING", flush=True)

@@ -27,8 +27,9 @@ SENSOR = "dataset_tables_sensor"
 
 @pytest.fixture
 def resource(wal) -> WalResource:
-    return WalResource(endpoint_url=wal.endpoint, region="us-east-1", table=wal.table, bucket=wal.bucket,
-                       prefix=wal.prefix)
+    return WalResource(
+        endpoint_url=wal.endpoint, region="us-east-1", table=wal.table, bucket=wal.bucket, prefix=wal.prefix
+    )
 
 
 @pytest.fixture
@@ -91,7 +92,8 @@ def test_a_shard_with_a_live_run_is_held(wal, feed, defs, instance, resource, da
     _flushed(feed, [dataset_id])
     shard = merge_shard(dataset_id, MERGE_SHARDS)
     instance.create_run_for_job(
-        defs.resolve_job_def("merge_dataset_tables"), tags={MERGE_SHARD_TAG: str(shard)},
+        defs.resolve_job_def("merge_dataset_tables"),
+        tags={MERGE_SHARD_TAG: str(shard)},
         run_config={"ops": {"merge_datasets": {"config": {"dataset_ids": []}}}},
     )
 
@@ -109,8 +111,10 @@ def test_materializing_partitions_rebuilds_their_tables_in_one_run(spark, feed, 
         asset_selection={dg.AssetKey("dataset_tables")}
     )
 
-    result = job.execute_in_process(instance=instance, tags={
-        "dagster/asset_partition_range_start": ids[0], "dagster/asset_partition_range_end": ids[1]})
+    result = job.execute_in_process(
+        instance=instance,
+        tags={"dagster/asset_partition_range_start": ids[0], "dagster/asset_partition_range_end": ids[1]},
+    )
 
     assert result.success
     materializations = result.asset_materializations_for_node("dataset_tables")
@@ -124,10 +128,14 @@ def test_materializing_partitions_rebuilds_their_tables_in_one_run(spark, feed, 
 @pytest.fixture
 def cli(wal, spark_settings, monkeypatch) -> CliRunner:
     """The CLI on the test's WAL and on the same catalog and warehouse as the shared Spark session."""
-    for name, value in {"RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint, "RUNSTATE_WAL_TABLE": wal.table,
-                        "RUNSTATE_BLOB_BUCKET": wal.bucket, "RUNSTATE_BLOB_PREFIX": wal.prefix,
-                        "RUNSTATE_PG_URL": spark_settings.pg_url,
-                        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir)}.items():
+    for name, value in {
+        "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
+        "RUNSTATE_WAL_TABLE": wal.table,
+        "RUNSTATE_BLOB_BUCKET": wal.bucket,
+        "RUNSTATE_BLOB_PREFIX": wal.prefix,
+        "RUNSTATE_PG_URL": spark_settings.pg_url,
+        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
+    }.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     settings.cache_clear()

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.spark
 
 
 def _seed(feed, dataset_id: str) -> int:
-    feed.append(dataset_id, [Change.upsert("a", {"n": 1}), Change.upsert(7, [1, 2]),
-                             Change.upsert("b", None)])
+    feed.append(
+        dataset_id, [Change.upsert("a", {"n": 1}), Change.upsert(7, [1, 2]), Change.upsert("b", None)]
+    )
     feed.append(dataset_id, [Change.upsert("a", {"n": 2}), Change.delete("b"), Change.upsert("7", "seven")])
     return feed.flush(dataset_id)
 
@@ -99,8 +100,9 @@ def test_a_rebuild_repairs_a_table_that_drifted(spark, feed, location, dataset_i
     _seed(feed, dataset_id)
     merge_dataset(spark, location, dataset_id)
     spark.sql(f"UPDATE {table_ident(dataset_id)} SET value = '\"wrong\"' WHERE key = '\"a\"'")
-    spark.sql(f"INSERT INTO {table_ident(dataset_id)} "
-              "VALUES ('\"stray\"', '1', 1, current_timestamp(), false)")
+    spark.sql(
+        f"INSERT INTO {table_ident(dataset_id)} VALUES ('\"stray\"', '1', 1, current_timestamp(), false)"
+    )
 
     result = rebuild_dataset(spark, location, dataset_id)
 

@@ -37,8 +37,12 @@ def _random_changes(rng: random.Random) -> list[Change]:
         if rng.random() < 0.25:
             changes.append(Change.delete(key))
         else:
-            changes.append(Change.upsert(key, rng.choice([rng.randint(-9, 9), f"v{rng.random():.4f}",
-                                                          {"n": rng.randint(0, 3)}, None])))
+            changes.append(
+                Change.upsert(
+                    key,
+                    rng.choice([rng.randint(-9, 9), f"v{rng.random():.4f}", {"n": rng.randint(0, 3)}, None]),
+                )
+            )
     return changes
 
 
@@ -61,9 +65,16 @@ def _kill_mid_merge(
         feed.append(dataset_id, _random_changes(rng))  # something to merge, so the child reads a delta
         feed.flush(dataset_id)
         before = marker_version(spark, table_ident(dataset_id))
-        child = MergeChild({"pg_url": spark_settings.pg_url, "warehouse": str(spark_settings.warehouse_dir),
-                            "bucket": wal.bucket, "prefix": wal.prefix, "endpoint": proxy.endpoint,
-                            "dataset_id": dataset_id})
+        child = MergeChild(
+            {
+                "pg_url": spark_settings.pg_url,
+                "warehouse": str(spark_settings.warehouse_dir),
+                "bucket": wal.bucket,
+                "prefix": wal.prefix,
+                "endpoint": proxy.endpoint,
+                "dataset_id": dataset_id,
+            }
+        )
         child.wait_for("MERGING")
         if stall:
             assert proxy.stalled.wait(300), "the child's MERGE never read a delta"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runstate.wal import WalInputError
 from runstate.wal.changes import DATASET_ID_PATTERN
@@ -19,11 +20,14 @@ def test_a_plain_lower_case_id_is_its_own_table_name():
     assert table_ident("orders") == "lake.datasets.orders"
 
 
-@pytest.mark.parametrize("dataset_id, name", [
-    ("Orders", "orders_b7e8acdd"),
-    ("orders.v2", "orders_v2_ace4ce8e"),
-    ("9x", "d_9x_49c45e82"),
-])
+@pytest.mark.parametrize(
+    "dataset_id, name",
+    [
+        ("Orders", "orders_b7e8acdd"),
+        ("orders.v2", "orders_v2_ace4ce8e"),
+        ("9x", "d_9x_49c45e82"),
+    ],
+)
 def test_other_ids_map_to_a_documented_stable_name(dataset_id, name):
     assert table_name(dataset_id) == name
 
