@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 EVENTSTORE_BACKENDS = ("postgres", "snowflake")
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
 
 
 def project_home() -> Path:
@@ -77,7 +78,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
-        pg_url = env.get("RUNSTATE_PG_URL", "postgresql://postgres@127.0.0.1:5432/runstate")
+        pg_url = env.get("RUNSTATE_PG_URL", DEFAULT_PG_URL)
         backend = env.get("RUNSTATE_EVENTSTORE", "postgres")
         if backend not in EVENTSTORE_BACKENDS:
             raise ValueError(f"RUNSTATE_EVENTSTORE must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")

@@ -137,7 +137,7 @@ def wal_changes(dataset: str, n: int) -> list[Change]:
 def seed_wal(
     wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int, rows: range | None = None
 ) -> None:
-    producer = WalProducer(wal.dynamodb_client(), wal.table_name)
+    producer = WalProducer(wal.dynamodb_client(), wal.table)
     for dataset in DEMO_DATASETS:
         for n in rows if rows is not None else range(rows_per_dataset):
             producer.append(dataset, wal_changes(dataset, n), client_token=f"demo-{dataset}-{n}")
@@ -161,7 +161,7 @@ def tick_until_idle(
 
 def read_datasets(wal: Any, summary: DemoSummary) -> None:
     for dataset in DEMO_DATASETS:
-        reader = DatasetReader(wal.s3_client(), wal.bucket_name, wal.blob_prefix, dataset)
+        reader = DatasetReader(wal.s3_client(), wal.bucket, wal.prefix, dataset)
         version, state = reader.read()
         summary.datasets[dataset] = (version, len(state))
 
@@ -247,7 +247,7 @@ def measure_dataset_table(spark: Any, wal: Any, summary: DemoSummary, after: boo
     counts = table_figures(spark, LAKE_DATASET, table_ident(LAKE_DATASET))
     if after:
         figures.files_after, figures.snapshots_after, figures.delete_files_after = counts
-        reader = DatasetReader(wal.s3_client(), wal.bucket_name, wal.blob_prefix, LAKE_DATASET)
+        reader = DatasetReader(wal.s3_client(), wal.bucket, wal.prefix, LAKE_DATASET)
         figures.rows_equal = read_table(spark, LAKE_DATASET) == reader.read()
     else:
         figures.files_before, figures.snapshots_before, figures.delete_files_before = counts

@@ -19,6 +19,8 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from runstate.config import Settings
+
 CATALOG = "lake"
 ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 JDBC_JAR_CANDIDATES = ("/usr/share/java/postgresql.jar",)
@@ -135,11 +137,11 @@ def build_session(settings: SparkSettings) -> SparkSession:
     return builder.getOrCreate()
 
 
-def settings_from_runstate() -> SparkSettings:
+def settings_from_runstate(s: Settings | None = None) -> SparkSettings:
     """The Spark settings of this deployment: RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF, the catalog."""
     from runstate.config import settings
 
-    s = settings()
+    s = s or settings()
     return SparkSettings(
         master=s.spark_master,
         pg_url=s.pg_url,

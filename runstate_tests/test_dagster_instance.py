@@ -10,6 +10,8 @@ import psycopg
 import pytest
 import yaml
 
+from runstate.defs.tags import DATASET_TAG, TABLE_TAG, WAL_SHARD_TAG
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -26,7 +28,7 @@ def say_hello() -> str:
     return "hello"
 
 
-@dg.job(tags={"runstate/dataset": "orders"})
+@dg.job(tags={DATASET_TAG: "orders"})
 def hello_job() -> None:
     say_hello()
 
@@ -47,7 +49,7 @@ def test_a_run_lands_in_postgres_run_and_event_storage(instance, fresh_database)
         )
     assert run == ("hello_job", "SUCCESS")
     assert events > 0
-    assert tags["runstate/dataset"] == "orders"
+    assert tags[DATASET_TAG] == "orders"
 
 
 def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instance):
@@ -57,8 +59,8 @@ def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instan
     assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
     assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-    assert {"key": "runstate/wal_shard", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
-    assert {"key": "runstate/table", "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+    assert {"key": WAL_SHARD_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+    assert {"key": TABLE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 3
     assert instance.run_monitoring_enabled
     assert instance.telemetry_enabled is False
@@ -86,13 +88,13 @@ def test_the_queue_admits_one_run_per_wal_shard_and_one_per_table(instance):
         return DagsterRun(job_name="any", tags=tags)
 
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
-    in_progress = [run(**{"runstate/wal_shard": "0"}), run(**{"runstate/table": "db.events"})]
+    in_progress = [run(**{WAL_SHARD_TAG: "0"}), run(**{TABLE_TAG: "db.events"})]
     counter = TagConcurrencyLimitsCounter(limits, in_progress)
 
-    assert counter.is_blocked(run(**{"runstate/wal_shard": "0"}))
-    assert not counter.is_blocked(run(**{"runstate/wal_shard": "1"}))
-    assert counter.is_blocked(run(**{"runstate/table": "db.events"}))
-    assert not counter.is_blocked(run(**{"runstate/table": "db.other"}))
+    assert counter.is_blocked(run(**{WAL_SHARD_TAG: "0"}))
+    assert not counter.is_blocked(run(**{WAL_SHARD_TAG: "1"}))
+    assert counter.is_blocked(run(**{TABLE_TAG: "db.events"}))
+    assert not counter.is_blocked(run(**{TABLE_TAG: "db.other"}))
 
 
 # ----- ticks use the deployment's instance (never an ephemeral one)

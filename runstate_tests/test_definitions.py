@@ -32,6 +32,39 @@ def test_definitions_resolve_with_every_named_definition():
     assert CHECKS <= check_names
 
 
+def test_no_two_schedules_start_in_the_same_minute():
+    """Each run is a process that loads the code location: schedules that fire together pile up."""
+    schedules = defs.get_repository_def().schedule_defs
+    starts = {schedule.name: _day_starts(schedule.cron_schedule) for schedule in schedules}
+
+    clashes = [
+        (a, b, sorted(starts[a] & starts[b])[:3])
+        for a in starts
+        for b in starts
+        if a < b and starts[a] & starts[b]
+    ]
+
+    assert len(starts) >= 9 and clashes == []
+
+
+def _day_starts(cron: str) -> set[tuple[int, int]]:
+    """The (hour, minute) pairs of a day on which a cron of plain minute and hour fields fires."""
+    minute, hour, day, month, weekday = cron.split()
+    assert (day, month, weekday) == ("*", "*", "*"), cron
+    return {(h, m) for h in _cron_field(hour, 24) for m in _cron_field(minute, 60)}
+
+
+def _cron_field(text: str, size: int) -> set[int]:
+    span, _, step = text.partition("/")
+    if span == "*":
+        first, last = 0, size - 1
+    elif "-" in span:
+        first, last = (int(part) for part in span.split("-"))
+    else:
+        first = last = int(span)
+    return set(range(first, last + 1, int(step or 1)))
+
+
 def test_core_packages_never_import_dagster():
     code = (
         "import sys, runstate.eventstore, runstate.wal, runstate.maintenance; "

@@ -84,7 +84,7 @@ def test_the_spark_resource_is_dagster_pysparks_lazy_resource_configured_from_th
     from dagster_pyspark import LazyPySparkResource
 
     from runstate.config import settings
-    from runstate.defs.shared import spark_resource
+    from runstate.defs.resources import spark_resource
 
     monkeypatch.setenv("RUNSTATE_SPARK_MASTER", "local[1]")
     monkeypatch.setenv("RUNSTATE_SPARK_CONF", '{"spark.executor.cores": "3"}')

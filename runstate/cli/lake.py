@@ -78,7 +78,8 @@ def _tick(tick_sensor: Any) -> Any:
 
 def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
     from runstate.defs.datasets.jobs import MERGE_JOB, MERGE_OP
-    from runstate.defs.datasets.sensors import MERGE_SHARD_TAG, MERGE_SHARDS
+    from runstate.defs.datasets.sensors import MERGE_SHARDS
+    from runstate.defs.tags import MERGE_SHARD_TAG
     from runstate.wal.lake import merge_shard
 
     shard = merge_shard(dataset_id, MERGE_SHARDS)  # validates the id before anything runs

@@ -1,16 +1,10 @@
-"""Resources every domain shares, built from the runstate Settings."""
+"""Resources every domain shares (today: the Spark session), built by `runstate.defs.resources`."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from runstate.defs.spark import SparkResource
-from runstate.spark import settings_from_runstate
-
-
-def spark_resource() -> SparkResource:
-    """dagster-pyspark's lazy session, configured from RUNSTATE_SPARK_MASTER / RUNSTATE_SPARK_CONF."""
-    return SparkResource.from_settings(settings_from_runstate())
+from runstate.defs.resources import spark_resource
 
 
 def shared_definitions() -> dg.Definitions:

@@ -36,9 +36,10 @@ class TickResult:
 
 
 def default_defs() -> dg.Definitions:
-    from runstate.definitions import defs
+    """The code location, built now so its resources follow the current settings."""
+    from runstate.definitions import build_definitions
 
-    return defs
+    return build_definitions()
 
 
 def default_instance() -> DagsterInstance:

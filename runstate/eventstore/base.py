@@ -28,9 +28,13 @@ from runstate.eventstore.contract import (
 from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import (
+    KIND_PROJECTION,
+    KIND_STATE,
+    EncodedSnapshot,
     SnapshotMetrics,
     SnapshotPolicy,
     canonical_json,
+    encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent, validate_batch
 
@@ -85,14 +89,32 @@ class _EventStoreBase(ABC):
         """Compare-and-set on version; False when another projector won."""
 
     @abstractmethod
-    def append_batch(
+    def _projection_in_tx(
+        self, conn: Any, run_id: str, stored_upto: int, pending: Sequence[tuple[int, ValidEvent]]
+    ) -> RunSnapshot:
+        """The run's projection through its stored events up to `stored_upto` plus `pending` ones."""
+
+    def _encode_snapshot_in_tx(
         self,
+        conn: Any,
         run_id: str,
-        events: Sequence[NewEvent],
-        state: Any = None,
-        *,
-        expected_last_seq: int | None = None,
-    ) -> list[AppendResult]: ...
+        seq: int,
+        state: Any,
+        stored_upto: int,
+        pending: Sequence[tuple[int, ValidEvent]],
+    ) -> tuple[str, RunSnapshot | None, EncodedSnapshot]:
+        """What the snapshot at `seq` holds: `state` when given, else the run's projection at `seq`
+        (returned too, so the caller can remember it once committed); with its kind."""
+        if state is not None:
+            return KIND_STATE, None, encode_snapshot(run_id, seq, state, self.policy)
+        projection = self._projection_in_tx(conn, run_id, stored_upto, pending)
+        return KIND_PROJECTION, projection, encode_snapshot(run_id, seq, projection.to_dict(), self.policy)
+
+    @abstractmethod
+    def _append_valid(
+        self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
+    ) -> list[AppendResult]:
+        """Write a validated, non-empty batch in one transaction (see `append_batch`)."""
 
     @abstractmethod
     def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
@@ -134,6 +156,21 @@ class _EventStoreBase(ABC):
         if not isinstance(event, NewEvent):
             raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}")
         return self.append_batch(event.run_id, [event], expected_last_seq=expected_last_seq)[0]
+
+    def append_batch(
+        self,
+        run_id: str,
+        events: Sequence[NewEvent],
+        state: Any = None,
+        *,
+        expected_last_seq: int | None = None,
+    ) -> list[AppendResult]:
+        """Append atomically; duplicates (stored or within the batch) return the existing run_seq.
+        With `expected_last_seq`, ConcurrencyConflict unless the run is at that seq (or a pure retry)."""
+        valid = self._validate_append(run_id, events, state, expected_last_seq)
+        if not valid:
+            return []
+        return self._append_valid(run_id, valid, state, expected_last_seq)
 
     def _validate_append(
         self, run_id: str, events: Sequence[NewEvent], state: Any, expected_last_seq: int | None

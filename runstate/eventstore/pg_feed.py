@@ -19,7 +19,8 @@ import psycopg
 
 from runstate.eventstore.contract import StoredEvent
 from runstate.eventstore.feed import check_position, follow
-from runstate.eventstore.pg_sql import EVENT_COLUMNS, row_to_event
+from runstate.eventstore.pg_sql import EVENT_COLUMNS
+from runstate.eventstore.rows import row_to_event
 
 log = logging.getLogger("runstate.eventstore.postgres")
 

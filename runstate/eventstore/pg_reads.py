@@ -18,8 +18,9 @@ from runstate.eventstore.contract import (
 )
 from runstate.eventstore.pg_feed import _PgFeed
 from runstate.eventstore.pg_snapshots import SNAPSHOT_COLUMNS, _stored_snapshot
-from runstate.eventstore.pg_sql import EVENT_COLUMNS, row_to_event
+from runstate.eventstore.pg_sql import EVENT_COLUMNS
 from runstate.eventstore.resume import Resume
+from runstate.eventstore.rows import row_to_event
 from runstate.eventstore.snapshots import choose_valid
 
 _MAX_PROJECTION_ATTEMPTS = 20

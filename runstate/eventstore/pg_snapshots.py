@@ -13,12 +13,10 @@ from runstate.eventstore.projection import READS_DATA, fold
 from runstate.eventstore.rows import as_stored
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
-    KIND_STATE,
     EncodedSnapshot,
     StoredSnapshot,
     canonical_json,
     choose_valid,
-    encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent
 
@@ -55,12 +53,9 @@ class _PgSnapshots:
         statement; returns the projection (when that is what was written) and the encoded snapshot.
         Sends the statement without waiting for it (the append's pipeline): the caller counts it in
         the metrics once the COMMIT is through."""
-        kind, projection = KIND_STATE, None
-        if state is None:
-            kind = KIND_PROJECTION
-            projection = self._projection_in_tx(conn, run_id, stored_upto, pending)
-            state = projection.to_dict()
-        encoded = encode_snapshot(run_id, seq, state, self.policy)
+        kind, projection, encoded = self._encode_snapshot_in_tx(
+            conn, run_id, seq, state, stored_upto, pending
+        )
         conn.execute(
             _WRITE_SNAPSHOT,
             {
@@ -148,23 +143,4 @@ def _stored_snapshot(row: Sequence[Any]) -> StoredSnapshot:
 def _pending_for_fold(run_id: str, seq: int, event: ValidEvent, now: datetime) -> StoredEvent:
     """The event as `fold` sees it; `data` is decoded only for the types whose handler reads it
     (JSON-decoding every event of a batch was a large part of an interval snapshot's cost)."""
-    if event.event_type in READS_DATA:
-        return as_stored(run_id, seq, event, now)
-    return StoredEvent(
-        run_id=run_id,
-        run_seq=seq,
-        event_type=event.event_type,
-        emitted_at=event.emitted_at,
-        persisted_at=now,
-        idempotency_key=event.idempotency_key,
-        event_id=event.event_id,
-        data=None,
-        step_id=event.step_id,
-        engine_attempt_id=event.engine_attempt_id,
-        logical_attempt_id=event.logical_attempt_id,
-        plan_version=event.plan_version,
-        caused_by_signal_id=event.caused_by_signal_id,
-        parent_event_id=event.parent_event_id,
-        adapter_version=event.adapter_version,
-        engine_run_ref=None,
-    )
+    return as_stored(run_id, seq, event, now, payloads=event.event_type in READS_DATA)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType, StoredEvent
+from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
 from runstate.eventstore.validation import ValidEvent
 
 KEY_TAKEN_SQLSTATE = "RSK01"  # raised by runstate_expect_inserted (sql/postgres/002_event_feed.sql)
@@ -103,44 +103,3 @@ def _first(events: Iterable[ValidEvent], types: frozenset[str]) -> datetime | No
         if event.event_type in types:
             return event.emitted_at
     return None
-
-
-def row_to_event(row: Sequence[Any]) -> StoredEvent:
-    (
-        run_id,
-        run_seq,
-        event_id,
-        step_id,
-        engine_attempt_id,
-        logical_attempt_id,
-        plan_version,
-        event_type,
-        data,
-        key,
-        caused_by,
-        parent,
-        emitted_at,
-        persisted_at,
-        adapter_version,
-        ref,
-        position,
-    ) = row
-    return StoredEvent(
-        run_id=run_id,
-        run_seq=run_seq,
-        event_type=event_type,
-        emitted_at=emitted_at,
-        persisted_at=persisted_at,
-        idempotency_key=key,
-        event_id=str(event_id),
-        data=data,
-        step_id=step_id,
-        engine_attempt_id=engine_attempt_id,
-        logical_attempt_id=logical_attempt_id,
-        plan_version=plan_version,
-        caused_by_signal_id=str(caused_by) if caused_by else None,
-        parent_event_id=str(parent) if parent else None,
-        adapter_version=adapter_version,
-        engine_run_ref=ref,
-        position=position,
-    )

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -38,7 +38,6 @@ from runstate.eventstore.contract import (
     AppendResult,
     ConcurrencyConflict,
     EventStoreError,
-    NewEvent,
     RunSnapshot,
 )
 from runstate.eventstore.pg_archive import _PgArchive
@@ -203,19 +202,9 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
 
     # -- append -------------------------------------------------------------------------------
 
-    def append_batch(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        state: Any = None,
-        *,
-        expected_last_seq: int | None = None,
+    def _append_valid(
+        self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
-        """Append atomically; duplicates (stored or within the batch) return the existing run_seq.
-        With `expected_last_seq`, ConcurrencyConflict unless the run is at that seq (or a pure retry)."""
-        valid = self._validate_append(run_id, events, state, expected_last_seq)
-        if not valid:
-            return []
         written: list[tuple[RunSnapshot | None, EncodedSnapshot]] = []
 
         def work(conn: psycopg.Connection, probe: bool) -> list[AppendResult]:

@@ -91,24 +91,21 @@ def _step_started(s: _Mutable, e: StoredEvent) -> None:
 
 
 def _step_completed(s: _Mutable, e: StoredEvent) -> None:
-    previous = s.step(e.step_id)
-    s.steps[e.step_id or ""] = replace(
-        previous,
-        status="SUCCESS",
-        attempts=max(previous.attempts, 1),
-        completed_at=_utc(e.emitted_at),
-        error=None,
-    )
+    _finish_step(s, e, "SUCCESS", error=None)
 
 
 def _step_failed(s: _Mutable, e: StoredEvent) -> None:
+    _finish_step(s, e, "FAILED", error=_error_of(e.data))
+
+
+def _finish_step(s: _Mutable, e: StoredEvent, status: str, error: Any) -> None:
     previous = s.step(e.step_id)
     s.steps[e.step_id or ""] = replace(
         previous,
-        status="FAILED",
+        status=status,
         attempts=max(previous.attempts, 1),
         completed_at=_utc(e.emitted_at),
-        error=_error_of(e.data),
+        error=error,
     )
 
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, NewEvent, StoredEvent
 from runstate.eventstore.validation import ValidEvent, validate_batch
 
 
-def as_stored(run_id: str, seq: int, event: ValidEvent, persisted_at: datetime) -> StoredEvent:
+def as_stored(
+    run_id: str, seq: int, event: ValidEvent, persisted_at: datetime, *, payloads: bool = True
+) -> StoredEvent:
+    """The stored form of a validated event; without `payloads`, `data` and `engine_run_ref` stay None
+    (decoding them is much of the cost of a fold that never reads them)."""
     return StoredEvent(
         run_id=run_id,
         run_seq=seq,
@@ -19,7 +24,7 @@ def as_stored(run_id: str, seq: int, event: ValidEvent, persisted_at: datetime) 
         persisted_at=persisted_at,
         idempotency_key=event.idempotency_key,
         event_id=event.event_id,
-        data=json.loads(event.data_json) if event.data_json is not None else None,
+        data=json.loads(event.data_json) if payloads and event.data_json is not None else None,
         step_id=event.step_id,
         engine_attempt_id=event.engine_attempt_id,
         logical_attempt_id=event.logical_attempt_id,
@@ -28,8 +33,51 @@ def as_stored(run_id: str, seq: int, event: ValidEvent, persisted_at: datetime) 
         parent_event_id=event.parent_event_id,
         adapter_version=event.adapter_version,
         engine_run_ref=json.loads(event.engine_run_ref_json)
-        if event.engine_run_ref_json is not None
+        if payloads and event.engine_run_ref_json is not None
         else None,
+    )
+
+
+def row_to_event(row: Sequence[Any], decode_json: Callable[[Any], Any] = lambda value: value) -> StoredEvent:
+    """A StoredEvent from a row of the event columns, which both backends select in this order.
+    `decode_json` turns the backend's JSON columns into values (psycopg has already done it)."""
+    (
+        run_id,
+        run_seq,
+        event_id,
+        step_id,
+        engine_attempt_id,
+        logical_attempt_id,
+        plan_version,
+        event_type,
+        data,
+        key,
+        caused_by,
+        parent,
+        emitted_at,
+        persisted_at,
+        adapter_version,
+        ref,
+        position,
+    ) = row
+    return StoredEvent(
+        run_id=run_id,
+        run_seq=int(run_seq),
+        event_type=event_type,
+        emitted_at=emitted_at,
+        persisted_at=persisted_at,
+        idempotency_key=key,
+        event_id=str(event_id),
+        data=decode_json(data) if data is not None else None,
+        step_id=step_id,
+        engine_attempt_id=engine_attempt_id,
+        logical_attempt_id=logical_attempt_id,
+        plan_version=plan_version,
+        caused_by_signal_id=str(caused_by) if caused_by else None,  # Postgres returns UUIDs
+        parent_event_id=str(parent) if parent else None,
+        adapter_version=adapter_version,
+        engine_run_ref=decode_json(ref) if ref is not None else None,
+        position=int(position) if position is not None else None,
     )
 
 

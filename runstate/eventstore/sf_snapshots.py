@@ -13,11 +13,9 @@ from runstate.eventstore.rows import as_stored
 from runstate.eventstore.sf_sql import b64
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
-    KIND_STATE,
     StoredSnapshot,
     canonical_json,
     choose_valid,
-    encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent
 
@@ -35,12 +33,7 @@ class _SfSnapshots:
         stored_upto: int,
         pending: Sequence[tuple[int, ValidEvent]] = (),
     ) -> RunSnapshot | None:
-        kind, projection = KIND_STATE, None
-        if state is None:
-            kind = KIND_PROJECTION
-            projection = self._projection_in_tx(cur, run_id, stored_upto, pending)
-            state = projection.to_dict()
-        encoded = encode_snapshot(run_id, seq, state, self.policy)
+        kind, projection, encoded = self._encode_snapshot_in_tx(cur, run_id, seq, state, stored_upto, pending)
         cur.execute(
             f"INSERT INTO {self._t('RUN_STATE_SNAPSHOTS')}"
             " (RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM, RAW_BYTES, STORED_BYTES, REASON)"

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from runstate.eventstore import rows
 from runstate.eventstore.contract import StoredEvent
 
 T = TypeVar("T")
@@ -74,44 +75,8 @@ def b64(value: Any) -> bytes:
 
 
 def row_to_event(row: Sequence[Any]) -> StoredEvent:
-    (
-        run_id,
-        run_seq,
-        event_id,
-        step_id,
-        engine_attempt_id,
-        logical_attempt_id,
-        plan_version,
-        event_type,
-        data,
-        key,
-        caused_by,
-        parent,
-        emitted_at,
-        persisted_at,
-        adapter_version,
-        ref,
-        position,
-    ) = row
-    return StoredEvent(
-        run_id=run_id,
-        run_seq=int(run_seq),
-        event_type=event_type,
-        emitted_at=emitted_at,
-        persisted_at=persisted_at,
-        idempotency_key=key,
-        event_id=event_id,
-        data=from_json(data) if data is not None else None,
-        step_id=step_id,
-        engine_attempt_id=engine_attempt_id,
-        logical_attempt_id=logical_attempt_id,
-        plan_version=plan_version,
-        caused_by_signal_id=caused_by,
-        parent_event_id=parent,
-        adapter_version=adapter_version,
-        engine_run_ref=from_json(ref) if ref is not None else None,
-        position=int(position) if position is not None else None,
-    )
+    # The connector returns VARIANT columns as JSON text.
+    return rows.row_to_event(row, decode_json=from_json)
 
 
 def rollback_quietly(cur: Any) -> None:

@@ -32,7 +32,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -43,7 +43,6 @@ from runstate.eventstore.contract import (
     ConcurrencyConflict,
     EventStoreError,
     InvalidEvent,
-    NewEvent,
     RunSnapshot,
 )
 from runstate.eventstore.sf_append import _SfAppend
@@ -56,6 +55,7 @@ from runstate.eventstore.sf_sql import (
     retryable,
     rollback_quietly,
 )
+from runstate.eventstore.validation import ValidEvent
 from runstate.migrations import MigrationError, check_schema_name, upgrade_snowflake
 
 log = logging.getLogger("runstate.eventstore.snowflake")
@@ -225,17 +225,9 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
 
     # -- append -------------------------------------------------------------------------------
 
-    def append_batch(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        state: Any = None,
-        *,
-        expected_last_seq: int | None = None,
+    def _append_valid(
+        self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
-        valid = self._validate_append(run_id, events, state, expected_last_seq)
-        if not valid:
-            return []
         self._merge_usable()
         self._create_stream(run_id)
         position_base = self._position_base()

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,9 +39,9 @@ from runstate.services.state import (
     logs_dir,
     port_answers,
     port_is_free,
-    process_start_time,
     require_free_port,
     spawn_detached,
+    started_record,
     stop_process,
     wait_until,
 )
@@ -259,14 +260,5 @@ def _ensure_cluster(previous: ServiceRecord | None, requested_port: int | None) 
         env=_owner_env(owner),
     )
     url = f"postgresql://postgres@{LOOPBACK}:{port}/runstate"
-    wait_until(lambda: answers(url, timeout=1), timeout=60, process=process, what="postgres", log=log)
-    return ServiceRecord(
-        "postgres",
-        EMBEDDED,
-        url,
-        port=port,
-        pid=process.pid,
-        pid_start=process_start_time(process.pid),
-        log=str(log),
-        extra={"data_dir": str(data_dir())},
-    )
+    healthy = partial(answers, timeout=1)
+    return started_record("postgres", url, port, process, log, healthy, extra={"data_dir": str(data_dir())})

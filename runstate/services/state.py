@@ -333,7 +333,19 @@ def embedded_service(
         port = free_port()
     log = logs_dir() / f"{name}.log"
     process = spawn_detached(argv(port), log_path=log)
-    url = f"http://{LOOPBACK}:{port}"
+    return started_record(name, f"http://{LOOPBACK}:{port}", port, process, log, healthy)
+
+
+def started_record(
+    name: str,
+    url: str,
+    port: int,
+    process: subprocess.Popen,
+    log: Path,
+    healthy: Callable[[str], bool],
+    extra: dict[str, str] | None = None,
+) -> ServiceRecord:
+    """Wait until the server just started answers at `url`, then the record that finds it again."""
     wait_until(lambda: healthy(url), timeout=60, process=process, what=name, log=log)
     return ServiceRecord(
         name,
@@ -343,4 +355,5 @@ def embedded_service(
         pid=process.pid,
         pid_start=process_start_time(process.pid),
         log=str(log),
+        extra=extra or {},
     )

@@ -10,7 +10,6 @@ import pytest
 from psycopg import sql
 
 from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
-from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.eventstore.sensors import run_snapshots_sensor
 from runstate.defs.ticking import tick_sensor
 from runstate.eventstore import NewEvent
@@ -19,17 +18,6 @@ TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 YESTERDAY = TODAY - timedelta(days=1)
 TODAY_KEY = TODAY.strftime("%Y-%m-%d")
 YESTERDAY_KEY = YESTERDAY.strftime("%Y-%m-%d")
-
-
-@pytest.fixture
-def resource(pg_database: str, pg_schema: str) -> EventStoreResource:
-    return EventStoreResource(backend="postgres", pg_url=pg_database, pg_schema=pg_schema)
-
-
-@pytest.fixture
-def store(resource: EventStoreResource):
-    yield resource.get_store()
-    resource.close()
 
 
 @pytest.fixture

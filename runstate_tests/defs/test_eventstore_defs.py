@@ -7,7 +7,8 @@ import pytest
 
 from runstate.config import Settings
 from runstate.defs.eventstore import defs
-from runstate.defs.eventstore.resources import EventStoreResource, event_store_resource
+from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.resources import event_store_resource
 
 
 def test_eventstore_definitions_load_with_their_jobs_schedule_sensor_and_resource():
@@ -18,7 +19,7 @@ def test_eventstore_definitions_load_with_their_jobs_schedule_sensor_and_resourc
         "archive_events",
         "run_snapshots_job",
     }
-    assert defs.resolve_schedule_def("archive_events_schedule").cron_schedule == "30 3 * * *"
+    assert defs.resolve_schedule_def("archive_events_schedule").cron_schedule == "40 3 * * *"
     assert defs.resolve_sensor_def("run_snapshots_sensor").job_name == "run_snapshots_job"
     assert isinstance(defs.resources["event_store"], EventStoreResource)
 

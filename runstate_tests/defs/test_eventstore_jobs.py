@@ -15,17 +15,6 @@ from runstate.eventstore import NewEvent
 NOW = datetime.now(UTC)
 
 
-@pytest.fixture
-def resource(pg_database: str, pg_schema: str) -> EventStoreResource:
-    return EventStoreResource(backend="postgres", pg_url=pg_database, pg_schema=pg_schema)
-
-
-@pytest.fixture
-def store(resource: EventStoreResource):
-    yield resource.get_store()
-    resource.close()
-
-
 def append_config(run_id: str, events: list[dict]) -> dict:
     return {"ops": {"append_events_op": {"config": {"run_id": run_id, "events": events}}}}
 

@@ -11,6 +11,7 @@ from runstate.defs.maintenance import build_defs
 from runstate.defs.maintenance.assets import table_health, table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
+from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.defs.ticking import tick_schedule, tick_sensor
 from runstate.maintenance.identifiers import TableRef
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
@@ -75,7 +76,7 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     done = store.get_job(job.job_id)
     assert done.status == "completed"
     maintenance_run = ticked.results[0].dagster_run
-    assert maintenance_run.tags["runstate/maintenance_worker"] == "true"
+    assert maintenance_run.tags[MAINTENANCE_WORKER_TAG] == "true"
     actions = store.job_actions(job.job_id)
     assert [(a.action, a.success) for a in actions] == [
         ("rewrite_data_files", True),

@@ -9,6 +9,7 @@ from runstate.defs.maintenance import build_defs
 from runstate.defs.maintenance.jobs import submit_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
+from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.store import CachedTable
 
 
@@ -34,7 +35,7 @@ def test_the_sensor_requests_up_to_w_worker_runs_and_claims_nothing(resource):
 
     assert len(first.run_requests) == 2  # W = 2, three jobs ready
     assert [r.run_key for r in first.run_requests] == ["maintenance-worker-1", "maintenance-worker-2"]
-    assert all(r.tags["runstate/maintenance_worker"] == "true" for r in first.run_requests)
+    assert all(r.tags[MAINTENANCE_WORKER_TAG] == "true" for r in first.run_requests)
     assert all(store.get_job(job_id).status == "pending" for job_id in jobs)  # workers claim, not the sensor
 
 

@@ -9,11 +9,12 @@ import dagster as dg
 import pytest
 
 from runstate.config import settings
+from runstate.defs.resources import wal_resource
+from runstate.defs.tags import WAL_BATCH_TAG, WAL_SHARD_TAG
 from runstate.defs.ticking import CURSOR_KEY, tick_schedule, tick_sensor
 from runstate.defs.wal import defs as wal_defs
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.jobs import FLUSH_RETRY_POLICY, MAX_RETRY_WAIT_S, flush_retry_policy
-from runstate.defs.wal.partitions import BATCH_TAG, SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import BlobIntegrityError, Change, DatasetReader
 from runstate.wal.changes import fold
@@ -24,7 +25,7 @@ from runstate_tests.wal.shell import WalWorld
 def test_the_code_location_loads_with_every_wal_definition() -> None:
     assert wal_defs.resolve_job_def("flush_wal") and wal_defs.resolve_job_def("compact_wal")
     assert wal_defs.resolve_sensor_def("wal_sensor").minimum_interval_seconds == 5
-    assert wal_defs.resolve_schedule_def("wal_compaction_schedule").cron_schedule == "0 3 * * *"
+    assert wal_defs.resolve_schedule_def("wal_compaction_schedule").cron_schedule == "10 3 * * *"
     assert wal_defs.resolve_assets_def("dataset_snapshots").partitions_def.name == "datasets"
 
 
@@ -39,24 +40,41 @@ def test_flush_retry_policy_is_exponential_and_never_waits_more_than_five_minute
         flush_retry_policy(max_retries=8, delay=2.0)
 
 
-def test_resource_defaults_follow_the_settings_and_clients_open_lazily(
+def test_the_built_resource_follows_the_settings_and_clients_open_lazily(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("RUNSTATE_WAL_TABLE", "wal_from_env")
     monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", "bucket-from-env")
     monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("RUNSTATE_WAL_FLUSH_SHARDS", "3")
     settings.cache_clear()
     try:
-        resource = WalResource()
-        assert (resource.table_name, resource.bucket_name, resource.resolved_endpoint_url) == (
+        resource = wal_resource()
+        assert (resource.table, resource.bucket, resource.endpoint_url, resource.flush_shards) == (
             "wal_from_env",
             "bucket-from-env",
             "http://127.0.0.1:1",
+            3,
         )
         assert resource._clients == {}  # nothing opened by building or reading config
-        assert WalResource(table="explicit").table_name == "explicit"
+        assert wal_resource(table="explicit").table == "explicit"
     finally:
         settings.cache_clear()
+
+
+def test_the_resource_itself_never_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNSTATE_WAL_TABLE", "wal_from_env")
+    settings.cache_clear()
+    try:
+        resource = WalResource()
+    finally:
+        settings.cache_clear()
+
+    assert (resource.table, resource.bucket, resource.prefix) == (
+        "runstate_wal",
+        "runstate-blobs",
+        "datasets/",
+    )
 
 
 def test_run_requests_carry_shard_tag_plan_tag_and_a_deterministic_run_key(
@@ -76,8 +94,8 @@ def test_run_requests_carry_shard_tag_plan_tag_and_a_deterministic_run_key(
 
     assert [r.run_key for r in first] == [r.run_key for r in second]  # same input, same keys
     [request] = first  # one shard: one run for both datasets
-    assert request.tags[SHARD_TAG] == "0"
-    assert request.run_key.startswith(request.tags[BATCH_TAG]) and request.run_key.endswith("-g0")
+    assert request.tags[WAL_SHARD_TAG] == "0"
+    assert request.run_key.startswith(request.tags[WAL_BATCH_TAG]) and request.run_key.endswith("-g0")
     assert request.run_config["ops"]["flush_wal_shard"]["config"] == {
         "shard": 0,
         "batches": [{"dataset_id": "orders", "seqs": [1, 2, 3]}, {"dataset_id": "users", "seqs": [1]}],
@@ -160,7 +178,7 @@ def test_one_tick_requests_at_most_one_run_per_shard_and_every_partition_is_mate
 
     tick = tick_sensor("wal_sensor", defs=world.defs(world.resource(flush_shards=3)), instance=instance)
 
-    shards = sorted(run.dagster_run.tags[SHARD_TAG] for run in tick.results)
+    shards = sorted(run.dagster_run.tags[WAL_SHARD_TAG] for run in tick.results)
     assert shards == sorted({str(shard_of(ds, 3)) for ds in datasets}) and len(shards) <= 3
     assert tick.succeeded == tick.requested
     materialized = [
@@ -259,7 +277,7 @@ def test_compaction_schedule_requests_one_run_per_shard_and_keeps_reader_state(
 
     shards = sorted({str(shard_of(ds, 2)) for ds in changes})
     assert (tick.requested, tick.succeeded) == (len(shards), len(shards))
-    assert sorted(r.dagster_run.tags[SHARD_TAG] for r in tick.results) == shards
+    assert sorted(r.dagster_run.tags[WAL_SHARD_TAG] for r in tick.results) == shards
     assert len(again.skipped_run_keys) == len(shards)  # one compaction per shard per day
     for ds, items in changes.items():
         reader = DatasetReader(world.s3, world.bucket, world.prefix, ds)

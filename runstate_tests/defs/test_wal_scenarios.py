@@ -14,8 +14,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.ticking import CURSOR_KEY, tick_sensor
-from runstate.defs.wal.partitions import SHARD_TAG
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
@@ -342,7 +342,7 @@ def test_model_check_random_workload_with_duplicates_and_faults_drains_to_the_pl
         assert len(world.statuses(dataset_id)) == len(changes)  # duplicates wrote no extra row
         assert all_applied(world, dataset_id)
         assert reader_state(world, dataset_id) == (len(changes), fold({}, changes))
-    shards = {run.tags[SHARD_TAG] for run in instance.get_runs()}
+    shards = {run.tags[WAL_SHARD_TAG] for run in instance.get_runs()}
     assert shards == {"0", "1"}
 
 

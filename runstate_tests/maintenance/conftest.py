@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,12 +16,14 @@ import pytest
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.store import MaintenanceStore
+from runstate_tests.devserver import poll
 
 WORKER_SCRIPT = Path(__file__).with_name("worker_process.py")
 
 
 @pytest.fixture
-def mstore(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
+def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
+    """A MaintenanceStore on the test's own database and schema, migrated."""
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
         yield store
@@ -33,6 +34,11 @@ def sql(dsn: str, query: str, *params: object, schema: str | None = None) -> lis
     with psycopg.connect(dsn, autocommit=True, options=options) as conn:
         cur = conn.execute(query, params)
         return cur.fetchall() if cur.description else []
+
+
+def store_sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
+    """`sql` in the store's own database and schema, past the store (to set up or inspect a state)."""
+    return sql(store.dsn, query, *params, schema=store.schema)
 
 
 def make_table(
@@ -79,13 +85,7 @@ def wait_for(
     condition: Callable[[], object], what: str, timeout: float = 240.0, every: float = 0.25
 ) -> object:
     """Poll with a generous deadline: this machine is shared and slow, never time-sensitive."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return poll(condition, timeout=timeout, every=every, what=f"waiting for {what}")
 
 
 class WorkerProcess:

@@ -21,13 +21,6 @@ def data_files(spark, ref: TableRef) -> int:
     return spark.table(f"lake.{ref.quoted}.data_files").count()
 
 
-@pytest.fixture
-def store(pg_database, pg_schema):
-    with MaintenanceStore(pg_database, schema=pg_schema) as s:
-        s.ensure_schema()
-        yield s
-
-
 def cache(store: MaintenanceStore, ref: TableRef) -> None:
     store.replace_table_cache([CachedTable(ref.database, ref.table, True, {})])
 

@@ -105,11 +105,11 @@ def _lease_expired(store, job_id: str) -> bool:
 
 
 @pytest.fixture
-def rewrite_job(spark, iceberg_namespace, mstore):
+def rewrite_job(spark, iceberg_namespace, store):
     """(table, its rows, the id of a queued rewrite_data_files job on it)."""
     ref = make_table(spark, iceberg_namespace, files=6, rows=600)
-    cache(mstore, ref)
-    return ref, rows(spark, ref), mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
+    cache(store, ref)
+    return ref, rows(spark, ref), store.submit(ref.database, ref.table, ["rewrite_data_files"])
 
 
 @pytest.fixture
@@ -130,37 +130,37 @@ def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_s
 
 @pytest.mark.parametrize("b_commits_first", [True, False], ids=["B-completes-first", "A-resumes-first"])
 def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
-    spark, mstore, rewrite_job, worker_at_commit, commit_hold, b_commits_first
+    spark, store, rewrite_job, worker_at_commit, commit_hold, b_commits_first
 ):
     ref, before, job_id = rewrite_job
     worker_a = worker_at_commit
     worker_a.signal(signal.SIGSTOP)
-    wait_for(lambda: _lease_expired(mstore, job_id), "worker A's lease to run out")
-    claim_b = mstore.claim("worker-b", lease_seconds=300)  # B takes the job over
+    wait_for(lambda: _lease_expired(store, job_id), "worker A's lease to run out")
+    claim_b = store.claim("worker-b", lease_seconds=300)  # B takes the job over
     assert claim_b is not None and claim_b.job_id == job_id
-    commit_hold.let_through(attempt_tag(mstore.schema, claim_b.attempt_id))
+    commit_hold.let_through(attempt_tag(store.schema, claim_b.attempt_id))
 
     if b_commits_first:
-        outcome_b = run_job(spark, mstore, claim_b)
+        outcome_b = run_job(spark, store, claim_b)
     commit_hold.release()  # A's commit goes on now...
     worker_a.signal(signal.SIGCONT)
     outcome_a = worker_a.read_json()
     if not b_commits_first:
-        outcome_b = run_job(spark, mstore, claim_b)
+        outcome_b = run_job(spark, store, claim_b)
 
     # A's rewrite was refused: by the commit fence when it resumed first (its UPDATE would have matched),
     # by Iceberg's validation when B had already replaced its input files. Either way A wrote nothing.
     assert outcome_a["status"] == "fenced_out"
     assert outcome_b.status == "completed", outcome_b.error
-    [record] = mstore.job_actions(job_id)
+    [record] = store.job_actions(job_id)
     assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
     assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
     assert rows(spark, ref) == before
-    assert mstore.get_job(job_id).attempt_id == claim_b.attempt_id
+    assert store.get_job(job_id).attempt_id == claim_b.attempt_id
 
 
 def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
-    spark, mstore, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema
+    spark, store, rewrite_job, worker_at_commit, commit_hold, pg_database, pg_schema
 ):
     ref, before, job_id = rewrite_job
     worker_at_commit.signal(signal.SIGKILL)
@@ -172,29 +172,29 @@ def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
         f"rsf:{schema_tag(pg_schema)}:%",
     )
     commit_hold.release()
-    assert mstore.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
-    wait_for(lambda: _lease_expired(mstore, job_id), "the dead worker's lease to run out")
+    assert store.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
+    wait_for(lambda: _lease_expired(store, job_id), "the dead worker's lease to run out")
 
-    second = mstore.claim("worker-2", lease_seconds=300)
-    outcome = run_job(spark, mstore, second)
+    second = store.claim("worker-2", lease_seconds=300)
+    outcome = run_job(spark, store, second)
 
     assert second.job_id == job_id and second.attempt_count == 2
     assert outcome.status == "completed", outcome.error
-    assert mstore.get_job(job_id).status == "completed"
+    assert store.get_job(job_id).status == "completed"
     assert snapshot_operations(spark, ref) == ["append", "replace"]
     assert rows(spark, ref) == before
-    assert mstore.table_lock(ref.key) is None
+    assert store.table_lock(ref.key) is None
 
 
-def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, iceberg_namespace, mstore):
+def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, iceberg_namespace, store):
     ref = make_table(spark, iceberg_namespace, files=1, rows=10)
-    cache(mstore, ref)
-    assert mstore.ensure_commit_fence()
-    job_id = mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
-    claim = mstore.claim("w", lease_seconds=300)
-    assert mstore.lock_for_claim(claim, 300) and mstore.table_lock(ref.key)["holder"] == job_id
+    cache(store, ref)
+    assert store.ensure_commit_fence()
+    job_id = store.submit(ref.database, ref.table, ["rewrite_data_files"])
+    claim = store.claim("w", lease_seconds=300)
+    assert store.lock_for_claim(claim, 300) and store.table_lock(ref.key)["holder"] == job_id
 
     spark.range(10, 20).selectExpr("id", "concat('v', id) AS v").writeTo(f"lake.{ref.quoted}").append()
 
     assert len(rows(spark, ref)) == 20
-    assert mstore.unlock_for_claim(claim)
+    assert store.unlock_for_claim(claim)

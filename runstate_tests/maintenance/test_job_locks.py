@@ -11,32 +11,32 @@ def _expire_lease(store, job_id: str) -> None:
     sql(store.dsn, query, job_id, schema=store.schema)
 
 
-def test_the_next_attempt_takes_over_its_dead_predecessors_lock(mstore):
-    mstore.replace_table_cache([CachedTable("db", "t")])
-    job_id = mstore.submit("db", "t", ["rewrite_data_files"])
-    dead = mstore.claim("w1", lease_seconds=60)
-    assert mstore.lock_for_claim(dead, ttl_seconds=60)
-    _expire_lease(mstore, job_id)  # the worker died; its lock would still have a minute to live
+def test_the_next_attempt_takes_over_its_dead_predecessors_lock(store):
+    store.replace_table_cache([CachedTable("db", "t")])
+    job_id = store.submit("db", "t", ["rewrite_data_files"])
+    dead = store.claim("w1", lease_seconds=60)
+    assert store.lock_for_claim(dead, ttl_seconds=60)
+    _expire_lease(store, job_id)  # the worker died; its lock would still have a minute to live
 
-    second = mstore.claim("w2", lease_seconds=60)
+    second = store.claim("w2", lease_seconds=60)
 
     assert second.job_id == job_id and second.attempt_count == 2
-    assert mstore.lock_for_claim(second, ttl_seconds=60)  # taken over at once, under the new fence
-    assert mstore.table_lock("db.t")["holder"] == job_id
-    assert not mstore.lock_for_claim(dead, ttl_seconds=60)  # the old attempt can no longer refresh it
-    assert not mstore.unlock_for_claim(dead)  # nor free it while the new attempt holds the fence
-    assert mstore.table_lock("db.t") is not None
-    assert mstore.complete(second, "completed") and mstore.unlock_for_claim(second)
-    assert mstore.table_lock("db.t") is None
+    assert store.lock_for_claim(second, ttl_seconds=60)  # taken over at once, under the new fence
+    assert store.table_lock("db.t")["holder"] == job_id
+    assert not store.lock_for_claim(dead, ttl_seconds=60)  # the old attempt can no longer refresh it
+    assert not store.unlock_for_claim(dead)  # nor free it while the new attempt holds the fence
+    assert store.table_lock("db.t") is not None
+    assert store.complete(second, "completed") and store.unlock_for_claim(second)
+    assert store.table_lock("db.t") is None
 
 
-def test_another_jobs_live_lock_is_never_taken(mstore):
-    mstore.replace_table_cache([CachedTable("db", "t")])
-    assert mstore.acquire_table_lock("db.t", "someone-else", ttl_seconds=60)
-    mstore.submit("db", "t", ["rewrite_data_files"])
+def test_another_jobs_live_lock_is_never_taken(store):
+    store.replace_table_cache([CachedTable("db", "t")])
+    assert store.acquire_table_lock("db.t", "someone-else", ttl_seconds=60)
+    store.submit("db", "t", ["rewrite_data_files"])
 
-    claim = mstore.claim("w1", lease_seconds=60)
+    claim = store.claim("w1", lease_seconds=60)
 
-    assert not mstore.lock_for_claim(claim, ttl_seconds=60)
-    assert mstore.holds_fence(claim)  # so run_job reports TableLocked, not fenced_out
-    assert mstore.table_lock("db.t")["holder"] == "someone-else"
+    assert not store.lock_for_claim(claim, ttl_seconds=60)
+    assert store.holds_fence(claim)  # so run_job reports TableLocked, not fenced_out
+    assert store.table_lock("db.t")["holder"] == "someone-else"

@@ -36,9 +36,9 @@ class Appender(threading.Thread):
             self.stop_event.wait(1.0)
 
 
-def test_rewrite_beside_a_live_writer_loses_and_duplicates_nothing(spark, iceberg_namespace, mstore, capsys):
+def test_rewrite_beside_a_live_writer_loses_and_duplicates_nothing(spark, iceberg_namespace, store, capsys):
     ref = make_table(spark, iceberg_namespace, files=6, rows=60)
-    cache(mstore, ref)
+    cache(store, ref)
     table = f"lake.{ref.quoted}"
     outcomes = []
     next_id = 60
@@ -49,11 +49,11 @@ def test_rewrite_beside_a_live_writer_loses_and_duplicates_nothing(spark, iceber
         ).append()
         next_id += 30
         writer = Appender(spark, table, first_id=1_000_000 * (round_number + 1))
-        mstore.submit(ref.database, ref.table, ["rewrite_data_files"])
-        claim = mstore.claim("compactor", lease_seconds=300)
+        store.submit(ref.database, ref.table, ["rewrite_data_files"])
+        claim = store.claim("compactor", lease_seconds=300)
         writer.start()
         try:
-            outcome = run_job(spark, mstore, claim)
+            outcome = run_job(spark, store, claim)
         finally:
             writer.stop_event.set()
             writer.join(timeout=120)

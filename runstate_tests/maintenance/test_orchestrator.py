@@ -18,14 +18,7 @@ from runstate.maintenance.orchestrator import (
     Orchestrator,
     OrchestratorSettings,
 )
-from runstate.maintenance.store import CachedTable, MaintenanceStore
-
-
-@pytest.fixture
-def store(pg_database, pg_schema):
-    with MaintenanceStore(pg_database, schema=pg_schema) as s:
-        s.ensure_schema()
-        yield s
+from runstate.maintenance.store import CachedTable
 
 
 def must_not_analyze(ref: TableRef):

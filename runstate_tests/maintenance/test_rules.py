@@ -56,12 +56,12 @@ def test_orphan_cleanup_is_due_by_interval_or_once_the_table_is_old_enough():
     assert orphan_cleanup_due(young, NOW - timedelta(hours=169), NOW, 72, 168)
 
 
-def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_options(mstore):
+def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_options(store):
     retention = {
         "history.expire.max-snapshot-age-ms": str(DAY_MS),
         "history.expire.min-snapshots-to-keep": "2",
     }
-    mstore.replace_table_cache(
+    store.replace_table_cache(
         [
             CachedTable("db", "kept", True, {"properties": retention}),
             CachedTable("db", "young", True, {"properties": retention}),
@@ -80,7 +80,7 @@ def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_
         ),
     }
 
-    report = Orchestrator(mstore, lambda ref: measured[ref.table], now=lambda: NOW).run()
+    report = Orchestrator(store, lambda ref: measured[ref.table], now=lambda: NOW).run()
 
     decided = {d.table_key: d for d in report.decisions}
     assert decided["db.young"].decision == HEALTHY
@@ -89,5 +89,5 @@ def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_
         "expire_snapshots",
         "remove_orphan_files",
     ]
-    job = mstore.get_job(kept.job_id)
+    job = store.get_job(kept.job_id)
     assert job.options == {"expire_older_than_hours": 24.0, "retain_last": 2, "orphan_older_than_hours": 72.0}

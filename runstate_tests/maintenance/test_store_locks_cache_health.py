@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 
 from runstate.maintenance import (
@@ -17,19 +15,7 @@ from runstate.maintenance import (
     OrchestratorRun,
     UnknownAction,
 )
-
-
-@pytest.fixture
-def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
-    with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
-        maintenance.ensure_schema()
-        yield maintenance
-
-
-def _sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
-    with psycopg.connect(store.dsn, autocommit=True, options=f"-c search_path={store.schema}") as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
+from runstate_tests.maintenance.conftest import store_sql as _sql
 
 
 def _expire_lock(store: MaintenanceStore, table_key: str) -> None:

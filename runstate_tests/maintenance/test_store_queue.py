@@ -31,6 +31,7 @@ from runstate.maintenance import (
     UnknownAction,
 )
 from runstate.maintenance.db import CHECK_AFTER_IDLE_SECONDS
+from runstate_tests.maintenance.conftest import store_sql as _sql
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 
@@ -41,12 +42,6 @@ def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
         maintenance.ensure_schema()
         maintenance.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
         yield maintenance
-
-
-def _sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
-    with psycopg.connect(store.dsn, autocommit=True, options=f"-c search_path={store.schema}") as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 def _expire_lease(store: MaintenanceStore, job_id: str) -> None:

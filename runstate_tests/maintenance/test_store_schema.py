@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
@@ -133,13 +131,6 @@ PRIMARY_KEYS = {
     "health_snapshots": ["id"],
     "orchestrator_runs": ["id"],
 }
-
-
-@pytest.fixture
-def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
-    with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
-        maintenance.ensure_schema()
-        yield maintenance
 
 
 def _rows(dsn: str, query: str, *params: object) -> list[tuple]:

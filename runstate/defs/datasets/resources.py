@@ -9,10 +9,10 @@ from runstate.wal.lake import BlobLocation
 def blob_location(wal: WalResource) -> BlobLocation:
     """Shipped to every Spark task; credentials only when configured (else the executors' own chain)."""
     return BlobLocation(
-        bucket=wal.bucket_name,
-        prefix=wal.blob_prefix,
-        endpoint_url=wal.resolved_endpoint_url,
-        region=wal.resolved_region,
+        bucket=wal.bucket,
+        prefix=wal.prefix,
+        endpoint_url=wal.endpoint_url,
+        region=wal.region,
         access_key_id=_plain(wal.aws_access_key_id),
         secret_access_key=_plain(wal.aws_secret_access_key),
     )

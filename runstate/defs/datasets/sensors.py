@@ -21,13 +21,13 @@ from typing import Any
 import dagster as dg
 
 from runstate.defs.datasets.jobs import MERGE_JOB, MERGE_OP
+from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
 from runstate.wal.lake import merge_shard
 
 MERGE_INTERVAL_S = 60
 MERGE_SHARDS = 4
-MERGE_SHARD_TAG = "runstate/merge_shard"
 CURSOR_VERSION = 1
 DEAD_STATUSES = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 ALIVE_STATUSES = {
@@ -109,7 +109,7 @@ def evaluate_merge_tick(
         elif run is not None and run.status in DEAD_STATUSES:
             for dataset_id in _run_datasets(run):
                 requested.pop(dataset_id, None)
-    applied = last_applied_seqs(wal.dynamodb_client(), wal.table_name)
+    applied = last_applied_seqs(wal.dynamodb_client(), wal.table)
     due: dict[int, dict[str, int]] = {}
     for dataset_id, version in applied.items():
         shard = merge_shard(dataset_id, shards)

@@ -26,6 +26,7 @@ from pydantic import Field
 
 from runstate.defs.eventstore.jobs import RUN_EVENTS_ASSET, STORE_RETRY_POLICY
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.tags import DOMAIN_TAG, TABLE_TAG
 from runstate.eventstore import ProjectionReport
 
 # single_run backfills are what we want; the beta notice would print on every CLI call and test.
@@ -67,7 +68,7 @@ def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) ->
     group_name="eventstore",
     backfill_policy=dg.BackfillPolicy.single_run(),
     retry_policy=STORE_RETRY_POLICY,
-    op_tags={"runstate/table": "run_snapshots"},
+    op_tags={TABLE_TAG: "run_snapshots"},
     description="Projected state of each run (status, steps, artifacts), by the UTC day the run started.",
 )
 def run_snapshots(
@@ -101,7 +102,7 @@ def run_snapshots(
 run_snapshots_job = dg.define_asset_job(
     "run_snapshots_job",
     selection=[run_snapshots],
-    tags={"runstate/domain": "eventstore"},
+    tags={DOMAIN_TAG: "eventstore"},
     description=(
         "Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch)."
     ),

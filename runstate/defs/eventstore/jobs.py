@@ -12,6 +12,7 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.tags import DOMAIN_TAG, TABLE_TAG
 from runstate.eventstore import (
     DEFAULT_ARCHIVE_AFTER_DAYS,
     ConcurrencyConflict,
@@ -111,7 +112,7 @@ def conflict_failure(exc: ConcurrencyConflict) -> dg.Failure:
     )
 
 
-@dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
+@dg.op(retry_policy=STORE_RETRY_POLICY, tags={DOMAIN_TAG: "eventstore"})
 def append_events_op(
     context: dg.OpExecutionContext, config: AppendEventsConfig, event_store: EventStoreResource
 ) -> list[int]:
@@ -143,7 +144,7 @@ def append_events_op(
     return seqs
 
 
-@dg.op(retry_policy=STORE_RETRY_POLICY, tags={"runstate/domain": "eventstore"})
+@dg.op(retry_policy=STORE_RETRY_POLICY, tags={DOMAIN_TAG: "eventstore"})
 def archive_events_op(
     context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource
 ) -> int:
@@ -161,7 +162,7 @@ def archive_events_op(
 
 @dg.job(
     description="Append a batch of run events (launch from the UI with config: run_id and events).",
-    tags={"runstate/domain": "eventstore"},
+    tags={DOMAIN_TAG: "eventstore"},
 )
 def append_events() -> None:
     append_events_op()
@@ -169,7 +170,7 @@ def append_events() -> None:
 
 @dg.job(
     description="Archive the events of completed runs older than N days.",
-    tags={"runstate/domain": "eventstore", "runstate/table": "run_events"},
+    tags={DOMAIN_TAG: "eventstore", TABLE_TAG: "run_events"},
 )
 def archive_events() -> None:
     archive_events_op()

@@ -9,13 +9,13 @@ Nothing connects until `get_store()` is first called.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
-from runstate.config import EVENTSTORE_BACKENDS, Settings, settings
+from runstate.config import DEFAULT_PG_URL, EVENTSTORE_BACKENDS
 from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
 
 EventStoreBackend = PostgresEventStore | SnowflakeEventStore
@@ -51,10 +51,7 @@ class EventStoreResource(dg.ConfigurableResource):
     """The run state store (`runstate.eventstore`), opened lazily on the configured backend."""
 
     backend: str = Field(default="postgres", description="`postgres` or `snowflake`.")
-    pg_url: str = Field(
-        default="postgresql://postgres@127.0.0.1:5432/runstate",
-        description="Postgres DSN (postgres backend).",
-    )
+    pg_url: str = Field(default=DEFAULT_PG_URL, description="Postgres DSN (postgres backend).")
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the event tables.")
     snowflake: SnowflakeConnection | None = Field(
         default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
@@ -113,16 +110,11 @@ class EventStoreResource(dg.ConfigurableResource):
         self.close()
 
 
-def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeConnection | None:
-    """SnowflakeConnection from SNOWFLAKE_* settings; None when no account is configured."""
-    s = s or settings()
-    values = dict(s.snowflake)
+def snowflake_fields(values: Mapping[str, str]) -> dict[str, Any] | None:
+    """SnowflakeConnection fields from the SNOWFLAKE_* settings; None when no account is configured."""
     if not values.get("account"):
         return None
     fields: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_KEYS if values.get(key)}
-    # The secret stays an EnvVar when it is in the environment, so it never lands in the run config.
-    if os.environ.get("SNOWFLAKE_PASSWORD"):
-        fields["password"] = dg.EnvVar("SNOWFLAKE_PASSWORD")
     if values.get("port"):
         fields["port"] = int(values["port"])
     # fakesnow answers a failed statement with HTTP 500, which the connector retries until network_timeout
@@ -131,17 +123,4 @@ def snowflake_resource_from_settings(s: Settings | None = None) -> SnowflakeConn
         fields["network_timeout"] = int(values["network_timeout"])
     elif values.get("protocol") == "http":
         fields["network_timeout"] = 1
-    return SnowflakeConnection(**fields)
-
-
-def event_store_resource(s: Settings | None = None) -> EventStoreResource:
-    """The resource as configured by `runstate.config.settings()`."""
-    s = s or settings()
-    snowflake = snowflake_resource_from_settings(s)
-    return EventStoreResource(
-        backend=s.eventstore,
-        pg_url=s.pg_url,
-        pg_schema=s.schema,
-        snowflake=snowflake,
-        snowflake_schema=(s.snowflake.get("schema") or "RUNSTATE").upper(),
-    )
+    return fields

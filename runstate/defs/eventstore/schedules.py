@@ -3,11 +3,12 @@
 import dagster as dg
 
 from runstate.defs.eventstore.jobs import DEFAULT_ARCHIVE_AFTER_DAYS, archive_events
+from runstate.defs.tags import SCHEDULED_DAY_TAG
 
 
 @dg.schedule(
     job=archive_events,
-    cron_schedule="30 3 * * *",
+    cron_schedule="40 3 * * *",
     execution_timezone="UTC",
     description=(
         f"Daily: archive the events of runs completed more than {DEFAULT_ARCHIVE_AFTER_DAYS} days ago."
@@ -21,5 +22,5 @@ def archive_events_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequ
         run_config={
             "ops": {"archive_events_op": {"config": {"older_than_days": DEFAULT_ARCHIVE_AFTER_DAYS}}}
         },
-        tags={"runstate/scheduled_day": day},
+        tags={SCHEDULED_DAY_TAG: day},
     )

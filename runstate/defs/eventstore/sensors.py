@@ -15,6 +15,7 @@ import dagster as dg
 
 from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots_job
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.tags import TABLE_TAG
 
 STALE_RUNS_PER_TICK = 1000
 
@@ -55,5 +56,5 @@ def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: Event
         yield dg.RunRequest(
             run_key=day_run_key(day, by_day[day]),
             partition_key=day,
-            tags={"runstate/table": "run_snapshots"},
+            tags={TABLE_TAG: "run_snapshots"},
         )

@@ -17,19 +17,9 @@ from runstate.defs.maintenance.jobs import (
     submit_maintenance,
     table_inventory_job,
 )
-from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.schedules import SCHEDULES
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
-
-
-def maintenance_resource(**overrides: object) -> MaintenanceResource:
-    """The deployment's resource: the store lives in the runstate database and schema."""
-    from runstate.config import settings
-
-    s = settings()
-    return MaintenanceResource(
-        **{"dsn": s.pg_url, "pg_schema": s.schema, "max_worker_runs": s.maintenance_workers, **overrides}
-    )
+from runstate.defs.resources import maintenance_resource
 
 
 def build_defs(resources: dict | None = None) -> dg.Definitions:

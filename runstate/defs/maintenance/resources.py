@@ -9,6 +9,7 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from runstate.config import DEFAULT_PG_URL
 from runstate.maintenance.actions import ActionSettings
 from runstate.maintenance.health import MB, HealthThresholds
 from runstate.maintenance.orchestrator import OrchestratorSettings
@@ -18,7 +19,7 @@ from runstate.maintenance.store import MaintenanceStore
 class MaintenanceResource(dg.ConfigurableResource):
     """The maintenance service: job queue, table locks, catalog cache and health history in Postgres."""
 
-    dsn: str = Field(default="postgresql://postgres@127.0.0.1:5432/runstate", description="Postgres DSN.")
+    dsn: str = Field(default=DEFAULT_PG_URL, description="Postgres DSN.")
     # `schema` would shadow pydantic's BaseModel.schema, hence pg_schema (as in EventStoreResource).
     pg_schema: str = Field(default="runstate", description="Postgres schema holding the maintenance tables.")
     ensure_schema: bool = Field(

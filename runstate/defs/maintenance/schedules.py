@@ -15,6 +15,10 @@ from runstate.defs.maintenance.jobs import (
 
 RUNNING = dg.DefaultScheduleStatus.RUNNING
 
+# Each run is a process that loads the code location, so no two schedules of the deployment start in the
+# same minute: the sweeps at :02/:03 (+5), the WAL lag check at :04 (+10), health sync at :20, the
+# inventory at :50, the orchestrator on the hour; daily jobs at 03:10, 03:30 and 03:40 UTC.
+
 # The inventory refreshes just before the orchestrator reads it.
 table_inventory_schedule = dg.ScheduleDefinition(
     name="table_inventory_sync",
@@ -31,13 +35,13 @@ maintenance_orchestrator = dg.ScheduleDefinition(
 )
 maintenance_claim_sweep_schedule = dg.ScheduleDefinition(
     name="maintenance_stale_claim_sweep",
-    cron_schedule="*/5 * * * *",
+    cron_schedule="2-59/5 * * * *",
     job=maintenance_claim_sweep,
     default_status=RUNNING,
 )
 maintenance_lock_sweep_schedule = dg.ScheduleDefinition(
     name="maintenance_lock_sweep",
-    cron_schedule="*/5 * * * *",
+    cron_schedule="3-59/5 * * * *",
     job=maintenance_lock_sweep,
     default_status=RUNNING,
 )

@@ -11,8 +11,8 @@ import dagster as dg
 
 from runstate.defs.maintenance.jobs import iceberg_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 
-WORKER_TAG = "runstate/maintenance_worker"
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
     dg.DagsterRunStatus.NOT_STARTED,
@@ -40,7 +40,9 @@ def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: M
     requested = _requests_so_far(context.cursor)
     return dg.SensorResult(
         run_requests=[
-            dg.RunRequest(run_key=f"maintenance-worker-{requested + i + 1}", tags={WORKER_TAG: "true"})
+            dg.RunRequest(
+                run_key=f"maintenance-worker-{requested + i + 1}", tags={MAINTENANCE_WORKER_TAG: "true"}
+            )
             for i in range(wanted)
         ],
         cursor=json.dumps({"requests": requested + wanted}),

@@ -5,7 +5,7 @@ import json
 import dagster as dg
 from pydantic import Field
 
-from runstate.defs.wal.partitions import SHARD_TAG
+from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
 from runstate.wal.shards import DatasetOutcome, flush_shard
@@ -167,5 +167,5 @@ def compaction_run_request(shard: int, dataset_ids: list[str], day: str) -> dg.R
     return dg.RunRequest(
         run_key=f"compact-shard{shard}-{day}",
         run_config={"ops": {"compact_wal_datasets": {"config": {"dataset_ids": sorted(dataset_ids)}}}},
-        tags={SHARD_TAG: str(shard)},
+        tags={WAL_SHARD_TAG: str(shard)},
     )

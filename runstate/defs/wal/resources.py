@@ -8,7 +8,6 @@ from typing import Any
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from runstate.config import settings
 from runstate.wal import BlobStore, WalTable
 from runstate.wal.clients import aws_client
 
@@ -16,30 +15,22 @@ from runstate.wal.clients import aws_client
 class WalResource(dg.ConfigurableResource):
     """The dataset WAL's AWS side: a DynamoDB table with a stream, and an S3 bucket for blobs.
 
-    Fields left empty take their value from the runstate settings (environment) when first used,
-    so one code location follows `RUNSTATE_AWS_ENDPOINT_URL`, `RUNSTATE_WAL_TABLE`, ... without
-    being rebuilt. Clients are created on first use, never at import or definition time.
+    Configuration only: the deployment's values come from `runstate.defs.resources.wal_resource()`.
+    Clients are created on first use, never at import or definition time.
     """
 
     endpoint_url: str | None = Field(
-        default=None,
-        description="AWS endpoint (moto's server by default); empty means RUNSTATE_AWS_ENDPOINT_URL, then AWS itself.",
+        default=None, description="AWS endpoint (moto's server in development); empty means AWS itself."
     )
-    region: str | None = Field(
-        default=None, description="AWS region; empty means AWS_DEFAULT_REGION or us-east-1."
-    )
-    table: str | None = Field(default=None, description="The WAL table; empty means RUNSTATE_WAL_TABLE.")
-    bucket: str | None = Field(default=None, description="The blob bucket; empty means RUNSTATE_BLOB_BUCKET.")
-    prefix: str | None = Field(
-        default=None, description="Key prefix of every blob; empty means RUNSTATE_BLOB_PREFIX."
-    )
+    region: str = Field(default="us-east-1", description="AWS region.")
+    table: str = Field(default="runstate_wal", description="The WAL table.")
+    bucket: str = Field(default="runstate-blobs", description="The blob bucket.")
+    prefix: str = Field(default="datasets/", description="Key prefix of every blob.")
     max_batch_size: int = Field(
         default=500, gt=0, description="The most WAL rows of one dataset that go into one delta blob."
     )
-    flush_shards: int | None = Field(
-        default=None,
-        gt=0,
-        description="Flush shards S: at most one flush run per shard at a time; empty means RUNSTATE_WAL_FLUSH_SHARDS.",
+    flush_shards: int = Field(
+        default=2, gt=0, description="Flush shards S: at most one flush run per shard at a time."
     )
     min_run_interval_s: float = Field(
         default=15.0,
@@ -72,38 +63,13 @@ class WalResource(dg.ConfigurableResource):
     _clients: dict = PrivateAttr(default_factory=dict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
 
-    # Resolved settings: explicit config wins, then the environment.
-    @property
-    def table_name(self) -> str:
-        return self.table or settings().wal_table
-
-    @property
-    def bucket_name(self) -> str:
-        return self.bucket or settings().blob_bucket
-
-    @property
-    def blob_prefix(self) -> str:
-        return self.prefix if self.prefix is not None else settings().blob_prefix
-
-    @property
-    def shards(self) -> int:
-        return self.flush_shards or settings().wal_flush_shards
-
-    @property
-    def resolved_endpoint_url(self) -> str | None:
-        return self.endpoint_url or settings().aws_endpoint_url
-
-    @property
-    def resolved_region(self) -> str:
-        return self.region or settings().aws_region
-
     def _client(self, service: str) -> Any:
         with self._lock:
             if service not in self._clients:
                 self._clients[service] = aws_client(
                     service,
-                    endpoint_url=self.resolved_endpoint_url,
-                    region=self.resolved_region,
+                    endpoint_url=self.endpoint_url,
+                    region=self.region,
                     access_key_id=_plain(self.aws_access_key_id),
                     secret_access_key=_plain(self.aws_secret_access_key),
                 )
@@ -119,10 +85,10 @@ class WalResource(dg.ConfigurableResource):
         return self._client("s3")
 
     def wal_table(self) -> WalTable:
-        return WalTable(self.dynamodb_client(), self.table_name)
+        return WalTable(self.dynamodb_client(), self.table)
 
     def blob_store(self) -> BlobStore:
-        return BlobStore(self.s3_client(), self.bucket_name, self.blob_prefix)
+        return BlobStore(self.s3_client(), self.bucket, self.prefix)
 
 
 def _plain(value: Any) -> str | None:

@@ -24,7 +24,8 @@ from typing import Any
 
 import dagster as dg
 
-from runstate.defs.wal.partitions import BATCH_TAG, MAX_RUNTIME_TAG, SHARD_TAG, datasets_partitions
+from runstate.defs.tags import MAX_RUNTIME_TAG, WAL_BATCH_TAG, WAL_SHARD_TAG
+from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import WalKey, plan_batches, read_stream
 from runstate.wal.shards import ShardPlan, plan_shards
@@ -100,7 +101,7 @@ def _count(records: list[Any], stale_run_seconds: float, now: float) -> BatchRun
 def batch_runs(
     instance: dg.DagsterInstance, plan_key: str, stale_run_seconds: float, now: float
 ) -> BatchRuns:
-    records = instance.get_run_records(filters=dg.RunsFilter(tags={BATCH_TAG: plan_key}))
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={WAL_BATCH_TAG: plan_key}))
     return _count(list(records), stale_run_seconds, now)
 
 
@@ -113,7 +114,8 @@ class ShardRuns:
 def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: float, now: float) -> ShardRuns:
     records = list(
         instance.get_run_records(
-            filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={SHARD_TAG: str(shard)}), limit=RECENT_SHARD_RUNS
+            filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={WAL_SHARD_TAG: str(shard)}),
+            limit=RECENT_SHARD_RUNS,
         )
     )
     last = records[0].create_timestamp.timestamp() if records else None
@@ -121,7 +123,7 @@ def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: floa
 
 
 def flush_run_request(plan: ShardPlan, generation: int, wal: WalResource) -> dg.RunRequest:
-    tags = {SHARD_TAG: str(plan.shard), BATCH_TAG: plan.key}
+    tags = {WAL_SHARD_TAG: str(plan.shard), WAL_BATCH_TAG: plan.key}
     if wal.stale_run_seconds > 0:
         tags[MAX_RUNTIME_TAG] = str(wal.stale_run_seconds)
     batches = [{"dataset_id": batch.dataset_id, "seqs": list(batch.seqs)} for batch in plan.batches]
@@ -168,7 +170,7 @@ def evaluate_wal_tick(
     batches = plan_batches([*fresh, *swept], max_batch_size=wal.max_batch_size)
     now = time.time() if now is None else now
     requests, held, waiting = [], 0, 0
-    for plan in plan_shards(batches, wal.shards):
+    for plan in plan_shards(batches, wal.flush_shards):
         shard = shard_runs(instance, plan.shard, wal.stale_run_seconds, now)
         if shard.alive:  # that run (or the daemon's retry of it) flushes; new rows wait for the next one
             held += 1

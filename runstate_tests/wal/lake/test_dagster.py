@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from runstate.cli import main
 from runstate.config import settings
 from runstate.defs import datasets
-from runstate.defs.datasets.sensors import MERGE_SHARD_TAG, MERGE_SHARDS, MergeCursor, evaluate_merge_tick
+from runstate.defs.datasets.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
 from runstate.defs.spark import SparkResource
+from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.ticking import tick_sensor
 from runstate.defs.wal import build_defs as wal_defs
 from runstate.defs.wal.partitions import datasets_partitions

@@ -1,0 +1,22 @@
+"""Every `runstate/...` run and op tag the deployment writes, in one place.
+
+dagster.yaml's `tag_concurrency_limits` key on some of these (`WAL_SHARD_TAG`, `TABLE_TAG`,
+`MERGE_SHARD_TAG`: one in-progress run per value), so renaming one here means renaming it there too.
+"""
+
+# A dataset always maps to the same WAL shard, so one run per shard value means a dataset never has
+# two flushes (or a flush and a compaction) running at once.
+WAL_SHARD_TAG = "runstate/wal_shard"
+# The shard plan's key: every run (and retry) of one plan carries it.
+WAL_BATCH_TAG = "runstate/wal_batch"
+DATASET_TAG = "runstate/dataset"
+# One dataset-table merge run per merge shard at a time (each holds a Spark session).
+MERGE_SHARD_TAG = "runstate/merge_shard"
+MAINTENANCE_WORKER_TAG = "runstate/maintenance_worker"
+DOMAIN_TAG = "runstate/domain"
+# One in-progress run per table written (run_events, run_snapshots).
+TABLE_TAG = "runstate/table"
+SCHEDULED_DAY_TAG = "runstate/scheduled_day"
+
+# Dagster's own tag: run monitoring fails a run still STARTED after this many seconds.
+MAX_RUNTIME_TAG = "dagster/max_runtime"
