@@ -7,7 +7,7 @@ import pytest
 
 from runstate.maintenance import CachedTable, MaintenanceStore
 
-# (column, udt_name, nullable) in the seed's order, per table (shared/seeds/004_*).
+# (column, udt_name, nullable) in the order of the Snowpack data model (seed 004, docs/ARCHITECTURE.md).
 SEED_COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
     "jobs": [
         ("job_id", "text", False),
