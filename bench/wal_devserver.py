@@ -1,7 +1,7 @@
 """A `runstate dev` of the WAL benchmarks' own (webserver + daemon + services), and where a flush's time goes.
 
 The dev server gets a scratch Postgres database (Dagster storage and the event store), a RUNSTATE_HOME
-of its own (its own moto, fakesnow and `.runstate/env`) and a DAGSTER_HOME holding a copy of the
+of its own (its own moto, fakesnow and `.env`) and a DAGSTER_HOME holding a copy of the
 repository's dagster.yaml, so the queue, tag limits and run monitoring are the deployed ones.
 Readiness is polled (GraphQL `{version}`), never assumed after a sleep.
 """
@@ -122,7 +122,7 @@ def start_dev(shards: int | None = None, ready_timeout: float = 300) -> Iterator
             if process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"runstate dev did not come up:\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
-        written = _read_env(home / ".runstate" / "env")
+        written = _read_env(home / ".env")  # where `services up` writes the endpoints
         yield DevServer(process, port, home, dagster_home, {**env, **written}, log)
     finally:
         _stop(process)
