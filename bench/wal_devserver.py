@@ -8,18 +8,14 @@ Readiness is polled (GraphQL `{version}`), never assumed after a sleep.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC
@@ -27,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from common import create_database, drop_database
+
+from runstate_tests.devserver import free_port, graphql_version
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
@@ -39,26 +37,6 @@ SERVICE_VARS = (
     "RUNSTATE_HOME",
     "DAGSTER_HOME",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def graphql_version(port: int) -> str | None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": "{version}"}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.load(response)["data"]["version"]
-    except (urllib.error.URLError, OSError, KeyError, ValueError):
-        return None
 
 
 def _default_signals() -> None:
