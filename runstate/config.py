@@ -73,6 +73,8 @@ class Settings:
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
     # machine; scale it with the cluster (docs/OPERATIONS.md).
     wal_flush_shards: int = 2
+    # A flush run stays this long for new rows of its shard after its plan (the WAL's freshness lever).
+    wal_flush_linger_s: float = 20.0
     maintenance_workers: int = 2
 
     @classmethod
@@ -103,6 +105,7 @@ class Settings:
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
             wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
+            wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", 20.0),
             maintenance_workers=_positive_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2),
         )
 
@@ -112,6 +115,17 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
         raise ValueError(f"{name} must be a positive integer, got {raw!r}")
     return int(raw)
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name) or str(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise ValueError(f"{name} must be a number of seconds from 0 to 3600, got {raw!r}")
+    return value
 
 
 def dagster_url_for(pg_url: str) -> str:

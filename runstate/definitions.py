@@ -3,16 +3,22 @@
 import dagster as dg
 
 from runstate.defs import datasets, eventstore, maintenance, runs, wal
+from runstate.defs.resources import wal_resource
 from runstate.defs.shared import shared_definitions
 
 
-def build_definitions() -> dg.Definitions:
-    """The whole code location, its resources built from the settings as they are now."""
+def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
+    """The whole code location, its resources built from the settings as they are now.
+
+    `in_process_runs` is for the CLI's ticks and the demo, which execute runs one after another in their
+    own process: there a flush run saves no process start by lingering, and would only hold up the next.
+    """
+    wal_overrides = {"flush_linger_s": 0} if in_process_runs else {}
     return datasets.link_to_maintenance(
         dg.Definitions.merge(
             shared_definitions(),
             eventstore.build_defs(),
-            wal.build_defs(),
+            wal.build_defs(wal_resource(**wal_overrides)),
             datasets.build_defs(),
             maintenance.build_defs(),
             runs.defs,

@@ -42,7 +42,9 @@ def demo(no_services: bool, rows: int, files: int) -> None:
     from runstate.definitions import build_definitions
     from runstate.demo import render, run_demo
 
-    defs = build_definitions()  # after the services wrote .env, so the resources follow it
+    defs = build_definitions(
+        in_process_runs=True
+    )  # after the services wrote .env, so the resources follow it
 
     bars: dict[str, tqdm] = {}
     totals = {"workflow runs": 3, "WAL changes": 3 * rows, "Iceberg tables": 2}

@@ -75,6 +75,7 @@ def wal_resource(s: Settings | None = None, **overrides: Any) -> WalResource:
         "bucket": s.blob_bucket,
         "prefix": s.blob_prefix,
         "flush_shards": s.wal_flush_shards,
+        "flush_linger_s": s.wal_flush_linger_s,
         "aws_access_key_id": _secret("AWS_ACCESS_KEY_ID"),
         "aws_secret_access_key": _secret("AWS_SECRET_ACCESS_KEY"),
     }

@@ -1,7 +1,8 @@
 """Every `runstate/...` run and op tag the deployment writes, in one place.
 
 dagster.yaml's `tag_concurrency_limits` key on some of these (`WAL_SHARD_TAG`, `TABLE_TAG`,
-`MERGE_SHARD_TAG`: one in-progress run per value), so renaming one here means renaming it there too.
+`MERGE_SHARD_TAG`: one in-progress run per value; `SPARK_TAG`: a few runs in all), so renaming one
+here means renaming it there too.
 """
 
 # A dataset always maps to the same WAL shard, so one run per shard value means a dataset never has
@@ -13,10 +14,16 @@ DATASET_TAG = "runstate/dataset"
 # One dataset-table merge run per merge shard at a time (each holds a Spark session).
 MERGE_SHARD_TAG = "runstate/merge_shard"
 MAINTENANCE_WORKER_TAG = "runstate/maintenance_worker"
+# Every job that starts a Spark session (a JVM of about a core and a gigabyte) carries it; dagster.yaml
+# caps how many such runs are in progress at once, so merges and maintenance never starve the flushes.
+SPARK_TAG = "runstate/spark"
+SPARK_JOB_TAGS = {SPARK_TAG: "session"}
 DOMAIN_TAG = "runstate/domain"
 # One in-progress run per table written (run_events, run_snapshots).
 TABLE_TAG = "runstate/table"
 SCHEDULED_DAY_TAG = "runstate/scheduled_day"
 
+# Dagster's own tag: the run queue starts runs of a higher priority first (default 0).
+PRIORITY_TAG = "dagster/priority"
 # Dagster's own tag: run monitoring fails a run still STARTED after this many seconds.
 MAX_RUNTIME_TAG = "dagster/max_runtime"

@@ -36,10 +36,10 @@ class TickResult:
 
 
 def default_defs() -> dg.Definitions:
-    """The code location, built now so its resources follow the current settings."""
+    """The code location for in-process runs, built now so its resources follow the current settings."""
     from runstate.definitions import build_definitions
 
-    return build_definitions()
+    return build_definitions(in_process_runs=True)
 
 
 def default_instance() -> DagsterInstance:

@@ -5,6 +5,7 @@ from pydantic import Field
 
 from runstate.defs.datasets.resources import blob_location
 from runstate.defs.spark import SparkResource
+from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import WalError
 from runstate.wal.lake import MergeResult, merge_dataset
@@ -63,6 +64,7 @@ def merge_datasets(
 
 @dg.job(
     name=MERGE_JOB,
+    tags=SPARK_JOB_TAGS,
     description="Bring a shard of dataset tables up to their datasets' manifest versions on Spark.",
 )
 def merge_dataset_tables() -> None:

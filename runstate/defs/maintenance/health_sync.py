@@ -6,6 +6,7 @@ import dagster as dg
 from runstate.defs.maintenance.assets import health_metadata, sync_table_partitions, table_health
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
+from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.maintenance.errors import TableNotFound
 from runstate.maintenance.health import HealthAnalyzer
 
@@ -45,7 +46,10 @@ def sync_table_health(
     return {"tables": measured, "missing": len(missing)}
 
 
-@dg.job(description="Health of every cached table (opted in or not), as table_health materializations.")
+@dg.job(
+    description="Health of every cached table (opted in or not), as table_health materializations.",
+    tags=SPARK_JOB_TAGS,
+)
 def table_health_sync() -> None:
     sync_table_health()
 

@@ -10,6 +10,7 @@ from pydantic import Field
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
+from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import parse_table_ref
 from runstate.maintenance.options import ActionSettings
@@ -112,7 +113,10 @@ def run_maintenance_worker(
     return summary
 
 
-@dg.job(description="A maintenance worker: drains the queue on one Spark session (maintenance_queue_sensor).")
+@dg.job(
+    description="A maintenance worker: drains the queue on one Spark session (maintenance_queue_sensor).",
+    tags=SPARK_JOB_TAGS,
+)
 def iceberg_maintenance() -> None:
     run_maintenance_worker()
 
@@ -188,7 +192,10 @@ def run_orchestrator(
     return summary
 
 
-@dg.job(description="The orchestrator: one audited pass over the table cache (orchestrator_runs).")
+@dg.job(
+    description="The orchestrator: one audited pass over the table cache (orchestrator_runs).",
+    tags=SPARK_JOB_TAGS,
+)
 def maintenance_orchestrator_job() -> None:
     run_orchestrator()
 
@@ -230,5 +237,8 @@ def maintenance_health_retention() -> None:
 
 
 table_inventory_job = dg.define_asset_job(
-    "table_inventory_job", selection=[table_inventory], description="Copy the catalog into the table cache."
+    "table_inventory_job",
+    selection=[table_inventory],
+    description="Copy the catalog into the table cache.",
+    tags=SPARK_JOB_TAGS,
 )

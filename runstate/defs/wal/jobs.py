@@ -1,13 +1,15 @@
 """`flush_wal` (one shard's planned batches to delta blobs) and `compact_wal` (snapshots, trim, archive)."""
 
 import json
+from collections.abc import Iterable
 
 import dagster as dg
 from pydantic import Field
 
-from runstate.defs.tags import WAL_SHARD_TAG
+from runstate.defs.tags import PRIORITY_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
+from runstate.wal.linger import Linger, linger_rounds
 from runstate.wal.shards import DatasetOutcome, flush_shard
 
 SNAPSHOTS_ASSET = dg.AssetKey("dataset_snapshots")
@@ -80,12 +82,23 @@ def snapshot_materialization(outcome: DatasetOutcome) -> dg.AssetMaterialization
     )
 
 
+def report(context: dg.OpExecutionContext, outcomes: list[DatasetOutcome]) -> None:
+    for outcome in outcomes:
+        if outcome.applied:
+            context.log_event(snapshot_materialization(outcome))
+        if not outcome.ok:
+            # Its rows stay Pending: the next wal_sensor tick plans the dataset again.
+            context.log.error(f"dataset {outcome.dataset_id!r} not flushed: {outcome.error}")
+
+
 def shard_metadata(shard: int, outcomes: list[DatasetOutcome]) -> dict[str, object]:
+    """The run's figures over its plan and every linger round (a dataset flushed twice counts once)."""
+    datasets = {outcome.dataset_id for outcome in outcomes}
     failed = {outcome.dataset_id: outcome.error for outcome in outcomes if not outcome.ok}
     return {
         "shard": shard,
-        "datasets": len(outcomes),
-        "flushed": len(outcomes) - len(failed),
+        "datasets": len(datasets),
+        "flushed": len(datasets - set(failed)),
         "failed": len(failed),
         "rows_applied": sum(outcome.applied for outcome in outcomes),
         "slowest_dataset_s": round(max((outcome.seconds for outcome in outcomes), default=0.0), 3),
@@ -102,22 +115,36 @@ def build_flush_job(
     def flush_wal_shard(
         context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource
     ) -> dg.Output:
-        """Flush the shard's batches: datasets in parallel, each in seq order; failures reported per dataset."""
-        outcomes = flush_shard(
-            wal.wal_table(),
-            wal.blob_store(),
-            [Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches],
-            workers=wal.flush_workers,
-            attempts=wal.flush_attempts,
-            retry_delay_s=wal.flush_retry_delay_s,
-            catch_up_rows=wal.max_batch_size,
-        )
-        for outcome in outcomes:
-            if outcome.applied:
-                context.log_event(snapshot_materialization(outcome))
-            if not outcome.ok:
-                # Its rows stay Pending: the next wal_sensor tick plans the dataset again.
-                context.log.error(f"dataset {outcome.dataset_id!r} not flushed: {outcome.error}")
+        """Flush the shard's batches (datasets in parallel, each in seq order; failures reported per
+        dataset), then, with the resource's flush_linger_s, the shard's new rows until none come."""
+        table, blobs = wal.wal_table(), wal.blob_store()
+
+        def flush(batches: Iterable[Batch]) -> list[DatasetOutcome]:
+            outcomes = flush_shard(
+                table,
+                blobs,
+                batches,
+                workers=wal.flush_workers,
+                attempts=wal.flush_attempts,
+                retry_delay_s=wal.flush_retry_delay_s,
+                catch_up_rows=wal.max_batch_size,
+            )
+            report(context, outcomes)
+            return outcomes
+
+        outcomes = flush([Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches])
+        if wal.flush_linger_s > 0:
+            rounds = linger_rounds(
+                table,
+                flush,
+                shard=config.shard,
+                shards=wal.flush_shards,
+                linger=Linger(idle_s=wal.flush_linger_s, budget_s=wal.flush_run_budget_s),
+                max_batch_size=wal.max_batch_size,
+                failed=[outcome.dataset_id for outcome in outcomes if not outcome.ok],
+            )
+            for more in rounds:
+                outcomes += more
         metadata = shard_metadata(config.shard, outcomes)
         context.log.info(
             f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}"
@@ -128,6 +155,8 @@ def build_flush_job(
     @dg.job(
         name=name,
         executor_def=dg.in_process_executor,
+        # Freshness first: the queue starts a flush before a waiting Spark run.
+        tags={PRIORITY_TAG: "10"},
         description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",
     )
     def flush_job() -> None:

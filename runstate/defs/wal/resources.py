@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 import dagster as dg
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, model_validator
 
 from runstate.wal import BlobStore, WalTable
 from runstate.wal.clients import aws_client
@@ -50,6 +50,17 @@ class WalResource(dg.ConfigurableResource):
         description="A flush run still STARTED after this long is taken as lost: its batch is planned again. "
         "Also set as the run's dagster/max_runtime so run monitoring fails it at the same moment.",
     )
+    flush_linger_s: float = Field(
+        default=0,
+        ge=0,
+        description="After its plan, a flush run keeps flushing its shard's new rows until none has come for "
+        "this long (saves a run start per row; the deployment sets RUNSTATE_WAL_FLUSH_LINGER_S). 0: no linger.",
+    )
+    flush_run_budget_s: float = Field(
+        default=240,
+        ge=0,
+        description="A lingering flush run takes no new rows after this long: runs stay short-lived.",
+    )
     retention_days: int = Field(
         default=30, ge=0, description="Compaction trims Applied WAL rows older than this."
     )
@@ -59,6 +70,20 @@ class WalResource(dg.ConfigurableResource):
     aws_secret_access_key: str | None = Field(
         default=None, description="Pass as dg.EnvVar; empty uses boto3's chain."
     )
+
+    @model_validator(mode="after")
+    def _ends_before_it_looks_lost(self) -> WalResource:
+        # A run still STARTED after stale_run_seconds is taken as lost and its plan flushed again.
+        if (
+            self.flush_linger_s
+            and self.stale_run_seconds
+            and self.flush_run_budget_s >= self.stale_run_seconds / 2
+        ):
+            raise ValueError(
+                f"flush_run_budget_s ({self.flush_run_budget_s:g}) must be under half of stale_run_seconds "
+                f"({self.stale_run_seconds}), or a lingering flush run would be taken for a lost one"
+            )
+        return self
 
     _clients: dict = PrivateAttr(default_factory=dict)
     _lock: Any = PrivateAttr(default_factory=threading.Lock)

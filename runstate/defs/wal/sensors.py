@@ -4,7 +4,8 @@ them by flush shard and requests at most one `flush_wal` run per shard that has 
 Timing. The sensor evaluates every SENSOR_INTERVAL_S; a shard gets a run when it has Pending rows, no
 live flush run (queued, starting or running), and its last flush run was requested at least
 `min_run_interval_s` ago (15 s: at most 2 runs per shard per 30 s timer period). So a row waits for at
-most one run interval plus a tick before its run is requested, whatever the number of datasets.
+most one run interval plus a tick before its run is requested, whatever the number of datasets. A live
+run of the shard lingers for new rows (`flush_linger_s`), so a held shard's rows are flushed by it.
 
 Run keys and failures. The daemon never launches a run_key that already has a run, yet a plan whose
 run failed must be flushed again once the fault clears. So a run_key is `<plan key>-g<generation>`:
