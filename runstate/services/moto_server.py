@@ -13,6 +13,20 @@ never holds up the others. moto is CPU-bound under the GIL, so the lock costs li
 
 Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT`; tests start it in-process
 with `SerializedMotoServer`, which has the interface of moto's `ThreadedMotoServer`.
+
+Where moto is still kinder than AWS, and why the code does not lean on it:
+- Global secondary indexes are updated with the write here; on DynamoDB they lag (usually under a
+  second). The Pending and Kind indexes are read by wal_sensor's sweep (a backstop: new rows come from
+  the stream), a lingering flush run's poll (a new row is taken on a later poll; a row already applied
+  but still listed is skipped by the flush and does not count as work), the merge sensor and the
+  compaction schedule (a stale LastAppliedSeq only delays them a tick) and the status and lag reports.
+  Every flush decision reads the table itself with ConsistentRead. Tests that tick right after an
+  append (and the status tests) count on the prompt index here; against AWS they would need to poll.
+- Stream records are readable as soon as the write returns, and a table has one stream shard that never
+  closes; on DynamoDB records arrive within about a second and shards roll over every few hours. The
+  stream reader follows new and closed shards, and the Pending sweep finds anything it misses.
+- Nothing is throttled here. Throttles and lost responses are injected in the tests on real boto3
+  clients (`runstate_tests/wal/faults.py`), and every flush step is idempotent.
 """
 
 from __future__ import annotations
