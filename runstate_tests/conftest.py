@@ -7,6 +7,7 @@ resources) and it is dropped afterwards, so tests and parallel workers never col
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -25,6 +26,13 @@ os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
 # Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
 # checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
 os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="runstate-test-dagster-")
+
+# A suite started in the background (`make test &`, a CI runner) inherits SIGINT ignored. Dagster maps
+# SIGTERM to SIGINT's handler whenever it executes a run in-process, so after the first such test SIGTERM
+# would be ignored too, and every child spawned afterwards inherits that: Pool.terminate() and
+# Process.terminate() then wait forever. Tests start from Python's own dispositions instead.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

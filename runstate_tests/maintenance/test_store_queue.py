@@ -265,13 +265,17 @@ def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceSt
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager:
         start = manager.Event()
-        with context.Pool(4) as pool:
+        pool = context.Pool(4)
+        try:
             pending = [
                 pool.apply_async(_claim_all_in_process, (store.dsn, store.schema, f"proc{i}", start))
                 for i in range(4)
             ]
             start.set()
             results = [result.get(timeout=120) for result in pending]
+        finally:
+            pool.close()  # the workers end on their own: terminate() would rely on SIGTERM reaching them
+            pool.join()
     every_claim = [job for jobs in results for job in jobs]
     assert len(every_claim) == len(set(every_claim)) == 100
 
