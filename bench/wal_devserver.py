@@ -13,7 +13,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,10 +23,9 @@ from typing import Any
 
 from common import create_database, drop_database
 
-from runstate_tests.devserver import free_port, graphql_version
+from runstate_tests.devserver import RUNSTATE, free_port, graphql_version, launch_dev
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RUNSTATE = str(Path(sys.executable).parent / "runstate")
 ADMIN_URL = os.environ.get("RUNSTATE_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 # The caller's endpoints must not leak into the dev server: it starts services of its own.
 SERVICE_VARS = (
@@ -85,15 +83,7 @@ def start_dev(shards: int | None = None, ready_timeout: float = 300) -> Iterator
         env["RUNSTATE_WAL_FLUSH_SHARDS"] = str(shards)
     port = free_port()
     log = home / "dev.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [RUNSTATE, "dev", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_default_signals,
-        )
+    process = launch_dev(port, env, log, start_new_session=True, preexec_fn=_default_signals)
     try:
         deadline = time.monotonic() + ready_timeout
         while graphql_version(port) is None:

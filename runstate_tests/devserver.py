@@ -1,12 +1,26 @@
-"""Helpers for tests that start `runstate dev`: a free port and a GraphQL readiness probe."""
+"""Helpers for tests (and benches) that start `runstate dev`: launching it, a free port, a GraphQL probe."""
 
 from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
+from typing import Any
+
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+
+
+def launch_dev(port: int, env: dict[str, str], log: Path, **popen: Any) -> subprocess.Popen:
+    """`runstate dev --port PORT` in the background, its output in `log`; `popen` adds Popen options."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [RUNSTATE, "dev", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT, **popen
+        )
 
 
 def free_port() -> int:

@@ -8,16 +8,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import dagster
 import pytest
 
-from runstate_tests.devserver import free_port, graphql_version, wait_for_graphql
+from runstate_tests.devserver import RUNSTATE, free_port, graphql_version, launch_dev, wait_for_graphql
 
-RUNSTATE = str(Path(sys.executable).parent / "runstate")
 SERVICE_VARS = (
     "RUNSTATE_PG_URL",
     "DAGSTER_PG_URL",
@@ -81,14 +79,7 @@ def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, de
         DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
     )
     log = dev_home / "dev.log"
-    with open(log, "wb") as out:
-        dev = subprocess.Popen(
-            [RUNSTATE, "dev", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_ignore_int_and_term,
-        )
+    dev = launch_dev(port, env, log, preexec_fn=_ignore_int_and_term)
     try:
         version = wait_for_graphql(port, dev)
         assert version == dagster.__version__, log.read_text()[-3000:]

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,10 +22,9 @@ import yaml
 
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.devserver import free_port, graphql, poll, wait_for_graphql
+from runstate_tests.devserver import RUNSTATE, free_port, graphql, launch_dev, poll, wait_for_graphql
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RUNSTATE = str(Path(sys.executable).parent / "runstate")
 STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
 # Generous: two cores shared with other suites; a run worker alone takes 10-40 s to start there.
 STARTUP_S = 300
@@ -102,14 +100,7 @@ def deployment() -> Iterator[Deployment]:
     )
     port = free_port()
     log = home / "dev.log"
-    with open(log, "wb") as out:
-        dev = subprocess.Popen(
-            [RUNSTATE, "dev", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    dev = launch_dev(port, env, log, start_new_session=True)
     deployment = Deployment(port, env, home, pg_url, moto, log)
     try:
         assert wait_for_graphql(port, dev, timeout=STARTUP_S), deployment.log_tail()
