@@ -80,14 +80,15 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
     from runstate.defs.datasets.jobs import MERGE_JOB, MERGE_OP
     from runstate.defs.datasets.sensors import MERGE_SHARDS
     from runstate.defs.tags import MERGE_SHARD_TAG
+    from runstate.defs.ticking import execute_run
     from runstate.wal.lake import merge_shard
 
     shard = merge_shard(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
-    return defs.resolve_job_def(MERGE_JOB).execute_in_process(
+    return execute_run(
+        defs.resolve_job_def(MERGE_JOB),
+        _merge_instance(),
         run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id], "rebuild": rebuild}}}},
-        instance=_merge_instance(),
         tags={MERGE_SHARD_TAG: str(shard)},
-        raise_on_error=False,
     )
 
 

@@ -166,3 +166,8 @@ COMMANDS = [wal]
 from runstate.cli import lake  # noqa: E402
 
 lake.install(wal)
+
+# `wal flush`: flush now, in-process, fenced against live shard runs.
+from runstate.cli import wal_flush  # noqa: E402
+
+wal_flush.install(wal)
