@@ -1,10 +1,13 @@
 """One frozen Settings object, read from the environment once.
 
-Values come from the process environment first, then from the project's `.env` (the block that
-`runstate services up` writes there, plus anything the user adds), then from the embedded defaults.
-`.env` is Dagster's convention too: `dagster dev`, `dagster-webserver`, `dagster-daemon run` and
-`dagster definitions validate` load it from the folder they start in (and there it wins over the
-process environment).
+Values come from the process environment first, then from the project's `.env` (the user's own lines,
+then the block that `runstate services up` writes there for the variables they leave unset), then from
+the embedded defaults. `.env` is Dagster's convention too: `dagster dev`, `dagster-webserver`,
+`dagster-daemon run` and `dagster definitions validate` load it from the folder they start in (and
+there it wins over the process environment).
+
+A value that cannot be used is a ConfigError naming the variable, never a stand-in: every knob has
+bounds (a shard or a worker is a run process, so a huge count is as wrong as zero).
 """
 
 from __future__ import annotations
