@@ -13,13 +13,22 @@ from runstate.config import load_env_file_into_environ, settings
 
 def domain_errors() -> tuple[type[BaseException], ...]:
     """The error roots a verb may let escape: each becomes one line and exit code 1."""
+    from runstate.datastore import InvalidSchemaName
     from runstate.eventstore import EventStoreError, InvalidEvent
     from runstate.maintenance.errors import MaintenanceError
     from runstate.migrations import MigrationError
     from runstate.services.state import ServiceError
     from runstate.wal.errors import WalError
 
-    return (EventStoreError, InvalidEvent, WalError, MaintenanceError, ServiceError, MigrationError)
+    return (
+        EventStoreError,
+        InvalidEvent,
+        WalError,
+        MaintenanceError,
+        ServiceError,
+        MigrationError,
+        InvalidSchemaName,
+    )
 
 
 class RunstateGroup(click.Group):

@@ -96,7 +96,7 @@ SEED_COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("created_at", "timestamptz", False),
     ],
 }
-# The one documented extension (sql/postgres/011): per-job action options, appended to jobs.
+# The one documented extension (sql/postgres/maintenance/011): per-job action options, appended to jobs.
 EXTENSION_COLUMNS = {
     "jobs": [("options", "jsonb", False)],
     "job_actions": [("before", "jsonb", False), ("after", "jsonb", False)],
