@@ -10,7 +10,8 @@ from typing import Any
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
 from runstate.eventstore.validation import ValidEvent
 
-KEY_TAKEN_SQLSTATE = "RSK01"  # raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql)
+# Raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql).
+KEY_TAKEN_SQLSTATE = "RSK01"
 
 EVENT_COLUMNS = (
     "run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,"
