@@ -8,10 +8,14 @@ each object opens its connections on first use.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runstate.config import Settings, settings
-from runstate.datastore import PostgresDatastore, SnowflakeDatastore
+
+# Imported where used: the CLI imports this module to build its verbs, and `runstate --help` must not
+# pay for a database driver.
+if TYPE_CHECKING:
+    from runstate.datastore import PostgresDatastore, SnowflakeDatastore
 
 # A wrong host or port should fail in seconds, not after the connector's default of two minutes.
 SNOWFLAKE_LOGIN_TIMEOUT_S = 20
@@ -44,12 +48,16 @@ def snowflake_connect_kwargs(values: Mapping[str, str]) -> dict[str, Any] | None
 
 def postgres_datastore(s: Settings | None = None, **options: Any) -> PostgresDatastore:
     """The Postgres datastore of RUNSTATE_PG_URL / RUNSTATE_SCHEMA (options: pool_size, ...)."""
+    from runstate.datastore import PostgresDatastore
+
     s = s or settings()
     return PostgresDatastore(s.pg_url, schema=s.schema, **options)
 
 
 def snowflake_datastore(s: Settings | None = None, **options: Any) -> SnowflakeDatastore | None:
     """The Snowflake datastore of the SNOWFLAKE_* settings; None when no account is configured."""
+    from runstate.datastore import SnowflakeDatastore
+
     s = s or settings()
     kwargs = snowflake_connect_kwargs(s.snowflake)
     if kwargs is None:
@@ -71,3 +79,59 @@ def aws_client(service: str, s: Settings | None = None) -> Any:
         access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
         secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
     )
+
+
+def require_schema(domain: str, backend: str = "postgres", s: Settings | None = None) -> None:
+    """SchemaNotCurrent (a MigrationError: one `Error:` line in the CLI) unless `domain`'s tables are
+    current; one query on a connection of its own. The CLI's verbs call it instead of migrating."""
+    from runstate import migrations
+
+    store = postgres_datastore(s) if backend == "postgres" else snowflake_datastore(s)
+    if store is None:
+        raise migrations.MigrationError(
+            f"backend {backend!r} needs SNOWFLAKE_ACCOUNT (and user, password, ...)"
+        )
+    try:
+        migrations.require_current(store, domain, pooled=False)
+    finally:
+        store.close()
+
+
+def event_store(s: Settings | None = None, backend: str | None = None, **options: Any) -> Any:
+    """The run state store of RUNSTATE_EVENTSTORE (or `backend`); options: snapshot_interval, ..."""
+    from runstate.eventstore import EventStoreError, PostgresEventStore, SnowflakeEventStore
+
+    s = s or settings()
+    backend = backend or s.eventstore
+    if backend == "postgres":
+        return PostgresEventStore(s.pg_url, schema=s.schema, **options)
+    kwargs = snowflake_connect_kwargs(s.snowflake)
+    if kwargs is None:
+        raise EventStoreError(
+            "event store backend 'snowflake' needs SNOWFLAKE_ACCOUNT (and user, password, ...)"
+        )
+    return SnowflakeEventStore(connect_kwargs=kwargs, schema=snowflake_schema(s), **options)
+
+
+def maintenance_store(s: Settings | None = None, **options: Any) -> Any:
+    """The maintenance store (job queue, locks, cache, history) in RUNSTATE_SCHEMA."""
+    from runstate.maintenance.store import MaintenanceStore
+
+    s = s or settings()
+    return MaintenanceStore(s.pg_url, schema=s.schema, **options)
+
+
+def wal_table(s: Settings | None = None) -> Any:
+    """The deployment's WAL table (one client: each costs a few tenths of a second)."""
+    from runstate.wal import WalTable
+
+    s = s or settings()
+    return WalTable(aws_client("dynamodb", s), s.wal_table)
+
+
+def blob_store(s: Settings | None = None) -> Any:
+    """The deployment's blob bucket and prefix."""
+    from runstate.wal import BlobStore
+
+    s = s or settings()
+    return BlobStore(aws_client("s3", s), s.blob_bucket, s.blob_prefix)

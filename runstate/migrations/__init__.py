@@ -12,9 +12,11 @@ An upgrade moves the rows of its domain's files (version, name, checksum, applie
 the domain's ledger and drops the old table once it is empty; until then, status and
 `require_current` read it too.
 
-Only `runstate db upgrade` and `runstate services up` (and a store's own `ensure_schema()`) migrate.
-Everything else calls `require_current`: one query, and an error telling the user to upgrade when
-the schema is behind the installed files.
+Only `runstate db upgrade` and `runstate services up` (and a store's own `ensure_schema()`, which tests
+and the Dagster resources call) migrate. An upgrade first reads the domain's ledger without any lock:
+a current schema costs one query, so concurrent callers never queue on the migration lock. The CLI's
+other verbs call `require_current`: one query, and an error telling the user to upgrade when the
+schema is behind the installed files.
 """
 
 from __future__ import annotations
@@ -158,13 +160,14 @@ def status(store: Datastore, domain: str) -> list[MigrationStatus]:
     return [MigrationStatus(domain, m.version, m.name, m.version in applied) for m in migrations]
 
 
-def require_current(store: Datastore, domain: str) -> None:
+def require_current(store: Datastore, domain: str, *, pooled: bool = True) -> None:
     """Raise SchemaNotCurrent unless every shipped migration of the domain is applied; never migrates.
 
-    One query on a pooled connection when the schema is current. A schema ahead of the files (a newer
-    runstate upgraded it) is accepted: migrations only add."""
+    One query when the schema is current: on a pooled connection, or (`pooled=False`, for a caller that
+    opens no pool) on one of its own. A schema ahead of the files (a newer runstate upgraded it) is
+    accepted: migrations only add."""
     migrations = discover(store.backend, domain)
-    applied = _applied(store, domain, migrations, pooled=True)
+    applied = _applied(store, domain, migrations, pooled=pooled)
     missing = [m for m in migrations if m.version not in applied]
     if not missing:
         return

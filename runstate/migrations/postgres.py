@@ -40,12 +40,41 @@ def _lock_key(schema: str) -> int:
 def upgrade_postgres(
     store: PostgresDatastore, domain: str, migrations: list[Migration], session_settings: Mapping[str, str]
 ) -> list[Migration]:
-    schema = sql.Identifier(store.schema)
-    ledger = sql.Identifier(store.schema, ledger_table(domain))
+    with postgres_errors(store), store.connect() as conn:
+        if _current(conn, store.schema, domain, migrations):
+            return []  # the common case: no lock, no DDL, one query
+        return _upgrade_locked(conn, store.schema, domain, migrations, session_settings)
+
+
+def _current(conn: psycopg.Connection, schema: str, domain: str, migrations: list[Migration]) -> bool:
+    """Every file recorded, unchanged, in the domain's ledger? (False for a missing ledger: lock and look.)"""
+    try:
+        rows = conn.execute(
+            sql.SQL("SELECT version, checksum FROM {}").format(sql.Identifier(schema, ledger_table(domain)))
+        ).fetchall()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        return False
+    applied = dict(rows)
+    for migration in migrations:
+        if migration.version not in applied:
+            return False
+        check_unchanged(migration, applied[migration.version])
+    return True
+
+
+def _upgrade_locked(
+    conn: psycopg.Connection,
+    schema_name: str,
+    domain: str,
+    migrations: list[Migration],
+    session_settings: Mapping[str, str],
+) -> list[Migration]:
     done: list[Migration] = []
-    with postgres_errors(store), store.connect() as conn, conn.transaction(), conn.cursor() as cur:
+    schema = sql.Identifier(schema_name)
+    ledger = sql.Identifier(schema_name, ledger_table(domain))
+    with conn.transaction(), conn.cursor() as cur:
         # The lock before CREATE SCHEMA: concurrent CREATE SCHEMA IF NOT EXISTS can still collide.
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(store.schema),))
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema_name),))
         cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
         cur.execute(sql.SQL("SET LOCAL search_path TO {}, public").format(schema))
         for name, value in session_settings.items():
@@ -56,7 +85,7 @@ def upgrade_postgres(
                 " checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
             ).format(ledger)
         )
-        _adopt_legacy(cur, store.schema, ledger, migrations)
+        _adopt_legacy(cur, schema_name, ledger, migrations)
         cur.execute(sql.SQL("SELECT version, checksum FROM {}").format(ledger))
         applied = dict(cur.fetchall())
         for migration in migrations:

@@ -59,10 +59,37 @@ def upgrade_snowflake(
 ) -> list[Migration]:
     with snowflake_connection(store) as conn:
         cur = conn.cursor()
+        if _current(cur, store.schema, domain, migrations):
+            return []  # the common case: no lock table, no DDL, one query
         cur.execute(f"CREATE SCHEMA IF NOT EXISTS {store.schema}")
         cur.execute(f"USE SCHEMA {store.schema}")
         with _lock(cur, store.schema, lock_timeout_s):
             return _upgrade_locked(cur, store.schema, domain, migrations)
+
+
+def _current(cur: Any, schema: str, domain: str, migrations: list[Migration]) -> bool:
+    """Every file recorded, unchanged, in the domain's ledger? (False for a missing ledger: lock and look.)"""
+    try:
+        cur.execute(f"SELECT VERSION, CHECKSUM FROM {schema}.{ledger_table(domain).upper()}")
+    except Exception as exc:  # the connector's ProgrammingError
+        if _missing_object(exc):
+            return False
+        raise
+    applied = {row[0]: row[1] for row in cur.fetchall()}
+    for migration in migrations:
+        if migration.version not in applied:
+            return False
+        check_unchanged(migration, applied[migration.version])
+    return True
+
+
+def _held_or_transient(exc: BaseException) -> bool:
+    """The lock table exists (another upgrade holds it), or the server failed the CREATE transiently
+    (fakesnow answers two concurrent catalog writes with HTTP 500): both are worth waiting for."""
+    from snowflake.connector import errors as sf_errors
+
+    transient = (sf_errors.InternalServerError, sf_errors.ServiceUnavailableError, sf_errors.OperationalError)
+    return "already exists" in str(exc) or isinstance(exc, transient)
 
 
 @contextmanager
@@ -73,8 +100,8 @@ def _lock(cur: Any, schema: str, timeout_s: float) -> Iterator[None]:
         try:
             cur.execute(f"CREATE TABLE {SNOWFLAKE_LOCK_TABLE} (TAKEN_AT TIMESTAMP_TZ)")
             break
-        except Exception as exc:  # the connector's ProgrammingError; only "already exists" means "held"
-            if "already exists" not in str(exc) or time.monotonic() > deadline:
+        except Exception as exc:  # the connector's errors: "already exists" means "held"
+            if not _held_or_transient(exc) or time.monotonic() > deadline:
                 raise MigrationError(
                     f"snowflake {schema}: the migration lock is held ({exc}); if no upgrade is running, "
                     f"DROP TABLE {schema}.{SNOWFLAKE_LOCK_TABLE}"
