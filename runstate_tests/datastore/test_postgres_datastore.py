@@ -32,11 +32,16 @@ def test_a_connection_is_autocommit_in_the_schema_and_named(store, pg_schema):
     assert name == "runstate-test"
 
 
-def test_a_busy_connection_is_handed_out_without_a_ping(store, monkeypatch):
-    pings = []
+@pytest.fixture
+def pings(monkeypatch) -> list[int]:
+    """One entry per ping the pool sends (its check_connection, spied on, still pings)."""
+    seen: list[int] = []
     real_check = ConnectionPool.check_connection
-    monkeypatch.setattr(ConnectionPool, "check_connection", lambda conn: (pings.append(1), real_check(conn)))
+    monkeypatch.setattr(ConnectionPool, "check_connection", lambda conn: (seen.append(1), real_check(conn)))
+    return seen
 
+
+def test_a_busy_connection_is_handed_out_without_a_ping(store, pings):
     for _ in range(20):
         with store.connection() as conn:
             conn.execute("SELECT 1")
@@ -44,11 +49,8 @@ def test_a_busy_connection_is_handed_out_without_a_ping(store, monkeypatch):
     assert pings == []
 
 
-def test_an_idle_connection_is_checked_before_it_is_handed_out(store, monkeypatch):
+def test_an_idle_connection_is_checked_before_it_is_handed_out(store, pings):
     store.check_after_idle_s = 0.0
-    pings = []
-    real_check = ConnectionPool.check_connection
-    monkeypatch.setattr(ConnectionPool, "check_connection", lambda conn: (pings.append(1), real_check(conn)))
 
     for _ in range(3):
         with store.connection() as conn:
