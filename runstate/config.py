@@ -68,6 +68,8 @@ class Settings:
     snowflake: Mapping[str, str] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # The address executors reach the driver at; None: loopback for local and loopback masters, else Spark's.
+    spark_driver_host: str | None = None
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
@@ -102,6 +104,7 @@ class Settings:
             },
             spark_master=env.get("RUNSTATE_SPARK_MASTER", "local[2]"),
             spark_conf={str(k): str(v) for k, v in spark_conf.items()},
+            spark_driver_host=env.get("RUNSTATE_SPARK_DRIVER_HOST") or None,
             iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
             wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
