@@ -64,7 +64,7 @@ def publish(
     s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]], offset: int = 0
 ) -> int:
     """The rows as deltas of ROWS_PER_DELTA WAL rows each, seqs shifted by `offset`; returns the version."""
-    from runstate.wal.lake.source import publish_delta
+    from runstate.wal.dataset_tables.source import publish_delta
 
     version = 0
     for start in range(0, len(rows), ROWS_PER_DELTA):
@@ -87,7 +87,7 @@ def role_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def role_rebuild(args: argparse.Namespace) -> dict[str, Any]:
-    from runstate.wal.lake import rebuild_dataset
+    from runstate.wal.dataset_tables import rebuild_dataset
 
     spark = _session(args)
     started = time.perf_counter()
@@ -100,9 +100,9 @@ def role_merge(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from runstate.wal.changes import canonical_json
-    from runstate.wal.lake import merge_dataset, table_ident
-    from runstate.wal.lake.merge import merge_statement
-    from runstate.wal.lake.source import MergePlan
+    from runstate.wal.dataset_tables import merge_dataset, table_ident
+    from runstate.wal.dataset_tables.merge import merge_statement
+    from runstate.wal.dataset_tables.source import MergePlan
 
     spark, location = _session(args), _location(args)
     s3, dataset_id, keys, backlog = location.client(), "m50k", 10_000, 50_000
@@ -151,7 +151,7 @@ def _upsert(key: str, value: Any) -> Any:
 
 
 def _location(args: argparse.Namespace) -> Any:
-    from runstate.wal.lake import BlobLocation
+    from runstate.wal.dataset_tables import BlobLocation
 
     return BlobLocation(bucket=BUCKET, prefix=PREFIX, endpoint_url=args.endpoint)
 

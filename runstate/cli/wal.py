@@ -163,6 +163,6 @@ COMMANDS = [wal]
 
 
 # The dataset tables' verbs (`wal merge`, `wal read --engine spark`) live in their own module.
-from runstate.cli import lake  # noqa: E402
+from runstate.cli import dataset_tables  # noqa: E402
 
-lake.install(wal)
+dataset_tables.install(wal)

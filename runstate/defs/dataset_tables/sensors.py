@@ -20,11 +20,11 @@ from typing import Any
 
 import dagster as dg
 
-from runstate.defs.datasets.jobs import MERGE_JOB, MERGE_OP
+from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
 from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
-from runstate.wal.lake import merge_shard
+from runstate.wal.shards import shard_of
 
 MERGE_INTERVAL_S = 60
 MERGE_SHARDS = 4
@@ -112,7 +112,7 @@ def evaluate_merge_tick(
     applied = last_applied_seqs(wal.dynamodb_client(), wal.table)
     due: dict[int, dict[str, int]] = {}
     for dataset_id, version in applied.items():
-        shard = merge_shard(dataset_id, shards)
+        shard = shard_of(dataset_id, shards)
         if version > requested.get(dataset_id, 0) and shard not in held:
             due.setdefault(shard, {})[dataset_id] = version
     tick = cursor.ticks + 1

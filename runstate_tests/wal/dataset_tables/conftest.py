@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from runstate.wal import DatasetReader, WalProducer, flush_batch
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
-from runstate.wal.lake import BlobLocation, table_ident
+from runstate.wal.dataset_tables import BlobLocation, table_ident
 from runstate.wal.table import WalTable
 
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from runstate.wal import ensure_blob_bucket, ensure_wal_table
-from runstate.wal.tables import KIND_INDEX, STATUS_INDEX, table_spec
+from runstate.wal.layout import KIND_INDEX, STATUS_INDEX, table_spec
 
 
 def test_ensure_is_idempotent_and_creates_stream_and_indexes(wal):

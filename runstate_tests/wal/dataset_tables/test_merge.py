@@ -6,7 +6,7 @@ import pytest
 
 from runstate.wal import BlobIntegrityError, compact_dataset
 from runstate.wal.changes import Change
-from runstate.wal.lake import (
+from runstate.wal.dataset_tables import (
     MAINTENANCE_ENABLED_PROPERTY,
     VERSION_PROPERTY,
     VersionNotFound,
@@ -15,7 +15,7 @@ from runstate.wal.lake import (
     rebuild_dataset,
     table_ident,
 )
-from runstate.wal.lake.table import table_properties
+from runstate.wal.dataset_tables.table import table_properties
 
 pytestmark = pytest.mark.spark
 

@@ -1,4 +1,4 @@
-"""A dataset table's DDL, the version it reached, and one place that turns Spark failures into LakeErrors."""
+"""A dataset table's DDL, the version it reached, and one place that turns Spark failures into DatasetTableErrors."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from runstate.wal.errors import BlobIntegrityError
-from runstate.wal.lake.errors import LakeError
-from runstate.wal.lake.naming import (
+from runstate.wal.dataset_tables.errors import DatasetTableError
+from runstate.wal.dataset_tables.naming import (
     CATALOG,
     DATASET_PROPERTY,
     MAINTENANCE_ENABLED_PROPERTY,
@@ -18,6 +17,7 @@ from runstate.wal.lake.naming import (
     VERSION_PROPERTY,
     table_ident,
 )
+from runstate.wal.errors import BlobIntegrityError
 
 COLUMNS = (
     "key STRING NOT NULL, value STRING, wal_seq BIGINT NOT NULL, updated_at TIMESTAMP NOT NULL, "
@@ -92,7 +92,7 @@ def table_properties(spark: Any, ident: str) -> dict[str, str]:
 @contextmanager
 def spark_errors(dataset_id: str, ident: str, action: str) -> Iterator[None]:
     """A blob that failed in a Spark task becomes the WAL's BlobIntegrityError (its message names the
-    blob); any other Spark or JVM failure becomes one LakeError line naming the dataset and table."""
+    blob); any other Spark or JVM failure becomes one DatasetTableError line naming the dataset and table."""
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
@@ -104,7 +104,7 @@ def spark_errors(dataset_id: str, ident: str, action: str) -> Iterator[None]:
         if blob:
             raise BlobIntegrityError(blob.group(1).strip()) from None
         cause = _cause(text, error)
-        raise LakeError(f"dataset {dataset_id!r}: {action} of {ident} failed: {cause}") from None
+        raise DatasetTableError(f"dataset {dataset_id!r}: {action} of {ident} failed: {cause}") from None
 
 
 def _cause(text: str, error: BaseException) -> str:

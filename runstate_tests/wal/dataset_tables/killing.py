@@ -81,7 +81,7 @@ class MergeChild:
     def __init__(self, args: dict[str, Any]) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runstate_tests.wal.lake.killing", json.dumps(args)],
+            [sys.executable, "-m", "runstate_tests.wal.dataset_tables.killing", json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -107,7 +107,7 @@ class MergeChild:
 
 def _child(args: dict[str, Any]) -> None:
     from runstate.spark import SparkSettings, build_session
-    from runstate.wal.lake import BlobLocation, merge_dataset
+    from runstate.wal.dataset_tables import BlobLocation, merge_dataset
 
     spark = build_session(
         SparkSettings(

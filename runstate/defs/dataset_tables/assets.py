@@ -2,13 +2,13 @@
 
 import dagster as dg
 
-from runstate.defs.datasets.jobs import merge_metadata
-from runstate.defs.datasets.resources import blob_location
+from runstate.defs.dataset_tables.jobs import merge_metadata
+from runstate.defs.dataset_tables.resources import blob_location
 from runstate.defs.spark import SparkResource
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
-from runstate.wal.lake import rebuild_dataset
+from runstate.wal.dataset_tables import rebuild_dataset
 
 GROUP = "datasets"
 # A backfill of every dataset runs in ceil(datasets / 25) runs, each on one Spark session.

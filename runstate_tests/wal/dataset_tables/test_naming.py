@@ -1,4 +1,4 @@
-"""Dataset ids to table names: stable, collision-free, always a plain identifier; shards are stable."""
+"""Dataset ids to table names: stable, collision-free, always a plain identifier."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from runstate.wal import WalInputError
 from runstate.wal.changes import DATASET_ID_PATTERN
-from runstate.wal.lake import merge_shard, table_ident, table_name
+from runstate.wal.dataset_tables import table_ident, table_name
 
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # the maintenance service's rule
 dataset_ids = st.from_regex(DATASET_ID_PATTERN, fullmatch=True)
@@ -43,14 +43,3 @@ def test_names_are_identifiers_and_distinct_ids_never_share_one(a, b):
 def test_an_invalid_dataset_id_is_refused_before_any_sql(bad):
     with pytest.raises(WalInputError, match="dataset id"):
         table_name(bad)
-
-
-@settings(max_examples=100, deadline=None, database=None)
-@given(dataset_ids, st.integers(min_value=1, max_value=64))
-def test_a_dataset_always_lands_in_the_same_shard(dataset_id, shards):
-    assert merge_shard(dataset_id, shards) == merge_shard(dataset_id, shards) < shards
-
-
-def test_zero_shards_is_refused():
-    with pytest.raises(ValueError, match="at least 1"):
-        merge_shard("orders", 0)

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
-from runstate.defs import datasets
-from runstate.defs.datasets.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
+from runstate.defs import dataset_tables as dataset_tables_defs
+from runstate.defs.dataset_tables.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.ticking import tick_sensor
@@ -20,7 +20,8 @@ from runstate.defs.wal import build_defs as wal_defs
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
 from runstate.wal.changes import Change
-from runstate.wal.lake import merge_shard, read_table
+from runstate.wal.dataset_tables import read_table
+from runstate.wal.shards import shard_of
 
 pytestmark = pytest.mark.spark
 SENSOR = "dataset_tables_sensor"
@@ -36,7 +37,7 @@ def resource(wal) -> WalResource:
 @pytest.fixture
 def defs(resource, spark_settings) -> dg.Definitions:
     shared = dg.Definitions(resources={"spark": SparkResource.from_settings(spark_settings)})
-    return dg.Definitions.merge(shared, wal_defs(wal=resource), datasets.build_defs())
+    return dg.Definitions.merge(shared, wal_defs(wal=resource), dataset_tables_defs.build_defs())
 
 
 @pytest.fixture
@@ -61,7 +62,7 @@ def test_a_tick_requests_one_run_per_shard_and_each_table_reaches_its_version(
 
     result = tick_sensor(SENSOR, defs=defs, instance=instance)
 
-    shards = {merge_shard(d, MERGE_SHARDS) for d in ids}
+    shards = {shard_of(d, MERGE_SHARDS) for d in ids}
     assert result.requested == len(shards) <= MERGE_SHARDS and result.failed == 0
     assert {run.dagster_run.tags[MERGE_SHARD_TAG] for run in result.results} == {str(s) for s in shards}
     for dataset_id in ids:
@@ -91,7 +92,7 @@ def test_a_failed_merge_run_is_requested_again_once_it_is_dead(spark, wal, feed,
 def test_a_shard_with_a_live_run_is_held(wal, feed, defs, instance, resource, dataset_ids):
     dataset_id = dataset_ids()
     _flushed(feed, [dataset_id])
-    shard = merge_shard(dataset_id, MERGE_SHARDS)
+    shard = shard_of(dataset_id, MERGE_SHARDS)
     instance.create_run_for_job(
         defs.resolve_job_def("merge_dataset_tables"),
         tags={MERGE_SHARD_TAG: str(shard)},

@@ -7,9 +7,9 @@ import warnings
 
 import dagster as dg
 
-from runstate.defs.datasets.assets import dataset_tables
-from runstate.defs.datasets.jobs import merge_dataset_tables
-from runstate.defs.datasets.sensors import dataset_tables_sensor
+from runstate.defs.dataset_tables.assets import dataset_tables
+from runstate.defs.dataset_tables.jobs import merge_dataset_tables
+from runstate.defs.dataset_tables.sensors import dataset_tables_sensor
 
 # The maintenance service reads every table of the catalog, dataset tables included: the lineage says so.
 CATALOG_ASSET = "table_inventory"

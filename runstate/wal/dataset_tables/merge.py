@@ -19,9 +19,9 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runstate.wal.lake.errors import LakeError
-from runstate.wal.lake.naming import VERSION_KEY
-from runstate.wal.lake.source import (
+from runstate.wal.dataset_tables.errors import DatasetTableError
+from runstate.wal.dataset_tables.naming import VERSION_KEY
+from runstate.wal.dataset_tables.source import (
     CHANGE_COLUMNS,
     BlobLocation,
     MergePlan,
@@ -29,7 +29,7 @@ from runstate.wal.lake.source import (
     change_reader,
     plan_merge,
 )
-from runstate.wal.lake.table import ensure_table, set_version_property, spark_errors, table_version
+from runstate.wal.dataset_tables.table import ensure_table, set_version_property, spark_errors, table_version
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Any:
         return location.manifest(s3 or location.client(), dataset_id)
     except (ClientError, BotoCoreError) as error:
         where = location.endpoint_url or "AWS"
-        raise LakeError(
+        raise DatasetTableError(
             f"dataset {dataset_id!r}: reading its manifest from bucket {location.bucket!r} "
             f"at {where} failed: {error}"
         ) from None

@@ -17,10 +17,10 @@ import pytest
 
 from runstate.wal import compact_dataset
 from runstate.wal.changes import Change
-from runstate.wal.lake import merge_dataset, read_table, table_ident
-from runstate.wal.lake.merge import apply_plan
-from runstate.wal.lake.source import plan_merge
-from runstate.wal.lake.table import ensure_table, marker_version
+from runstate.wal.dataset_tables import merge_dataset, read_table, table_ident
+from runstate.wal.dataset_tables.merge import apply_plan
+from runstate.wal.dataset_tables.source import plan_merge
+from runstate.wal.dataset_tables.table import ensure_table, marker_version
 
 from .killing import MergeChild, StallingProxy
 

@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from runstate.wal.changes import Key
-from runstate.wal.lake.errors import LakeError, VersionNotFound
-from runstate.wal.lake.naming import table_ident
-from runstate.wal.lake.table import marker_version, spark_errors, table_exists
+from runstate.wal.dataset_tables.errors import DatasetTableError, VersionNotFound
+from runstate.wal.dataset_tables.naming import table_ident
+from runstate.wal.dataset_tables.table import marker_version, spark_errors, table_exists
 
 
 def live_rows_sql(ident: str, snapshot_id: int | None = None) -> str:
@@ -26,7 +26,7 @@ def read_table(spark: Any, dataset_id: str, version: int | None = None) -> tuple
     """(version, state): the same pair the blob reader gives, read from the table (or its snapshot)."""
     ident = table_ident(dataset_id)
     if not table_exists(spark, dataset_id):
-        raise LakeError(
+        raise DatasetTableError(
             f"dataset {dataset_id!r}: table {ident} does not exist; run `runstate wal merge` first"
         )
     with spark_errors(dataset_id, ident, "read"):

@@ -3,12 +3,12 @@
 import dagster as dg
 from pydantic import Field
 
-from runstate.defs.datasets.resources import blob_location
+from runstate.defs.dataset_tables.resources import blob_location
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import WalError
-from runstate.wal.lake import MergeResult, merge_dataset
+from runstate.wal.dataset_tables import MergeResult, merge_dataset
 
 TABLES_ASSET = dg.AssetKey("dataset_tables")
 MERGE_JOB = "merge_dataset_tables"

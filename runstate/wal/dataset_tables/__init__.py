@@ -4,9 +4,9 @@ Plain Python over a SparkSession passed in by the caller; never imports dagster.
 inside Spark tasks (boto3 in `mapInArrow`), so no row passes through the driver process.
 """
 
-from runstate.wal.lake.errors import LakeError, VersionNotFound
-from runstate.wal.lake.merge import MergeResult, merge_dataset, rebuild_dataset
-from runstate.wal.lake.naming import (
+from runstate.wal.dataset_tables.errors import DatasetTableError, VersionNotFound
+from runstate.wal.dataset_tables.merge import MergeResult, merge_dataset, rebuild_dataset
+from runstate.wal.dataset_tables.naming import (
     DATASET_PROPERTY,
     MAINTENANCE_ENABLED_PROPERTY,
     NAMESPACE,
@@ -15,14 +15,13 @@ from runstate.wal.lake.naming import (
     table_ident,
     table_name,
 )
-from runstate.wal.lake.read import live_rows_sql, read_table
-from runstate.wal.lake.shards import merge_shard
-from runstate.wal.lake.source import BlobLocation
+from runstate.wal.dataset_tables.read import live_rows_sql, read_table
+from runstate.wal.dataset_tables.source import BlobLocation
 
 __all__ = [
     "BlobLocation",
     "DATASET_PROPERTY",
-    "LakeError",
+    "DatasetTableError",
     "MAINTENANCE_ENABLED_PROPERTY",
     "MergeResult",
     "NAMESPACE",
@@ -31,7 +30,6 @@ __all__ = [
     "VersionNotFound",
     "live_rows_sql",
     "merge_dataset",
-    "merge_shard",
     "read_table",
     "rebuild_dataset",
     "table_ident",

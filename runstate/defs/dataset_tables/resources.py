@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runstate.defs.wal.resources import WalResource, _plain
-from runstate.wal.lake import BlobLocation
+from runstate.wal.dataset_tables import BlobLocation
 
 
 def blob_location(wal: WalResource) -> BlobLocation:

@@ -33,7 +33,7 @@ def _merge_instance() -> Any:
 )
 def merge(dataset_id: str | None, rebuild: bool) -> None:
     """Bring dataset tables up to their datasets' versions on Spark, in-process (as `wal tick` flushes)."""
-    from runstate.defs.datasets.jobs import MERGE_OP
+    from runstate.defs.dataset_tables.jobs import MERGE_OP
     from runstate.defs.ticking import default_defs, tick_sensor
 
     if rebuild and dataset_id is None:
@@ -63,26 +63,26 @@ def _tick(tick_sensor: Any) -> Any:
     from botocore.exceptions import BotoCoreError, ClientError
     from dagster import DagsterUserCodeExecutionError
 
-    from runstate.wal.lake import LakeError
+    from runstate.wal.dataset_tables import DatasetTableError
 
     try:
         return tick_sensor("dataset_tables_sensor")
     except DagsterUserCodeExecutionError as error:
         cause = error.user_exception
         if isinstance(cause, (ClientError, BotoCoreError)):
-            raise LakeError(f"dataset_tables_sensor could not read the WAL table: {cause}") from None
+            raise DatasetTableError(f"dataset_tables_sensor could not read the WAL table: {cause}") from None
         raise
     except (ClientError, BotoCoreError) as error:
-        raise LakeError(f"dataset_tables_sensor could not read the WAL table: {error}") from None
+        raise DatasetTableError(f"dataset_tables_sensor could not read the WAL table: {error}") from None
 
 
 def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
-    from runstate.defs.datasets.jobs import MERGE_JOB, MERGE_OP
-    from runstate.defs.datasets.sensors import MERGE_SHARDS
+    from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
+    from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
     from runstate.defs.tags import MERGE_SHARD_TAG
-    from runstate.wal.lake import merge_shard
+    from runstate.wal.shards import shard_of
 
-    shard = merge_shard(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
+    shard = shard_of(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
     return defs.resolve_job_def(MERGE_JOB).execute_in_process(
         run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id], "rebuild": rebuild}}}},
         instance=_merge_instance(),
@@ -105,13 +105,13 @@ def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
     from runstate.spark import SparkSetupError, build_session, settings_from_runstate
     from runstate.wal import state_document
     from runstate.wal.changes import validate_dataset_id
-    from runstate.wal.lake import LakeError, read_table
+    from runstate.wal.dataset_tables import DatasetTableError, read_table
 
     validate_dataset_id(dataset_id)  # before a JVM is started for nothing
     try:
         spark = build_session(settings_from_runstate())
     except (SparkSetupError, PySparkException) as error:
-        raise LakeError(f"Spark could not start: {' '.join(str(error).split())}") from None
+        raise DatasetTableError(f"Spark could not start: {' '.join(str(error).split())}") from None
     spark.sparkContext.setLogLevel("ERROR")
     reached, state = read_table(spark, dataset_id, version)
     return state_document(dataset_id, reached, state)
