@@ -72,7 +72,7 @@ def status() -> None:
     for row in rows:
         pid = f"pid {row.pid}" if row.pid else "-"
         health = "healthy" if row.healthy else "UNHEALTHY"
-        line = f"{row.name:<9} {row.kind:<8} {row.url:<45} {health:<9} {pid}"
+        line = f"{row.name:<14} {row.kind:<8} {row.url:<45} {health:<9} {pid}"
         click.echo(f"{line}  {row.detail}".rstrip())
     if not all(row.healthy for row in rows):
         sys.exit(1)

@@ -24,7 +24,7 @@ import signal
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -311,8 +311,6 @@ def save_cluster(cluster: StandaloneCluster | None) -> None:
     if cluster is None:
         path.unlink(missing_ok=True)
         return
-    from dataclasses import asdict
-
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({n: asdict(r) for n, r in cluster.records().items()}, indent=2) + "\n")
 
