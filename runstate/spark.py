@@ -135,9 +135,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The whole session configuration (master and app name included) as one flat dict.
 
     This is the one mapping from settings to Spark: dagster-pyspark's resource takes it as its
-    `spark_config`, and `build_session` gives it to the builder the same way.
+    `spark_config`, and `build_session` gives it to the builder the same way. The master is
+    `settings.master` (RUNSTATE_SPARK_MASTER) whatever `extra_conf` says.
     """
-    return {"spark.master": settings.master, "spark.app.name": settings.app_name, **settings.conf()}
+    return {"spark.app.name": settings.app_name, **settings.conf(), "spark.master": settings.master}
 
 
 def use_this_python_for_tasks() -> None:

@@ -32,6 +32,7 @@ from runstate.services.state import (
     services_file,
     services_lock,
     stop_process,
+    user_env_values,
     write_env_file,
 )
 
@@ -90,7 +91,9 @@ def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> d
         ours["RUNSTATE_AWS_ENDPOINT_URL"] = previous["moto"].url
     if _ours(previous, "fakesnow"):
         ours["SNOWFLAKE_PORT"] = str(previous["fakesnow"].port)
-    env = {key: value for key, value in os.environ.items() if ours.get(key) != value}
+    # The user's own lines of `.env` count as their choice even when the CLI has not loaded the file.
+    chosen = {**user_env_values(), **os.environ}
+    env = {key: value for key, value in chosen.items() if ours.get(key) != value}
     if "SNOWFLAKE_PORT" in ours and "SNOWFLAKE_PORT" not in env and env.get("SNOWFLAKE_HOST") == "127.0.0.1":
         del env["SNOWFLAKE_HOST"]  # loopback + our port: that is our own fakesnow
     return env
@@ -137,10 +140,13 @@ def up(
         values = endpoint_values(env, records)
         values.update(spark_cluster.up(env, spark_workers, log))
         env_path = write_env_file(values)
+        kept = sorted(set(values) & set(user_env_values(env_path)))
         LEGACY_ENV_FILE().unlink(missing_ok=True)
         # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
         # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
         notes = _prepare(env, records, values)
+    if kept:
+        notes.append(f"{env_path}: your own line wins for {', '.join(kept)} (left out of the block)")
     for note in notes:
         log(note)
     return UpReport(records, values, env_path, notes)
@@ -204,7 +210,11 @@ def _prepare(
         f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}"
     )
     with _step("moto: creating the WAL table and blob bucket"):
-        notes.append(moto.create_wal_resources(records["moto"].url, settings.wal_table, settings.blob_bucket))
+        notes.append(
+            moto.create_wal_resources(
+                records["moto"].url, settings.wal_table, settings.blob_bucket, settings.aws_region
+            )
+        )
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
             # The schema rule of the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
