@@ -165,7 +165,7 @@ def _spark_master(env: Mapping[str, str]) -> str:
 
 def _spark_driver_host(env: Mapping[str, str]) -> str | None:
     raw = env.get("RUNSTATE_SPARK_DRIVER_HOST") or None
-    if raw is not None and (not raw.isprintable() or any(ch.isspace() or ch in "/:" for ch in raw)):
+    if raw is not None and (not raw.isprintable() or any(ch.isspace() or ch == "/" for ch in raw)):
         raise ConfigError(f"RUNSTATE_SPARK_DRIVER_HOST must be a host name or address, got {_shown(raw)}")
     return raw
 

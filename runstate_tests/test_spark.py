@@ -142,3 +142,10 @@ def test_runstate_spark_driver_host_names_the_drivers_address():
 
     assert conf["spark.master"] == "yarn"
     assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "10.1.2.3"
+
+
+def test_a_driver_host_that_is_a_url_is_refused():
+    from runstate.config import ConfigError
+
+    with pytest.raises(ConfigError, match="RUNSTATE_SPARK_DRIVER_HOST must be a host name or address"):
+        Settings.from_env({"RUNSTATE_SPARK_DRIVER_HOST": "http://10.1.2.3"})
