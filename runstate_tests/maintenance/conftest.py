@@ -91,12 +91,13 @@ def wait_for(
 class WorkerProcess:
     """worker_process.py in a process group of its own, so a signal reaches its JVM too.
 
-    One JVM serves job after job (as a worker run does); `claim` hands it the next one.
+    One JVM serves job after job (as a worker run does); `claim` hands it the next one. `spark` overrides
+    its SparkSettings (a `spark://` master, extra_conf).
     """
 
-    def __init__(self, dsn: str, warehouse: Path) -> None:
+    def __init__(self, dsn: str, warehouse: Path, spark: dict | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), dsn, str(warehouse)],
+            [sys.executable, str(WORKER_SCRIPT), dsn, str(warehouse), json.dumps(spark or {})],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

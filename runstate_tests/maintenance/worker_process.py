@@ -1,11 +1,12 @@
 """A maintenance worker in a process of its own (its own JVM), for the crash and zombie tests.
 
-    python worker_process.py DSN WAREHOUSE
+    python worker_process.py DSN WAREHOUSE [SPARK_JSON]
 
 It starts Spark once and then serves one job per line read on stdin, as a worker run keeps one JVM
 across jobs: a line {"schema", "lease_seconds"} makes it claim a job of that schema, print
 {"job_id", "attempt_id"} as one JSON line, run the job with run_job and print the outcome as a second
 JSON line. The tests SIGKILL or SIGSTOP it in between. It exits at the end of its input.
+SPARK_JSON overrides the SparkSettings (the cluster tests give a `spark://` master and extra_conf).
 """
 
 from __future__ import annotations
@@ -15,12 +16,18 @@ import sys
 from pathlib import Path
 
 
-def main(dsn: str, warehouse: str) -> None:
+def main(dsn: str, warehouse: str, spark_json: str = "{}") -> None:
     from runstate.spark import SparkSettings, build_session
 
     spark = build_session(
         SparkSettings(
-            master="local[1]", pg_url=dsn, warehouse_dir=Path(warehouse), app_name="runstate-test-worker"
+            **{
+                "master": "local[1]",
+                "pg_url": dsn,
+                "warehouse_dir": Path(warehouse),
+                "app_name": "runstate-test-worker",
+                **json.loads(spark_json),
+            }
         )
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -45,4 +52,4 @@ def serve_one_job(spark, dsn: str, schema: str, lease_seconds: float) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(*sys.argv[1:4])
