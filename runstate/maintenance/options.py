@@ -39,6 +39,8 @@ class ActionSettings:
     expire_older_than_hours: float = 72.0
     retain_last: int = 10
     orphan_older_than_hours: float = 72.0
+    # Time a full scan's planning before and after each action (a Spark planning pass each time).
+    canary_planning: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -72,6 +74,10 @@ class ActionSettings:
         _bounded_int("retain_last", self.retain_last, MAX_RETAIN_LAST)
         _hours("expire_older_than_hours", self.expire_older_than_hours)
         _hours("orphan_older_than_hours", self.orphan_older_than_hours)
+        if not isinstance(self.canary_planning, bool):
+            raise InvalidActionOption(
+                f"canary_planning must be true or false, got {_shown(self.canary_planning)}"
+            )
         if self.orphan_older_than_hours < MIN_ORPHAN_AGE_HOURS:
             raise InvalidActionOption(
                 f"orphan_older_than_hours {self.orphan_older_than_hours} is under {MIN_ORPHAN_AGE_HOURS}: "
