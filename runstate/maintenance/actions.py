@@ -108,11 +108,17 @@ class ActionRunner:
         arguments = [f"strategy => '{s.rewrite_strategy}'"]
         if s.rewrite_strategy == "sort" and s.sort_order:
             arguments.append(f"sort_order => '{sort_order_sql(s.sort_order)}'")
-        arguments.append(
-            f"options => map('target-file-size-bytes', '{int(s.target_file_size_bytes)}',"
-            f" 'partial-progress.enabled', 'true',"
-            f" 'partial-progress.max-commits', '{PARTIAL_PROGRESS_MAX_COMMITS}')"
-        )
+        options = {
+            "target-file-size-bytes": int(s.target_file_size_bytes),
+            "partial-progress.enabled": "true",
+            "partial-progress.max-commits": PARTIAL_PROGRESS_MAX_COMMITS,
+        }
+        if s.delete_file_threshold is not None:
+            options.update(
+                {"delete-file-threshold": int(s.delete_file_threshold), "remove-dangling-deletes": "true"}
+            )
+        pairs = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+        arguments.append(f"options => map({pairs})")
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
         if figures.get("failed_data_files_count"):
             # Partial progress logs a refused or lost group commit and carries on: make it an error.
