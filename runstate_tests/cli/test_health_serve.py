@@ -105,3 +105,24 @@ def test_serve_analyzes_live_with_the_same_json_as_the_cli_and_404s_unknown_tabl
     assert (live[1]["total_data_files"], live[1]["recommended_actions"]) == (6, ["rewrite_data_files"])
     assert set(live[1]) >= {"database", "table", "health_status", "snapshot_count", "checked_at"}
     assert missing[0] == 404 and "not found" in missing[1]["error"]
+
+
+def test_serve_on_a_port_in_use_prints_one_error_line_and_exits_1(pg_database, pg_schema):
+    env = {**os.environ, "RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema}
+    runstate = os.path.join(os.path.dirname(sys.executable), "runstate")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [runstate, "health", "serve", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
