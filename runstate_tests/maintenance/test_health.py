@@ -203,6 +203,6 @@ def test_a_broken_manifest_is_recorded_in_error_and_the_rest_is_still_measured(s
     finally:
         manifest.write_bytes(saved)  # so the namespace fixture can drop the table
 
-    assert health.error and "data_files" in health.error
+    assert health.error and "files: " in health.error
     assert health.snapshot_count == 1 and health.manifest_count == 1
     assert health.health_status == UNKNOWN
