@@ -20,7 +20,7 @@ import dagster as dg
 from runstate.defs.ticking import TickResult, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
 from runstate.wal import Change, DatasetReader, WalProducer
-from runstate.wal.lake import read_table, table_ident
+from runstate.wal.dataset_tables import read_table, table_ident
 
 DEMO_NAMESPACE = "demo"
 DEMO_TABLES = ("page_views", "orders")

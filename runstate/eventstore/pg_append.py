@@ -1,7 +1,7 @@
 """The Postgres store's append: one statement in the common case, a locked transaction otherwise.
 
 The common case (a batch of new keys, the run where this store last left it) is ONE statement in
-autocommit, so one round trip (sql/postgres/005_one_statement_append.sql): it upserts the stream
+autocommit, so one round trip (sql/postgres/eventstore/005_one_statement_append.sql): it upserts the stream
 row (the run's row lock), inserts the batch after its last_seq, and writes the snapshot computed
 from the store's hint of the run (hints.py) when the batch crosses a snapshot point. The database
 checks every guess in that statement. When one was wrong (a key already stored: a retried append;

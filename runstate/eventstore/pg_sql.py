@@ -10,8 +10,9 @@ from typing import Any
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
 from runstate.eventstore.validation import ValidEvent
 
-KEY_TAKEN_SQLSTATE = "RSK01"  # raised by runstate_expect_inserted (sql/postgres/002_event_feed.sql)
-# raised by runstate_check_append (sql/postgres/005_one_statement_append.sql)
+# Raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql).
+KEY_TAKEN_SQLSTATE = "RSK01"
+# Raised by runstate_check_append (sql/postgres/eventstore/005_one_statement_append.sql).
 GUESSED_WRONG_SQLSTATE = "RSK02"
 
 EVENT_COLUMNS = (
@@ -22,7 +23,7 @@ EVENT_COLUMNS = (
 
 # One statement inserts every new row of a batch and advances the run's stream row. The arrays go
 # as binary parameters (%(x)b): no text escaping of every element on the client. The position packs
-# the transaction id with the row's place in the batch (sql/postgres/002_event_feed.sql).
+# the transaction id with the row's place in the batch (sql/postgres/eventstore/002_event_feed.sql).
 _INSERT_BATCH = """
 WITH rows AS (
   SELECT * FROM unnest(
@@ -67,7 +68,7 @@ INSERT_IMPORTED = _INSERT_BATCH.replace("{on_conflict}", "").replace(
 )
 
 
-# The one-statement append (see sql/postgres/005_one_statement_append.sql): the stream row's upsert
+# The one-statement append (see sql/postgres/eventstore/005_one_statement_append.sql): the stream row's upsert
 # takes the run's row lock and gives the seq the batch follows; the check, last, aborts the whole
 # statement when a guess of the client was wrong. Columns whose values are all NULL go as a NULL
 # array, which unnest pads.

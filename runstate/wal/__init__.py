@@ -22,12 +22,12 @@ from runstate.wal.errors import (
     WalServiceError,
 )
 from runstate.wal.flush import FlushResult, flush_batch, flush_dataset
+from runstate.wal.layout import ensure_blob_bucket, ensure_wal_table
 from runstate.wal.producer import Change, WalProducer
 from runstate.wal.reader import DatasetReader, state_document
 from runstate.wal.source import Batch, WalKey, last_applied_seqs, plan_batches, read_stream, sweep_pending
 from runstate.wal.status import DatasetStatus, oldest_pending_age_s, wal_status
 from runstate.wal.table import WalTable
-from runstate.wal.tables import ensure_blob_bucket, ensure_wal_table
 
 __all__ = [
     "BlobIntegrityError",

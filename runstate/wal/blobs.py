@@ -331,7 +331,7 @@ class BlobStore:
 
     def ensure(self) -> None:
         """Create the bucket if missing (idempotent)."""
-        from runstate.wal.tables import ensure_blob_bucket
+        from runstate.wal.layout import ensure_blob_bucket
 
         ensure_blob_bucket(self.client, self.bucket)
 

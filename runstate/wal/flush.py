@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.blobs import BlobRef, BlobStore, Manifest
 from runstate.wal.changes import Change, decode_changes, sha256_hex, validate_dataset_id
 from runstate.wal.errors import WalContentionError, WalInputError, WalIntegrityError

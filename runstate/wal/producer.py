@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.changes import (
     DELETE,
     UPSERT,

@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.changes import DATASET_ID_PATTERN
 from runstate.wal.table import WalTable
 
