@@ -99,5 +99,6 @@ def test_restore_of_a_run_never_archived_changes_nothing(backend):
     restored = store.restore("live")
 
     assert restored == 0
-    assert backend.sql(f"SELECT restored_at FROM {streams} WHERE run_id = %s", ("live",)) == [(None,)]
+    # IS NULL in SQL: fakesnow reads a NULL TIMESTAMP_TZ back as 1970-01-01.
+    assert backend.sql(f"SELECT restored_at IS NULL FROM {streams} WHERE run_id = %s", ("live",)) == [(True,)]
     assert store.archive(7, now=LATER) == 2  # still archivable at its age (was exempt for 90 days)
