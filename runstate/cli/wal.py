@@ -135,7 +135,11 @@ def read(dataset_id: str) -> None:
     """
     from runstate.wal import DatasetReader, state_document
 
-    version, state = DatasetReader.of(blob_store(), dataset_id).read()
+    # The WAL table is asked only when the manifest is missing (a client costs a few tenths of a second).
+    reader = DatasetReader.of(
+        blob_store(), dataset_id, last_applied_seq=lambda: wal_table().meta(dataset_id).last_applied_seq
+    )
+    version, state = reader.read()
     echo_json(state_document(dataset_id, version, state))
 
 

@@ -41,7 +41,10 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
 def merge_datasets(
     context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource
 ) -> None:
-    """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run."""
+    """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run.
+
+    A merged table is a materialization of its partition; a table that was already current is an
+    observation, so whoever reads the run (the CLI) sees every dataset it was asked for."""
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
     failures: dict[str, str] = {}
     for dataset_id in config.dataset_ids:
@@ -52,12 +55,15 @@ def merge_datasets(
             failures[dataset_id] = str(error)
             continue
         context.log.info(f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}")
+        metadata = merge_metadata(result)
         if result.merged:
-            metadata = merge_metadata(result)
             context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata))
+        else:
+            context.log_event(dg.AssetObservation(TABLES_ASSET, partition=dataset_id, metadata=metadata))
     if failures:
         raise dg.Failure(
-            description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed",
+            description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed: "
+            + "; ".join(failures.values()),
             metadata={dataset_id: message for dataset_id, message in failures.items()},
         )
 

@@ -17,8 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
+from runstate.wal.blobs import Manifest, manifest_key
 from runstate.wal.dataset_tables.errors import DatasetTableError
 from runstate.wal.dataset_tables.naming import VERSION_KEY
 from runstate.wal.dataset_tables.source import (
@@ -54,10 +53,13 @@ class MergeResult:
 def merge_dataset(
     spark: Any, location: BlobLocation, dataset_id: str, *, rebuild: bool = False, s3: Any = None
 ) -> MergeResult:
-    """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot)."""
+    """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot).
+
+    Refused before anything is written: a dataset without a manifest, a table that belongs to another
+    dataset, a table ahead of the manifest (unless rebuilding)."""
     started = time.perf_counter()
-    ident = ensure_table(spark, dataset_id)
     manifest = _manifest(location, s3, dataset_id)
+    ident = ensure_table(spark, dataset_id)
     with spark_errors(dataset_id, ident, "merge"):
         plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
         if not plan.reads and not plan.full:
@@ -90,15 +92,18 @@ def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: 
     return merge_dataset(spark, location, dataset_id, rebuild=True, s3=s3)
 
 
-def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Any:
-    try:
-        return location.manifest(s3 or location.client(), dataset_id)
-    except (ClientError, BotoCoreError) as error:
-        where = location.endpoint_url or "AWS"
+def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Manifest:
+    """The dataset's manifest; a dataset without one (unknown, never flushed, or its manifest lost) has
+    nothing a table could be made from."""
+    blobs = location.blob_store(s3)
+    manifest = blobs.read_manifest(dataset_id)
+    if manifest.etag is None:
+        where = f"s3://{location.bucket}/{manifest_key(location.prefix, dataset_id)}"
         raise DatasetTableError(
-            f"dataset {dataset_id!r}: reading its manifest from bucket {location.bucket!r} "
-            f"at {where} failed: {error}"
-        ) from None
+            f"dataset {dataset_id!r}: no manifest at {where}: "
+            "the dataset is unknown, was never flushed, or its blobs were lost; nothing to merge"
+        )
+    return manifest
 
 
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
@@ -118,10 +123,17 @@ def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
 
 
 def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
-    """The MERGE: newer seqs win; a full read also repairs equal-seq rows and deletes keys it lacks."""
+    """The MERGE: newer seqs win; a full read also repairs equal-seq rows and deletes keys it lacks.
+
+    A rebuild makes the table equal to the blobs: every differing row takes the blobs' change whatever
+    its seq, and live rows or tombstones the blobs do not know (say a WAL that started over left them
+    at higher seqs) become tombstones at the rebuilt version, so the new WAL's changes win over them."""
     newer = "s.wal_seq > t.wal_seq"
-    if plan.full:
-        newer += " OR (s.wal_seq = t.wal_seq AND (s.deleted <> t.deleted OR NOT (s.value <=> t.value)))"
+    differs = "s.deleted <> t.deleted OR NOT (s.value <=> t.value)"
+    if plan.rebuild:
+        newer = f"s.wal_seq <> t.wal_seq OR {differs}"
+    elif plan.full:
+        newer += f" OR (s.wal_seq = t.wal_seq AND ({differs}))"
     statement = (
         f"MERGE INTO {ident} t USING {source} s ON t.key = s.key "
         f"WHEN MATCHED AND ({newer}) THEN UPDATE SET "
@@ -131,8 +143,13 @@ def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
     )
     if plan.full:
         version = int(plan.to_version)
+        unknown = (
+            f"(NOT t.deleted OR t.wal_seq > {version})"
+            if plan.rebuild
+            else f"NOT t.deleted AND t.wal_seq <= {version}"
+        )
         statement += (
-            f" WHEN NOT MATCHED BY SOURCE AND NOT t.deleted AND t.wal_seq <= {version} THEN UPDATE SET "
+            f" WHEN NOT MATCHED BY SOURCE AND {unknown} THEN UPDATE SET "
             f"t.value = NULL, t.deleted = true, t.wal_seq = {version}, t.updated_at = current_timestamp()"
         )
     return statement
