@@ -84,8 +84,7 @@ def append(
     if not upserts and not deletes:
         raise click.UsageError("give at least one --upsert KEY=JSON or --delete KEY")
     changes = [parse_upsert(text) for text in upserts] + [Change.delete(key) for key in deletes]
-    table = wal_table()
-    seq = WalProducer(table.client, table.name).append(dataset_id, changes, client_token=client_token)
+    seq = WalProducer.of(wal_table()).append(dataset_id, changes, client_token=client_token)
     click.echo(f"{dataset_id} seq {seq}")
 
 
@@ -149,8 +148,7 @@ def status(as_json: bool) -> None:
     """Per dataset: Pending row count, age of the oldest Pending row, last applied seq."""
     from runstate.wal import wal_status
 
-    table = wal_table()
-    rows = wal_status(table.client, table.name)
+    rows = wal_status(wal_table())
     if as_json:
         echo_json([dataclasses.asdict(row) for row in rows])
         return

@@ -109,7 +109,7 @@ def evaluate_merge_tick(
         elif run is not None and run.status in DEAD_STATUSES:
             for dataset_id in _run_datasets(run):
                 requested.pop(dataset_id, None)
-    applied = last_applied_seqs(wal.dynamodb_client(), wal.table)
+    applied = last_applied_seqs(wal.wal_table())
     due: dict[int, dict[str, int]] = {}
     for dataset_id, version in applied.items():
         shard = shard_of(dataset_id, shards)

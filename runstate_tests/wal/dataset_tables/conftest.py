@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from runstate.wal import DatasetReader, WalProducer, flush_batch
+from runstate.wal import DatasetReader, WalProducer, flush_dataset
 from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
 from runstate.wal.dataset_tables import BlobLocation, table_ident
-from runstate.wal.table import WalTable
 
 
 @pytest.fixture
@@ -49,11 +48,9 @@ class Feed:
         return seq
 
     def flush(self, dataset_id: str) -> int:
-        rows = WalTable(self.wal.dynamodb, self.wal.table).query_rows(dataset_id)
+        rows = self.wal.wal_table().query_rows(dataset_id)
         seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
-        result = flush_batch(
-            self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs, **self.wal.target()
-        )
+        result = flush_dataset(*self.wal.owners(), dataset_id, seqs)
         return result.version or result.last_seq
 
     def fold(self, dataset_id: str, version: int) -> dict:
