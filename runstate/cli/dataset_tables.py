@@ -101,8 +101,11 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
     from runstate.wal.shards import shard_of
 
     shard = shard_of(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
-    if wal_table().max_seq(dataset_id) == 0:  # consistent reads, unlike the list of datasets
+    table = wal_table()
+    if table.max_seq(dataset_id) == 0:  # consistent reads, unlike the list of datasets
         raise WalInputError(f"dataset {dataset_id!r} is unknown: it has no WAL rows")
+    if table.meta(dataset_id).last_applied_seq == 0:
+        raise WalInputError(f"dataset {dataset_id!r} has nothing flushed yet; run `runstate wal tick` first")
     return defs.resolve_job_def(MERGE_JOB).execute_in_process(
         run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id], "rebuild": rebuild}}}},
         instance=_merge_instance(),

@@ -17,9 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from runstate.wal.blobs import Manifest, manifest_key
-from runstate.wal.dataset_tables.errors import DatasetTableError
-from runstate.wal.dataset_tables.naming import VERSION_KEY
+from runstate.wal.dataset_tables.naming import VERSION_KEY, table_ident
 from runstate.wal.dataset_tables.source import (
     CHANGE_COLUMNS,
     BlobLocation,
@@ -28,7 +26,13 @@ from runstate.wal.dataset_tables.source import (
     change_reader,
     plan_merge,
 )
-from runstate.wal.dataset_tables.table import ensure_table, set_version_property, spark_errors, table_version
+from runstate.wal.dataset_tables.table import (
+    ensure_table,
+    set_version_property,
+    spark_errors,
+    table_exists,
+    table_version,
+)
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,15 @@ def merge_dataset(
 ) -> MergeResult:
     """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot).
 
-    Refused before anything is written: a dataset without a manifest, a table that belongs to another
-    dataset, a table ahead of the manifest (unless rebuilding)."""
+    A dataset without a manifest (never flushed, or an unknown id) gets no table. Refused before
+    anything is written: a table that belongs to another dataset, a table ahead of the manifest (unless
+    rebuilding), which is also what a table whose manifest was lost is."""
     started = time.perf_counter()
-    manifest = _manifest(location, s3, dataset_id)
+    manifest = location.blob_store(s3).read_manifest(dataset_id)
+    if manifest.etag is None and not table_exists(spark, dataset_id):
+        return MergeResult(
+            dataset_id, table_ident(dataset_id), 0, 0, 0, False, 0, time.perf_counter() - started
+        )
     ident = ensure_table(spark, dataset_id)
     with spark_errors(dataset_id, ident, "merge"):
         plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
@@ -90,20 +99,6 @@ def merge_dataset(
 def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: Any = None) -> MergeResult:
     """The table rebuilt from the dataset's snapshot plus every delta (keys absent from them are deleted)."""
     return merge_dataset(spark, location, dataset_id, rebuild=True, s3=s3)
-
-
-def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Manifest:
-    """The dataset's manifest; a dataset without one (unknown, never flushed, or its manifest lost) has
-    nothing a table could be made from."""
-    blobs = location.blob_store(s3)
-    manifest = blobs.read_manifest(dataset_id)
-    if manifest.etag is None:
-        where = f"s3://{location.bucket}/{manifest_key(location.prefix, dataset_id)}"
-        raise DatasetTableError(
-            f"dataset {dataset_id!r}: no manifest at {where}: "
-            "the dataset is unknown, was never flushed, or its blobs were lost; nothing to merge"
-        )
-    return manifest
 
 
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:

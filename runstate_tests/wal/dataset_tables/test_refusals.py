@@ -113,14 +113,24 @@ def test_a_rebuild_after_the_wal_started_over_makes_the_table_equal_to_the_blobs
     assert read_table(spark, dataset_id)[1]["gone"] == "back"
 
 
-def test_a_dataset_without_a_manifest_is_refused_and_no_table_is_made(spark, wal, location, dataset_ids):
+def test_a_dataset_without_a_manifest_gets_no_table(spark, wal, location, dataset_ids):
     dataset_id = dataset_ids("nosuch")
 
-    with pytest.raises(
-        DatasetTableError, match=rf"dataset '{dataset_id}': no manifest at .*{dataset_id}/manifest.json"
-    ):
-        merge_dataset(spark, location, dataset_id)
+    result = merge_dataset(spark, location, dataset_id)
+
+    assert (result.version, result.merged) == (0, False)
     assert not table_exists(spark, dataset_id)
+
+
+def test_a_table_whose_manifest_was_lost_is_reported_not_merged(spark, wal, feed, location, dataset_ids):
+    dataset_id = dataset_ids()
+    feed.append(dataset_id, [Change.upsert("a", 1)])
+    feed.flush(dataset_id)
+    merge_dataset(spark, location, dataset_id)
+    wal.s3.delete_object(Bucket=wal.bucket, Key=f"{wal.prefix}{dataset_id}/manifest.json")
+
+    with pytest.raises(DatasetTableError, match=r"at version 1, ahead of .*\(version 0\)"):
+        merge_dataset(spark, location, dataset_id)
 
 
 def test_a_rebuild_with_a_missing_blob_names_the_blob(spark, wal, feed, location, dataset_ids):
