@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements.lock
+$(VENV)/.installed: pyproject.toml setup.py requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[dev,bench]'

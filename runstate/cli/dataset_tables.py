@@ -93,7 +93,7 @@ def _dataset_lines(run: Any, node: str) -> list[str]:
 
 
 def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
-    from runstate.cli.wal import wal_table
+    from runstate import wiring
     from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
     from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
     from runstate.defs.tags import MERGE_SHARD_TAG
@@ -101,7 +101,7 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
     from runstate.wal.shards import shard_of
 
     shard = shard_of(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
-    table = wal_table()
+    table = wiring.wal_table()
     if table.max_seq(dataset_id) == 0:  # consistent reads, unlike the list of datasets
         raise WalInputError(f"dataset {dataset_id!r} is unknown: it has no WAL rows")
     if table.meta(dataset_id).last_applied_seq == 0:

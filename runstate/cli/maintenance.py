@@ -21,13 +21,12 @@ MAX_OPTION_CHARS = 1000
 
 
 def _store() -> MaintenanceStore:
-    from runstate.config import settings
-    from runstate.maintenance.store import MaintenanceStore
+    """The configured store; the schema is checked (`runstate db upgrade` migrates), never migrated here."""
+    from runstate import wiring
 
-    s = settings()
-    store = MaintenanceStore(s.pg_url, schema=s.schema)
+    store = wiring.maintenance_store()
     click.get_current_context().call_on_close(store.close)  # the pool's threads end with the command
-    store.ensure_schema()
+    wiring.require_schema("maintenance")
     return store
 
 

@@ -75,8 +75,10 @@ def _require_moto_installed() -> None:
         ) from None
 
 
-def create_wal_resources(url: str, table: str, bucket: str) -> str:
-    """The WAL table and blob bucket, through the WAL package when it exists (it is another domain's)."""
+def create_wal_resources(url: str, table: str, bucket: str, region: str) -> str:
+    """The WAL table and blob bucket, through the WAL package when it exists (it is another domain's).
+
+    In the region runstate will look in (moto keeps one set of tables per region)."""
     try:
         from runstate.wal import ensure_blob_bucket, ensure_wal_table
     except ImportError:
@@ -85,7 +87,7 @@ def create_wal_resources(url: str, table: str, bucket: str) -> str:
 
     client_args = dict(
         endpoint_url=url,
-        region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
+        region_name=region,
         aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
     )

@@ -91,9 +91,12 @@ def wait_for(
 class WorkerProcess:
     """worker_process.py in a process group of its own, so a signal reaches its JVM too."""
 
-    def __init__(self, dsn: str, schema: str, warehouse: Path, lease_seconds: float) -> None:
+    def __init__(
+        self, dsn: str, schema: str, warehouse: Path, lease_seconds: float, spark: dict | None = None
+    ) -> None:
+        args = [dsn, schema, str(warehouse), str(lease_seconds), json.dumps(spark or {})]
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), dsn, schema, str(warehouse), str(lease_seconds)],
+            [sys.executable, str(WORKER_SCRIPT), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
