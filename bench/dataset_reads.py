@@ -43,7 +43,7 @@ def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed:
     from runstate.wal.dataset_tables.merge import merge_statement
 
     rng = random.Random(seed)
-    statement = merge_statement(ident, "changes", SimpleNamespace(full=False))
+    statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
     for seq in range(1, merges + 1):
         rows = [("#version", None, seq, True)]
         for _ in sorted({rng.randrange(keys) for _ in range(changes)}):
