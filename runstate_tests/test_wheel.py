@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# One worker builds the wheel once for both tests.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "README.md", "runstate", "sql")
 
 
@@ -60,7 +62,6 @@ def _elsewhere(tmp_path: Path, **env: str) -> dict:
     return {**clean, "RUNSTATE_HOME": str(tmp_path), **env}
 
 
-@pytest.mark.slow
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path):
     where = _run(
         [
@@ -75,7 +76,6 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path
     assert str(ROOT) not in where and "site-packages" in where
 
 
-@pytest.mark.slow
 def test_the_wheel_answers_help_and_migrates_a_scratch_database_from_another_directory(
     installed, tmp_path, fresh_database
 ):
