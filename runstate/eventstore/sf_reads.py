@@ -10,9 +10,7 @@ from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.resume import Resume
 from runstate.eventstore.sf_sql import COLUMNS, Retry, from_json, iso, row_to_event
-from runstate.eventstore.snapshots import choose_valid
 
 
 class _SfReads:
@@ -180,15 +178,3 @@ class _SfReads:
             ),
         )
         return cur.rowcount == 1
-
-    def resume(self, run_id: str) -> Resume:
-        started = time.perf_counter()
-
-        def work(cur: Any) -> Resume:
-            chosen = choose_valid(run_id, self._snapshots(cur, run_id), self.metrics)
-            events = self._fetch_run(cur, run_id, chosen.seq)
-            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
-
-        return self._record_resume(
-            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
-        )
