@@ -84,6 +84,8 @@ class Settings:
     snowflake: Mapping[str, str] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # The address executors reach the driver at; None: loopback for local and loopback masters, else Spark's.
+    spark_driver_host: str | None = None
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
@@ -113,6 +115,7 @@ class Settings:
             },
             spark_master=_spark_master(env),
             spark_conf=spark_conf_from_json(env.get("RUNSTATE_SPARK_CONF") or "{}"),
+            spark_driver_host=_spark_driver_host(env),
             iceberg_catalog=_choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
             wal_flush_shards=_bounded_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2, WAL_FLUSH_SHARDS_MAX),
@@ -157,6 +160,13 @@ def _spark_master(env: Mapping[str, str]) -> str:
     raw = env.get("RUNSTATE_SPARK_MASTER") or "local[2]"
     if not raw.isprintable() or any(ch.isspace() for ch in raw):
         raise ConfigError(f"RUNSTATE_SPARK_MASTER must be a Spark master URL, got {_shown(raw)}")
+    return raw
+
+
+def _spark_driver_host(env: Mapping[str, str]) -> str | None:
+    raw = env.get("RUNSTATE_SPARK_DRIVER_HOST") or None
+    if raw is not None and (not raw.isprintable() or any(ch.isspace() or ch == "/" for ch in raw)):
+        raise ConfigError(f"RUNSTATE_SPARK_DRIVER_HOST must be a host name or address, got {_shown(raw)}")
     return raw
 
 

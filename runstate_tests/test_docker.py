@@ -78,10 +78,18 @@ def test_dockerfile_installs_python_java_17_jdbc_and_the_locked_package(dockerfi
 
 
 def test_every_file_the_dockerfile_copies_exists(dockerfile):
-    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+    for line in re.findall(r"^COPY (?!--from=)(.+)$", dockerfile, re.M):
         *sources, _destination = line.split()
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
+
+
+def test_the_image_installs_the_wheel_built_from_the_package_and_its_sql_not_a_checkout(dockerfile):
+    assert re.search(r"^RUN pip wheel --no-deps --wheel-dir /wheels \.$", dockerfile, re.M)
+    assert "COPY pyproject.toml setup.py README.md ./" in dockerfile
+    assert re.search(r"^COPY sql \./sql$", dockerfile, re.M)
+    assert re.search(r"^RUN pip install --no-deps /wheels/runstate-\*\.whl", dockerfile, re.M)
+    assert " -e " not in dockerfile and "-e ." not in dockerfile
 
 
 def test_every_file_compose_mounts_exists(compose):

@@ -13,6 +13,7 @@ from runstate.config import ConfigError, load_env_file_into_environ, settings
 
 def domain_errors() -> tuple[type[BaseException], ...]:
     """The error roots a verb may let escape: each becomes one line and exit code 1."""
+    from runstate.datastore import InvalidSchemaName
     from runstate.eventstore import EventStoreError, InvalidEvent
     from runstate.maintenance.errors import MaintenanceError
     from runstate.migrations import MigrationError
@@ -27,6 +28,7 @@ def domain_errors() -> tuple[type[BaseException], ...]:
         MaintenanceError,
         ServiceError,
         MigrationError,
+        InvalidSchemaName,
     )
 
 

@@ -1,4 +1,4 @@
-"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/002_event_feed.sql).
+"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/eventstore/002_event_feed.sql).
 
 A read returns only events whose position is below (horizon << 20), the horizon being the oldest
 transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no

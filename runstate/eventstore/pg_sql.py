@@ -10,7 +10,8 @@ from typing import Any
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
 from runstate.eventstore.validation import ValidEvent
 
-KEY_TAKEN_SQLSTATE = "RSK01"  # raised by runstate_expect_inserted (sql/postgres/002_event_feed.sql)
+# Raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql).
+KEY_TAKEN_SQLSTATE = "RSK01"
 
 EVENT_COLUMNS = (
     "run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,"
@@ -20,7 +21,7 @@ EVENT_COLUMNS = (
 
 # One statement inserts every new row of a batch and advances the run's stream row. The arrays go
 # as binary parameters (%(x)b): no text escaping of every element on the client. The position packs
-# the transaction id with the row's place in the batch (sql/postgres/002_event_feed.sql).
+# the transaction id with the row's place in the batch (sql/postgres/eventstore/002_event_feed.sql).
 _INSERT_BATCH = """
 WITH rows AS (
   SELECT * FROM unnest(

@@ -7,9 +7,9 @@
   of `snapshot_interval` (or the batch has SignalWaiting), write a state snapshot and prune old ones.
   The statements go out in pipeline mode, so a batch costs two round trips, not one per statement.
 - `expected_last_seq` (optimistic concurrency) is checked under the stream row lock.
-- Every event gets a feed position (see sql/postgres/002_event_feed.sql and pg_reads.py).
+- Every event gets a feed position (see sql/postgres/eventstore/002_event_feed.sql and pg_reads.py).
 - Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first
-  ensure_schema (see sql/postgres/001_eventstore.sql).
+  ensure_schema (see sql/postgres/eventstore/001_eventstore.sql).
 - Retries: serialization failures, deadlocks and unique-key races re-run the whole transaction
   with jittered backoff; a dropped connection is retried twice. A retry after a COMMIT whose
   outcome was lost reports those events as `idempotent=True, persisted=False`: the log itself
@@ -32,6 +32,8 @@ from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
+from runstate import migrations
+from runstate.datastore import PostgresDatastore, check_schema_name
 from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -51,7 +53,6 @@ from runstate.eventstore.pg_sql import (
 )
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
-from runstate.migrations import MigrationError, check_schema_name, upgrade_postgres
 
 T = TypeVar("T")
 
@@ -177,11 +178,15 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
 
     def ensure_schema(self) -> None:
         """Apply the versioned migrations into `schema`; idempotent and safe to race."""
-        options = f"-c runstate.event_partitions={self.partitions}"
+        store = PostgresDatastore(self._dsn, schema=self.schema, connect_timeout=self._connect_timeout)
         try:
-            upgrade_postgres(_add_options(self._dsn, options), self.schema)
-        except (psycopg.Error, MigrationError) as exc:
+            migrations.upgrade(
+                store, "eventstore", session_settings={"runstate.event_partitions": str(self.partitions)}
+            )
+        except (psycopg.Error, migrations.MigrationError) as exc:
             raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
+        finally:
+            store.close()
         if self.partitions:
             self._check_partitions()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runstate.config import Settings, state_dir
-from runstate.services import fakesnow, moto, postgres
+from runstate.services import fakesnow, moto, postgres, spark_cluster
 from runstate.services.state import (
     EMBEDDED,
     EXTERNAL,
@@ -109,9 +109,13 @@ def up(
     moto_port: int | None = None,
     fakesnow_port: int | None = None,
     embedded_pg: bool = False,
+    spark_workers: int | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
-    """Reuse or start every service, prepare databases and migrations, write the `.env` block."""
+    """Reuse or start every service, prepare databases and migrations, write the `.env` block.
+
+    `spark_workers`: N starts (or keeps) a standalone Spark cluster of N workers, 0 stops it, None keeps
+    what is recorded."""
     with services_lock():
         previous = load_records()
         env = caller_environment(previous)
@@ -134,11 +138,12 @@ def up(
             # Whatever did start is on record, so `down` can stop it even when a later service failed.
             _save_with_rest(records, previous)
         values = endpoint_values(env, records)
+        values.update(spark_cluster.up(env, spark_workers, log))
         env_path = write_env_file(values)
         kept = sorted(set(values) & set(user_env_values(env_path)))
         LEGACY_ENV_FILE().unlink(missing_ok=True)
-        # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
-        # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
+        # Inside the lock: the migrations serialise themselves, but fakesnow also fails two concurrent
+        # CREATE DATABASE runs, so two `up`s take turns.
         notes = _prepare(env, records, values)
     if kept:
         notes.append(f"{env_path}: your own line wins for {', '.join(kept)} (left out of the block)")
@@ -235,6 +240,7 @@ def down(*, log: Callable[[str], None] = lambda _: None) -> list[str]:
     """Stop what `up` started (by pid), newest first; forget the endpoints. Returns the stopped names."""
     stopped = []
     with services_lock():
+        stopped += spark_cluster.down(log)
         records = load_records()
         for name in reversed(SERVICE_NAMES):
             record = records.get(name)
@@ -267,4 +273,4 @@ def status() -> list[StatusRow]:
         if alive and not answers:
             detail = f"does not answer at {postgres.redact(record.url)}"
         rows.append(StatusRow(name, record.kind, postgres.redact(record.url), answers, record.pid, detail))
-    return rows
+    return rows + [StatusRow(*row) for row in spark_cluster.status()]

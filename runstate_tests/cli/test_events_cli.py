@@ -243,10 +243,12 @@ def test_migrate_copies_postgres_to_snowflake_with_a_progress_bar(store, snowfla
         store.append_batch(
             run_id, [NewEvent(run_id, "RunStarted", at), NewEvent(run_id, "StepStarted", at, step_id="s")]
         )
+    upgraded = CliRunner().invoke(main, ["db", "upgrade", "--skip-aws"])  # the target's schema too
 
     first = run("migrate", "--batch-size", "3")
     again = run("migrate", "--batch-size", "3")
 
+    assert upgraded.exit_code == 0 and "snowflake" in upgraded.output, upgraded.output
     assert first.exit_code == 0, first.output
     assert "written 4" in first.output and "verified yes" in first.output
     assert "migrate" in first.stderr  # the tqdm bar
