@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml requirements.lock
+$(VENV)/.installed: pyproject.toml setup.py requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[dev,bench]'
@@ -30,7 +30,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: lint services
-	$(BIN)/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 dev: services
 	$(BIN)/runstate dev

@@ -13,8 +13,18 @@ Prints ONE JSON line:
 The blobs are written with the WAL's own encoder and manifest put (`publish_delta`), in a separate
 process: millions of changes through moto's DynamoDB would take hours.
 
+With --cluster (a few minutes) it measures instead the merge of many datasets (a merge shard's run:
+--fanout-datasets datasets of --fanout-changes changes each, merged one after the other in one session)
+on local[2] and on standalone clusters it starts from the installed pyspark, with 2 workers and then
+1 (one executor per worker), and prints the cost per change row of each beside the others, and
+scaling_2w_over_1w (on 2 cores expect no speed-up: the figure that matters is that it stays near 1).
+Every table is checked against the blob reader. --master spark://... uses that cluster instead of
+starting any (no scaling figure then). Both modes record the load average at start and end; "quiet"
+is false when the 1-minute load was above 1.0 at the start.
+
 Usage: python bench/dataset_tables.py [--changes-500k N --keys-500k N --changes-2m N --keys-2m N]
 (smaller numbers for a quick look)
+       python bench/dataset_tables.py --cluster [--master spark://HOST:PORT] [--fanout-datasets N]
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +53,7 @@ from bench.common import create_database, drop_database  # noqa: E402
 ADMIN_URL = os.environ.get("RUNSTATE_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 BUCKET, PREFIX = "bench-blobs", "datasets/"
 CHANGES_PER_ROW, ROWS_PER_DELTA = 10, 1000  # a delta: 1,000 WAL rows of 10 changes
+FANOUT_ROWS_PER_DELTA = 100  # the fan-out datasets: deltas of 1,000 changes, as a 30 s flush makes them
 
 
 def changes(count: int, keys: int, seed: int) -> list[tuple[int, list[Any]]]:
@@ -61,14 +74,19 @@ def changes(count: int, keys: int, seed: int) -> list[tuple[int, list[Any]]]:
 
 
 def publish(
-    s3: Any, location: Any, dataset_id: str, rows: list[tuple[int, list[Any]]], offset: int = 0
+    s3: Any,
+    location: Any,
+    dataset_id: str,
+    rows: list[tuple[int, list[Any]]],
+    offset: int = 0,
+    per_delta: int = ROWS_PER_DELTA,
 ) -> int:
-    """The rows as deltas of ROWS_PER_DELTA WAL rows each, seqs shifted by `offset`; returns the version."""
-    from runstate.wal.lake.source import publish_delta
+    """The rows as deltas of `per_delta` WAL rows each, seqs shifted by `offset`; returns the version."""
+    from runstate.wal.dataset_tables.source import publish_delta
 
     version = 0
-    for start in range(0, len(rows), ROWS_PER_DELTA):
-        chunk = [(seq + offset, batch) for seq, batch in rows[start : start + ROWS_PER_DELTA]]
+    for start in range(0, len(rows), per_delta):
+        chunk = [(seq + offset, batch) for seq, batch in rows[start : start + per_delta]]
         version = publish_delta(s3, location, dataset_id, chunk)
     return version
 
@@ -86,8 +104,54 @@ def role_generate(args: argparse.Namespace) -> dict[str, Any]:
     return versions
 
 
+def fanout_ids(args: argparse.Namespace) -> list[str]:
+    return [f"fan{n}" for n in range(args.fanout_datasets)]
+
+
+def role_generate_fanout(args: argparse.Namespace) -> dict[str, Any]:
+    location = _location(args)
+    s3 = location.client()
+    for n, dataset_id in enumerate(["fanwarm", *fanout_ids(args)]):
+        rows = changes(args.fanout_changes, args.fanout_changes // 4, seed=n)
+        publish(s3, location, dataset_id, rows, per_delta=FANOUT_ROWS_PER_DELTA)
+    return {}
+
+
+def role_fanout(args: argparse.Namespace) -> dict[str, Any]:
+    """Merge every fan-out dataset into a fresh table, one after the other, as a merge shard's run does."""
+    from runstate.wal import DatasetReader
+    from runstate.wal.dataset_tables import merge_dataset, read_table, table_ident
+
+    spark, location = _session(args), _location(args)
+    _wait_for_executors(spark, args.executors)
+    ids = fanout_ids(args)
+    for dataset_id in ["fanwarm", *ids]:
+        spark.sql(f"DROP TABLE IF EXISTS {table_ident(dataset_id)} PURGE")
+    merge_dataset(spark, location, "fanwarm")  # JIT, catalog and Python workers warm; not timed
+    started = time.perf_counter()
+    for dataset_id in ids:
+        merge_dataset(spark, location, dataset_id)
+    seconds = time.perf_counter() - started
+    s3 = location.client()
+    verified = all(read_table(spark, d)[1] == DatasetReader(s3, BUCKET, PREFIX, d).state() for d in ids)
+    return {"seconds": seconds, "executors": _executors(spark), "verified": verified}
+
+
+def _executors(spark: Any) -> int:
+    """Executors besides the driver (0 in local mode, where tasks run in the driver's JVM)."""
+    return spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+
+
+def _wait_for_executors(spark: Any, wanted: int, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while _executors(spark) < wanted:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{wanted} executor(s) did not register within {timeout:.0f} s")
+        time.sleep(0.5)
+
+
 def role_rebuild(args: argparse.Namespace) -> dict[str, Any]:
-    from runstate.wal.lake import rebuild_dataset
+    from runstate.wal.dataset_tables import rebuild_dataset
 
     spark = _session(args)
     started = time.perf_counter()
@@ -100,9 +164,9 @@ def role_merge(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from runstate.wal.changes import canonical_json
-    from runstate.wal.lake import merge_dataset, table_ident
-    from runstate.wal.lake.merge import merge_statement
-    from runstate.wal.lake.source import MergePlan
+    from runstate.wal.dataset_tables import merge_dataset, table_ident
+    from runstate.wal.dataset_tables.merge import merge_statement
+    from runstate.wal.dataset_tables.source import MergePlan
 
     spark, location = _session(args), _location(args)
     s3, dataset_id, keys, backlog = location.client(), "m50k", 10_000, 50_000
@@ -151,9 +215,16 @@ def _upsert(key: str, value: Any) -> Any:
 
 
 def _location(args: argparse.Namespace) -> Any:
-    from runstate.wal.lake import BlobLocation
+    from runstate.wal.dataset_tables import BlobLocation
 
-    return BlobLocation(bucket=BUCKET, prefix=PREFIX, endpoint_url=args.endpoint)
+    # Explicit keys: a cluster's executors do not share this process's environment.
+    return BlobLocation(
+        bucket=BUCKET,
+        prefix=PREFIX,
+        endpoint_url=args.endpoint,
+        access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
+        secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def _session(args: argparse.Namespace) -> Any:
@@ -161,6 +232,7 @@ def _session(args: argparse.Namespace) -> Any:
 
     spark = build_session(
         SparkSettings(
+            master=args.master or "local[2]",
             pg_url=args.pg_url,
             warehouse_dir=Path(args.warehouse),
             extra_conf={"spark.driver.memory": "1g"},
@@ -175,7 +247,13 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-ROLES = {"generate": role_generate, "rebuild": role_rebuild, "merge": role_merge}
+ROLES = {
+    "generate": role_generate,
+    "rebuild": role_rebuild,
+    "merge": role_merge,
+    "generate_fanout": role_generate_fanout,
+    "fanout": role_fanout,
+}
 
 
 def run_role(role: str, args: argparse.Namespace, **extra: str) -> dict[str, Any]:
@@ -198,6 +276,10 @@ def run_role(role: str, args: argparse.Namespace, **extra: str) -> dict[str, Any
         str(args.changes_500k),
         "--keys-500k",
         str(args.keys_500k),
+        "--fanout-datasets",
+        str(args.fanout_datasets),
+        "--fanout-changes",
+        str(args.fanout_changes),
     ]
     for name, value in extra.items():
         argv += [f"--{name}", value]
@@ -211,6 +293,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keys-500k", type=int, default=100_000)
     parser.add_argument("--changes-2m", type=int, default=2_000_000)
     parser.add_argument("--keys-2m", type=int, default=500_000)
+    parser.add_argument("--cluster", action="store_true", help="local[2] beside standalone clusters")
+    parser.add_argument("--master", default=None, help="with --cluster: this cluster instead of our own")
+    parser.add_argument("--fanout-datasets", type=int, default=20)
+    parser.add_argument("--fanout-changes", type=int, default=5_000)
+    parser.add_argument("--executors", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--role", choices=sorted(ROLES), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--pg-url", default=None, help=argparse.SUPPRESS)
@@ -219,7 +306,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
+@contextmanager
+def bench_world(args: argparse.Namespace) -> Iterator[Path]:
+    """moto's server, a scratch database and a warehouse folder, set on `args` for the roles."""
     import boto3
 
     from runstate.services.moto_server import SerializedMotoServer
@@ -232,13 +321,60 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="runstate-bench-warehouse-") as warehouse:
             args.endpoint, args.warehouse = f"http://{host}:{port}", warehouse
             boto3.client("s3", endpoint_url=args.endpoint).create_bucket(Bucket=BUCKET)
-            run_role("generate", args)
-            merged = run_role("merge", args)
-            small = run_role("rebuild", args, dataset="r500k")
-            large = run_role("rebuild", args, dataset="r2m")
+            yield Path(warehouse)
     finally:
         drop_database(ADMIN_URL, name)
         server.stop()
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def cluster_comparison(args: argparse.Namespace) -> dict[str, Any]:
+    from runstate.services.spark_cluster import StandaloneCluster
+
+    load_start, runs = load(), {}
+    with bench_world(args) as folder:
+        run_role("generate_fanout", args)
+        runs["local[2]"] = run_role("fanout", args, master="local[2]")
+        if args.master:
+            runs[args.master] = run_role("fanout", args, master=args.master, executors="1")
+        for workers in () if args.master else (2, 1):
+            cluster = StandaloneCluster.start(workers, base_dir=folder / f"spark-{workers}")
+            try:
+                runs[f"standalone_{workers}w"] = run_role(
+                    "fanout", args, master=cluster.url, executors=str(workers)
+                )
+            finally:
+                cluster.stop()
+    rows = args.fanout_datasets * args.fanout_changes
+    per_row = {engine: round(run["seconds"] / rows * 1e6, 1) for engine, run in runs.items()}
+    result = {
+        "bench": "dataset_tables_cluster",
+        "datasets": args.fanout_datasets,
+        "changes": rows,
+        "us_per_change": per_row,
+        "seconds": {engine: round(run["seconds"], 2) for engine, run in runs.items()},
+        "executors": {engine: run["executors"] for engine, run in runs.items()},
+        "verified": all(run["verified"] for run in runs.values()),
+    }
+    if "standalone_1w" in per_row:
+        result["scaling_2w_over_1w"] = round(per_row["standalone_2w"] / per_row["standalone_1w"], 2)
+    return {**result, **load_record(load_start)}
+
+
+def load_record(load_start: list[float]) -> dict[str, Any]:
+    return {"load_start": load_start, "load_end": load(), "quiet": load_start[0] <= 1.0}
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    load_start = load()
+    with bench_world(args):
+        run_role("generate", args)
+        merged = run_role("merge", args)
+        small = run_role("rebuild", args, dataset="r500k")
+        large = run_role("rebuild", args, dataset="r2m")
     return {
         "bench": "dataset_tables",
         "merge_rows_per_s": round(merged["changes"] / merged["merge_seconds"]),
@@ -249,6 +385,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "rebuild_rss_mb_2m": round(large["rss_mb"], 1),
         "changes": [args.changes_500k, args.changes_2m],
         "keys": [args.keys_500k, args.keys_2m],
+        **load_record(load_start),
     }
 
 
@@ -256,5 +393,7 @@ if __name__ == "__main__":
     arguments = parse_args()
     if arguments.role:
         print(json.dumps(ROLES[arguments.role](arguments)))
+    elif arguments.cluster:
+        print(json.dumps(cluster_comparison(arguments)))
     else:
         print(json.dumps(main(arguments)))

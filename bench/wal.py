@@ -45,7 +45,7 @@ from runstate.defs.wal import build_defs  # noqa: E402
 from runstate.defs.wal.resources import WalResource  # noqa: E402
 from runstate.services.moto_server import SerializedMotoServer  # noqa: E402
 from runstate.wal import Change, DatasetReader, WalProducer, ensure_blob_bucket, ensure_wal_table  # noqa: E402
-from runstate.wal import tables as t  # noqa: E402
+from runstate.wal import layout as t  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,15 +1,19 @@
 """One frozen Settings object, read from the environment once.
 
-Values come from the process environment first, then from the project's `.env` (the block that
-`runstate services up` writes there, plus anything the user adds), then from the embedded defaults.
-`.env` is Dagster's convention too: `dagster dev`, `dagster-webserver`, `dagster-daemon run` and
-`dagster definitions validate` load it from the folder they start in (and there it wins over the
-process environment).
+Values come from the process environment first, then from the project's `.env` (the user's own lines,
+then the block that `runstate services up` writes there for the variables they leave unset), then from
+the embedded defaults. `.env` is Dagster's convention too: `dagster dev`, `dagster-webserver`,
+`dagster-daemon run` and `dagster definitions validate` load it from the folder they start in (and
+there it wins over the process environment).
+
+A value that cannot be used is a ConfigError naming the variable, never a stand-in: every knob has
+bounds (a shard or a worker is a run process, so a huge count is as wrong as zero).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +58,18 @@ def load_env_file_into_environ() -> None:
         os.environ.setdefault(key, value)
 
 
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the variable, its value and what is allowed."""
+
+
+# The bounds of each numeric knob: below them nothing would run, above them the machine or the
+# Dagster run queue would drown (a shard or a worker is a run process with its own code location).
+WAL_FLUSH_SHARDS_MAX = 256
+MAINTENANCE_WORKERS_MAX = 64
+LINGER_MAX_S = 3600.0
+ICEBERG_CATALOGS = ("jdbc", "hadoop")
+
+
 @dataclass(frozen=True)
 class Settings:
     pg_url: str
@@ -68,6 +84,8 @@ class Settings:
     snowflake: Mapping[str, str] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # The address executors reach the driver at; None: loopback for local and loopback masters, else Spark's.
+    spark_driver_host: str | None = None
     iceberg_catalog: str = "jdbc"
     warehouse_dir: Path = Path(".runstate/warehouse")
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
@@ -79,14 +97,9 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings, or a ConfigError naming the first variable whose value cannot be used."""
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
         pg_url = env.get("RUNSTATE_PG_URL", DEFAULT_PG_URL)
-        backend = env.get("RUNSTATE_EVENTSTORE", "postgres")
-        if backend not in EVENTSTORE_BACKENDS:
-            raise ValueError(f"RUNSTATE_EVENTSTORE must be one of {EVENTSTORE_BACKENDS}, got {backend!r}")
-        spark_conf = json.loads(env.get("RUNSTATE_SPARK_CONF") or "{}")
-        if not isinstance(spark_conf, dict):
-            raise ValueError("RUNSTATE_SPARK_CONF must be a JSON object of Spark settings")
         return cls(
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
@@ -96,24 +109,37 @@ class Settings:
             wal_table=env.get("RUNSTATE_WAL_TABLE", "runstate_wal"),
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
-            eventstore=backend,
+            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", EVENTSTORE_BACKENDS),
             snowflake={
                 k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
             },
-            spark_master=env.get("RUNSTATE_SPARK_MASTER", "local[2]"),
-            spark_conf={str(k): str(v) for k, v in spark_conf.items()},
-            iceberg_catalog=env.get("RUNSTATE_ICEBERG_CATALOG", "jdbc"),
+            spark_master=_spark_master(env),
+            spark_conf=spark_conf_from_json(env.get("RUNSTATE_SPARK_CONF") or "{}"),
+            spark_driver_host=_spark_driver_host(env),
+            iceberg_catalog=_choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
-            wal_flush_shards=_positive_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2),
+            wal_flush_shards=_bounded_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2, WAL_FLUSH_SHARDS_MAX),
             wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", 20.0),
-            maintenance_workers=_positive_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2),
+            maintenance_workers=_bounded_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2, MAINTENANCE_WORKERS_MAX),
         )
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _shown(raw: str) -> str:
+    # The value as the message shows it: repr keeps control characters visible and on one line.
+    return repr(raw if len(raw) <= 60 else raw[:60] + "...")
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name) or choices[0]
+    if raw not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {_shown(raw)}")
+    return raw
+
+
+def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
     raw = env.get(name) or str(default)
-    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
-        raise ValueError(f"{name} must be a positive integer, got {raw!r}")
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
+        raise ConfigError(f"{name} must be a whole number from 1 to {maximum}, got {_shown(raw)}")
     return int(raw)
 
 
@@ -122,10 +148,72 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not 0 <= value <= 3600:
-        raise ValueError(f"{name} must be a number of seconds from 0 to 3600, got {raw!r}")
+        value = math.nan
+    if not 0 <= value <= LINGER_MAX_S:  # nan and inf fail this too
+        raise ConfigError(
+            f"{name} must be a number of seconds from 0 to {LINGER_MAX_S:.0f}, got {_shown(raw)}"
+        )
     return value
+
+
+def _spark_master(env: Mapping[str, str]) -> str:
+    raw = env.get("RUNSTATE_SPARK_MASTER") or "local[2]"
+    if not raw.isprintable() or any(ch.isspace() for ch in raw):
+        raise ConfigError(f"RUNSTATE_SPARK_MASTER must be a Spark master URL, got {_shown(raw)}")
+    return raw
+
+
+def _spark_driver_host(env: Mapping[str, str]) -> str | None:
+    raw = env.get("RUNSTATE_SPARK_DRIVER_HOST") or None
+    if raw is not None and (not raw.isprintable() or any(ch.isspace() or ch == "/" for ch in raw)):
+        raise ConfigError(f"RUNSTATE_SPARK_DRIVER_HOST must be a host name or address, got {_shown(raw)}")
+    return raw
+
+
+def spark_conf_from_json(text: str) -> dict[str, str]:
+    """RUNSTATE_SPARK_CONF: a JSON object of Spark settings whose values are strings, numbers or booleans.
+
+    Spark's settings are text, so each value is written as Spark spells it (`true`, `4`, `0.5`); null, a
+    nested object or an array has no such spelling and is refused rather than passed on as Python text.
+    The master is RUNSTATE_SPARK_MASTER alone: one variable, one precedence.
+    """
+    name = "RUNSTATE_SPARK_CONF"
+    try:
+        conf = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise ConfigError(f"{name} is not valid JSON: {exc}") from None
+    if not isinstance(conf, dict):
+        raise ConfigError(f"{name} must be a JSON object of Spark settings, got {_json_kind(conf)}")
+    return {_spark_key(key): _spark_value(key, value) for key, value in conf.items()}
+
+
+def _refuse_constant(constant: str) -> float:
+    raise ValueError(f"{constant} is not a number JSON allows")
+
+
+def _spark_key(key: str) -> str:
+    if not key.strip() or not key.isprintable():
+        raise ConfigError(f"RUNSTATE_SPARK_CONF: {_shown(key)} is not a Spark setting name")
+    if key.strip() == "spark.master":
+        raise ConfigError("RUNSTATE_SPARK_CONF must not set spark.master: set RUNSTATE_SPARK_MASTER instead")
+    return key
+
+
+def _spark_value(key: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
+        raise ConfigError(f"RUNSTATE_SPARK_CONF: {key} must be a finite number, got {value}")
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise ConfigError(
+        f"RUNSTATE_SPARK_CONF: {key} must be a string, a number or a boolean, got {_json_kind(value)}"
+    )
+
+
+def _json_kind(value: object) -> str:
+    kinds = {type(None): "null", bool: "a boolean", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), "an array" if isinstance(value, list) else "an object")
 
 
 def dagster_url_for(pg_url: str) -> str:

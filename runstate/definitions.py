@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from runstate.defs import datasets, eventstore, maintenance, runs, wal
+from runstate.defs import dataset_tables, eventstore, maintenance, runs, wal
 from runstate.defs.resources import wal_resource
 from runstate.defs.runs.beating import beating
 from runstate.defs.shared import shared_definitions
@@ -15,12 +15,12 @@ def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
     own process: there a flush run saves no process start by lingering, and would only hold up the next.
     """
     wal_overrides = {"flush_linger_s": 0} if in_process_runs else {}
-    return datasets.link_to_maintenance(
+    return dataset_tables.link_to_maintenance(
         dg.Definitions.merge(
             shared_definitions(),
             eventstore.build_defs(),
             wal.build_defs(wal_resource(**wal_overrides)),
-            datasets.build_defs(),
+            dataset_tables.build_defs(),
             maintenance.build_defs(),
             runs.defs,
             # Every run of a job without an executor of its own beats (runstate.defs.runs.liveness).

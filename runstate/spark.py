@@ -2,7 +2,9 @@
 
 The catalog is a JDBC catalog in Postgres when the Postgres JDBC driver is on disk, and a hadoop
 warehouse on the local filesystem otherwise. Extra settings from RUNSTATE_SPARK_CONF win, so the
-same code runs on a cluster by configuration alone.
+same code runs on a cluster by configuration alone: RUNSTATE_SPARK_MASTER names it, the Iceberg and
+JDBC jars go to the executors through `spark.jars` (the driver serves them), and the driver's
+address comes from RUNSTATE_SPARK_DRIVER_HOST (loopback by default when the master is).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 CATALOG = "lake"
 ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 JDBC_JAR_CANDIDATES = ("/usr/share/java/postgresql.jar",)
+LOOPBACK = "127.0.0.1"
+LOOPBACK_NAMES = (LOOPBACK, "localhost")
 
 
 class SparkSetupError(RuntimeError):
@@ -58,6 +62,18 @@ def jdbc_url(pg_url: str) -> tuple[str, str | None, str | None]:
     return f"jdbc:postgresql://{parts.hostname}:{port}{parts.path}", parts.username, parts.password
 
 
+def default_driver_host(master: str) -> str | None:
+    """Loopback when every executor runs on this machine (`local[...]`, a standalone master on loopback);
+    otherwise None: Spark's own default (this host's name), which YARN and Kubernetes clients expect."""
+    if master.startswith("local"):
+        return LOOPBACK
+    if master.startswith("spark://"):
+        hosts = [urlsplit(f"spark://{part}").hostname for part in master[len("spark://") :].split(",")]
+        if all(host in LOOPBACK_NAMES for host in hosts):
+            return LOOPBACK
+    return None
+
+
 @dataclass(frozen=True)
 class SparkSettings:
     master: str = "local[2]"
@@ -66,6 +82,7 @@ class SparkSettings:
     warehouse_dir: Path = Path(".runstate/warehouse")
     extra_conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "runstate"
+    driver_host: str | None = None  # None: default_driver_host(master)
 
     def catalog_conf(self) -> dict[str, str]:
         warehouse = self.warehouse_dir.resolve().as_uri()
@@ -92,8 +109,7 @@ class SparkSettings:
         conf = {
             "spark.jars": ",".join(jars),
             "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
+            **self.driver_address_conf(),
             "spark.driver.memory": "1g",
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
@@ -103,6 +119,11 @@ class SparkSettings:
         }
         conf.update(self.extra_conf)
         return conf
+
+    def driver_address_conf(self) -> dict[str, str]:
+        """Where the driver listens and what it tells executors; Spark's defaults when no host is known."""
+        host = self.driver_host or default_driver_host(self.master)
+        return {"spark.driver.host": host, "spark.driver.bindAddress": host} if host else {}
 
     @property
     def is_jdbc(self) -> bool:
@@ -114,9 +135,10 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The whole session configuration (master and app name included) as one flat dict.
 
     This is the one mapping from settings to Spark: dagster-pyspark's resource takes it as its
-    `spark_config`, and `build_session` gives it to the builder the same way.
+    `spark_config`, and `build_session` gives it to the builder the same way. The master is
+    `settings.master` (RUNSTATE_SPARK_MASTER) whatever `extra_conf` says.
     """
-    return {"spark.master": settings.master, "spark.app.name": settings.app_name, **settings.conf()}
+    return {"spark.app.name": settings.app_name, **settings.conf(), "spark.master": settings.master}
 
 
 def use_this_python_for_tasks() -> None:
@@ -138,7 +160,8 @@ def build_session(settings: SparkSettings) -> SparkSession:
 
 
 def settings_from_runstate(s: Settings | None = None) -> SparkSettings:
-    """The Spark settings of this deployment: RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF, the catalog."""
+    """The Spark settings of this deployment: RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF,
+    RUNSTATE_SPARK_DRIVER_HOST, the catalog."""
     from runstate.config import settings
 
     s = s or settings()
@@ -148,4 +171,5 @@ def settings_from_runstate(s: Settings | None = None) -> SparkSettings:
         catalog_kind=s.iceberg_catalog,
         warehouse_dir=s.warehouse_dir,
         extra_conf=s.spark_conf,
+        driver_host=s.spark_driver_host,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -14,6 +15,8 @@ import pytest
 import yaml
 
 from runstate.config import Settings
+from runstate.services import moto
+from runstate.services.state import LOOPBACK, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -75,10 +78,18 @@ def test_dockerfile_installs_python_java_17_jdbc_and_the_locked_package(dockerfi
 
 
 def test_every_file_the_dockerfile_copies_exists(dockerfile):
-    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+    for line in re.findall(r"^COPY (?!--from=)(.+)$", dockerfile, re.M):
         *sources, _destination = line.split()
         for source in sources:
             assert (ROOT / source).exists(), f"Dockerfile copies {source}, which is not in the repository"
+
+
+def test_the_image_installs_the_wheel_built_from_the_package_and_its_sql_not_a_checkout(dockerfile):
+    assert re.search(r"^RUN pip wheel --no-deps --wheel-dir /wheels \.$", dockerfile, re.M)
+    assert "COPY pyproject.toml setup.py README.md ./" in dockerfile
+    assert re.search(r"^COPY sql \./sql$", dockerfile, re.M)
+    assert re.search(r"^RUN pip install --no-deps /wheels/runstate-\*\.whl", dockerfile, re.M)
+    assert " -e " not in dockerfile and "-e ." not in dockerfile
 
 
 def test_every_file_compose_mounts_exists(compose):
@@ -154,3 +165,32 @@ def test_settings_from_the_compose_environment_point_at_the_compose_services(com
 
 def test_the_instance_config_in_the_image_is_the_repositorys(dockerfile):
     assert re.search(r"^COPY dagster\.yaml .*/opt/dagster/home/$", dockerfile, re.M)
+
+
+def test_moto_is_the_serialised_server_that_services_up_runs(compose):
+    command = _command(compose, "moto")
+
+    assert command[:3] == ["python", "-m", moto.SERVER_MODULE]
+    assert command[3:] == ["-H", "0.0.0.0", "-p", _flag(command, "-p")]
+    assert moto.moto_argv(5000)[1:3] == command[1:3]
+
+
+def test_the_moto_command_serves_and_passes_its_healthcheck(compose):
+    port = str(free_port())
+    command = _command(compose, "moto")
+    argv = [sys.executable, *command[1:]]
+    argv[argv.index("-H") + 1], argv[argv.index("-p") + 1] = LOOPBACK, port
+    healthcheck = compose["services"]["moto"]["healthcheck"]["test"]
+    assert healthcheck[:2] == ["CMD", "python"]
+    probe = [sys.executable, *(part.replace(":5000/", f":{port}/") for part in healthcheck[2:])]
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(
+            lambda: subprocess.run(probe, capture_output=True, timeout=30).returncode == 0,
+            timeout=120,
+            process=server,
+            what="the compose moto command",
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -111,3 +111,41 @@ def test_the_shorthand_fields_build_the_same_config_as_the_settings(tmp_path):
     assert resource.spark_config == spark_config(
         SparkSettings(master="local[1]", pg_url=url, warehouse_dir=tmp_path)
     )
+
+
+@pytest.mark.parametrize(
+    "master, host",
+    [
+        ("local[2]", "127.0.0.1"),
+        ("spark://127.0.0.1:7077", "127.0.0.1"),
+        ("spark://localhost:7077,127.0.0.1:7078", "127.0.0.1"),
+        ("spark://spark-master.internal:7077", None),
+        ("yarn", None),
+        ("k8s://https://10.0.0.1:443", None),
+    ],
+)
+def test_the_driver_is_on_loopback_only_when_every_executor_is(master, host, tmp_path):
+    conf = SparkSettings(master=master, warehouse_dir=tmp_path).conf()
+
+    assert conf.get("spark.driver.host") == host
+    assert conf.get("spark.driver.bindAddress") == host
+
+
+def test_runstate_spark_driver_host_names_the_drivers_address():
+    from runstate.spark import settings_from_runstate
+
+    settings = Settings.from_env(
+        {"RUNSTATE_SPARK_MASTER": "yarn", "RUNSTATE_SPARK_DRIVER_HOST": "10.1.2.3", "RUNSTATE_WAREHOUSE": "w"}
+    )
+
+    conf = spark_config(settings_from_runstate(settings))
+
+    assert conf["spark.master"] == "yarn"
+    assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "10.1.2.3"
+
+
+def test_a_driver_host_that_is_a_url_is_refused():
+    from runstate.config import ConfigError
+
+    with pytest.raises(ConfigError, match="RUNSTATE_SPARK_DRIVER_HOST must be a host name or address"):
+        Settings.from_env({"RUNSTATE_SPARK_DRIVER_HOST": "http://10.1.2.3"})

@@ -8,18 +8,28 @@ import click
 
 from runstate import logs
 from runstate.cli import db, demo, dev, events, maintenance, services, wal
-from runstate.config import load_env_file_into_environ, settings
+from runstate.config import ConfigError, load_env_file_into_environ, settings
 
 
 def domain_errors() -> tuple[type[BaseException], ...]:
     """The error roots a verb may let escape: each becomes one line and exit code 1."""
+    from runstate.datastore import InvalidSchemaName
     from runstate.eventstore import EventStoreError, InvalidEvent
     from runstate.maintenance.errors import MaintenanceError
     from runstate.migrations import MigrationError
     from runstate.services.state import ServiceError
     from runstate.wal.errors import WalError
 
-    return (EventStoreError, InvalidEvent, WalError, MaintenanceError, ServiceError, MigrationError)
+    return (
+        ConfigError,
+        EventStoreError,
+        InvalidEvent,
+        WalError,
+        MaintenanceError,
+        ServiceError,
+        MigrationError,
+        InvalidSchemaName,
+    )
 
 
 class RunstateGroup(click.Group):
@@ -37,6 +47,10 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_FORMATS = ["text", "json"]
+
+
 @click.group(cls=RunstateGroup)
 @click.version_option(package_name="runstate")
 @click.option(
@@ -44,14 +58,14 @@ def one_line(error: BaseException) -> str:
     envvar="RUNSTATE_LOG_LEVEL",
     default="WARNING",
     show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
 )
 @click.option(
     "--log-format",
     envvar="RUNSTATE_LOG_FORMAT",
     default="text",
     show_default=True,
-    type=click.Choice(["text", "json"]),
+    type=click.Choice(LOG_FORMATS),
     help="json: one object per line, with the event's fields.",
 )
 def main(log_level: str, log_format: str) -> None:
@@ -60,10 +74,45 @@ def main(log_level: str, log_format: str) -> None:
     # boto3, the Snowflake connector and Dagster read the same endpoints and credentials as Settings.
     load_env_file_into_environ()
     settings.cache_clear()
+    # Every verb checks the knobs before it starts: a bad value is one `Error:` line, whichever verb
+    # (or Dagster run inside it) would have read it first.
+    settings()
+
+
+def _log_option_after_the_verb(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """`runstate events show X --log-level DEBUG` means what `runstate --log-level DEBUG events show X` does."""
+    if value is None:
+        return
+    chosen = ctx.find_root().params  # the root's values, so a later option keeps what an earlier one set
+    chosen[param.name] = value
+    logs.configure(chosen.get("log_level", "WARNING"), chosen.get("log_format", "text"))
+
+
+def accept_log_options_everywhere(command: click.Command) -> None:
+    """Give every verb the root's --log-level and --log-format, so they may follow the verb too."""
+    command.params += [
+        click.Option(
+            ["--log-level"],
+            type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            expose_value=False,
+            callback=_log_option_after_the_verb,
+            help="As `runstate --log-level`.",
+        ),
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(LOG_FORMATS),
+            expose_value=False,
+            callback=_log_option_after_the_verb,
+            help="As `runstate --log-format`.",
+        ),
+    ]
+    for sub in getattr(command, "commands", {}).values():
+        accept_log_options_everywhere(sub)
 
 
 for module in (services, db, events, wal, maintenance, demo, dev):
     for command in module.COMMANDS:
+        accept_log_options_everywhere(command)
         main.add_command(command)
 
 

@@ -32,13 +32,13 @@ DEFAULT_ARCHIVE_AFTER_DAYS = 90  # the core's DEFAULT_ARCHIVE_AFTER_DAYS, withou
 
 @contextmanager
 def open_store(backend: str | None = None) -> Iterator[Any]:
-    """The configured store (RUNSTATE_EVENTSTORE, or `backend`), schema ensured, closed afterwards."""
+    """The configured store (RUNSTATE_EVENTSTORE, or `backend`), closed afterwards.
+
+    The schema is checked, never migrated: concurrent commands must not race for the migration lock,
+    and a schema behind this runstate is one `Error:` line saying to run `runstate db upgrade`."""
+    from runstate import wiring
     from runstate.config import settings
-    from runstate.eventstore import (
-        EventStoreError,
-        PostgresEventStore,
-        SnowflakeEventStore,
-    )
+    from runstate.eventstore import EventStoreError
 
     try:
         s = settings()
@@ -46,42 +46,14 @@ def open_store(backend: str | None = None) -> Iterator[Any]:
         raise EventStoreError(str(exc)) from None
     backend = backend or s.eventstore
     try:
-        if backend == "postgres":
-            store: Any = PostgresEventStore(s.pg_url, schema=s.schema)
-        else:
-            store = SnowflakeEventStore(
-                connect_kwargs=snowflake_kwargs(s.snowflake),
-                schema=(s.snowflake.get("schema") or "RUNSTATE").upper(),
-            )
+        store = wiring.event_store(s, backend)
     except ValueError as exc:  # a bad schema name in the settings, say
         raise EventStoreError(f"event store settings: {exc}") from None
     try:
-        store.ensure_schema()
+        wiring.require_schema("eventstore", backend, s)
         yield store
     finally:
         store.close()
-
-
-def snowflake_kwargs(values: Any) -> dict[str, Any]:
-    """snowflake.connector.connect() arguments from the SNOWFLAKE_* settings."""
-    from runstate.eventstore import EventStoreError
-
-    if not values.get("account"):
-        raise EventStoreError(
-            "event store backend 'snowflake' needs SNOWFLAKE_ACCOUNT (and user, password, ...)"
-        )
-    keys = ("account", "user", "password", "database", "warehouse", "role", "host", "port", "protocol")
-    kwargs: dict[str, Any] = {key: values[key] for key in keys if values.get(key)}
-    if "port" in kwargs:
-        kwargs["port"] = int(kwargs["port"])
-    # The local emulator answers a failed statement with HTTP 500, which the connector retries until
-    # network_timeout (unset: for ever); the Dagster resource makes the same choice.
-    if values.get("network_timeout"):
-        kwargs["network_timeout"] = int(values["network_timeout"])
-    elif kwargs.get("protocol") == "http":
-        kwargs["network_timeout"] = 1
-    kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
-    return kwargs
 
 
 def parse_time(value: str | None, run_id: str, index: int | None = None) -> datetime:

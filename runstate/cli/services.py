@@ -23,8 +23,21 @@ def services() -> None:
 @click.option(
     "--embedded-pg", is_flag=True, help="initdb a cluster under .runstate/pg even when 5432 answers."
 )
-def up(pg_port: int | None, moto_port: int | None, fakesnow_port: int | None, embedded_pg: bool) -> None:
-    """Start (or reuse) Postgres, moto and fakesnow; create databases; apply migrations."""
+@click.option(
+    "--spark-workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Also run a standalone Spark cluster of N workers on loopback and point RUNSTATE_SPARK_MASTER "
+    "at it (0 stops it; default: keep what runs; without one, Spark runs local[2]).",
+)
+def up(
+    pg_port: int | None,
+    moto_port: int | None,
+    fakesnow_port: int | None,
+    embedded_pg: bool,
+    spark_workers: int | None,
+) -> None:
+    """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations."""
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
 
     report = svc.up(
@@ -32,6 +45,7 @@ def up(pg_port: int | None, moto_port: int | None, fakesnow_port: int | None, em
         moto_port=moto_port,
         fakesnow_port=fakesnow_port,
         embedded_pg=embedded_pg,
+        spark_workers=spark_workers,
         log=click.echo,
     )
     click.echo(f"endpoints written to {report.env_path}")
@@ -39,7 +53,7 @@ def up(pg_port: int | None, moto_port: int | None, fakesnow_port: int | None, em
 
 @services.command()
 def down() -> None:
-    """Stop only the services `up` started (by pid); the machine's Postgres is never touched."""
+    """Stop what `up` started (by pid; Spark daemons with their executors), never the machine's Postgres."""
     from runstate import services as svc
 
     stopped = svc.down(log=click.echo)
@@ -58,7 +72,7 @@ def status() -> None:
     for row in rows:
         pid = f"pid {row.pid}" if row.pid else "-"
         health = "healthy" if row.healthy else "UNHEALTHY"
-        line = f"{row.name:<9} {row.kind:<8} {row.url:<45} {health:<9} {pid}"
+        line = f"{row.name:<14} {row.kind:<8} {row.url:<45} {health:<9} {pid}"
         click.echo(f"{line}  {row.detail}".rstrip())
     if not all(row.healthy for row in rows):
         sys.exit(1)

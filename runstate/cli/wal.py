@@ -9,47 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-if TYPE_CHECKING:
-    from runstate.wal import BlobStore, WalTable
+from runstate import wiring
 
 SENSOR_NAME = "wal_sensor"
-
-
-def _client(service: str) -> Any:
-    import os
-
-    from runstate.config import settings
-    from runstate.wal.clients import aws_client
-
-    config = settings()
-    return aws_client(
-        service,
-        endpoint_url=config.aws_endpoint_url,
-        region=config.aws_region,
-        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-    )
-
-
-def wal_table() -> WalTable:
-    """The deployment's WAL table, from the runstate settings (one client: each costs a few tenths of a second)."""
-    from runstate.config import settings
-    from runstate.wal import WalTable
-
-    return WalTable(_client("dynamodb"), settings().wal_table)
-
-
-def blob_store() -> BlobStore:
-    """The deployment's blob bucket, from the runstate settings."""
-    from runstate.config import settings
-    from runstate.wal import BlobStore
-
-    config = settings()
-    return BlobStore(_client("s3"), config.blob_bucket, config.blob_prefix)
 
 
 def echo_json(document: Any) -> None:
@@ -84,8 +50,7 @@ def append(
     if not upserts and not deletes:
         raise click.UsageError("give at least one --upsert KEY=JSON or --delete KEY")
     changes = [parse_upsert(text) for text in upserts] + [Change.delete(key) for key in deletes]
-    table = wal_table()
-    seq = WalProducer(table.client, table.name).append(dataset_id, changes, client_token=client_token)
+    seq = WalProducer.of(wiring.wal_table()).append(dataset_id, changes, client_token=client_token)
     click.echo(f"{dataset_id} seq {seq}")
 
 
@@ -135,7 +100,13 @@ def read(dataset_id: str) -> None:
     """
     from runstate.wal import DatasetReader, state_document
 
-    version, state = DatasetReader.of(blob_store(), dataset_id).read()
+    # The WAL table is asked only when the manifest is missing (a client costs a few tenths of a second).
+    reader = DatasetReader.of(
+        wiring.blob_store(),
+        dataset_id,
+        last_applied_seq=lambda: wiring.wal_table().meta(dataset_id).last_applied_seq,
+    )
+    version, state = reader.read()
     echo_json(state_document(dataset_id, version, state))
 
 
@@ -145,8 +116,7 @@ def status(as_json: bool) -> None:
     """Per dataset: Pending row count, age of the oldest Pending row, last applied seq."""
     from runstate.wal import wal_status
 
-    table = wal_table()
-    rows = wal_status(table.client, table.name)
+    rows = wal_status(wiring.wal_table())
     if as_json:
         echo_json([dataclasses.asdict(row) for row in rows])
         return
@@ -163,9 +133,9 @@ COMMANDS = [wal]
 
 
 # The dataset tables' verbs (`wal merge`, `wal read --engine spark`) live in their own module.
-from runstate.cli import lake  # noqa: E402
+from runstate.cli import dataset_tables  # noqa: E402
 
-lake.install(wal)
+dataset_tables.install(wal)
 
 # `wal flush`: flush now, in-process, fenced against live shard runs.
 from runstate.cli import wal_flush  # noqa: E402

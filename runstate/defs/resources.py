@@ -1,5 +1,8 @@
 """Every resource of the code location, built from `runstate.config.settings()` in this one place.
 
+The values that are not Dagster's (Snowflake's connection arguments, the schema rules) come from
+`runstate.wiring`, which builds the same core objects for the CLI.
+
 The resources themselves are configuration plus a factory: their fields hold explicit values and
 never consult the environment. This module is the only route from the settings to them, so the
 code location, the CLI's ticks and the demo configure the same resources. Each builder reads the
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from runstate import wiring
 from runstate.config import Settings, settings
 
 # The domain packages (`runstate.defs.<domain>`) call these builders when they are imported, so the
@@ -41,11 +45,12 @@ def spark_resource(s: Settings | None = None) -> SparkResource:
 
 def snowflake_connection(s: Settings | None = None) -> SnowflakeConnection | None:
     """SnowflakeConnection from SNOWFLAKE_* settings; None when no account is configured."""
-    from runstate.defs.eventstore.resources import SnowflakeConnection, snowflake_fields
+    from runstate.defs.eventstore.resources import SnowflakeConnection
 
-    fields = snowflake_fields((s or settings()).snowflake)
-    if fields is None:
+    kwargs = wiring.snowflake_connect_kwargs((s or settings()).snowflake)
+    if kwargs is None:
         return None
+    fields = {key: value for key, value in kwargs.items() if key in SnowflakeConnection.model_fields}
     if password := _secret("SNOWFLAKE_PASSWORD"):
         fields["password"] = password
     return SnowflakeConnection(**fields)
@@ -60,7 +65,7 @@ def event_store_resource(s: Settings | None = None) -> EventStoreResource:
         pg_url=s.pg_url,
         pg_schema=s.schema,
         snowflake=snowflake_connection(s),
-        snowflake_schema=(s.snowflake.get("schema") or "RUNSTATE").upper(),
+        snowflake_schema=wiring.snowflake_schema(s),
     )
 
 

@@ -17,7 +17,15 @@ from runstate.spark import SparkSettings, spark_config, use_this_python_for_task
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-SETTINGS_FIELDS = ("master", "pg_url", "catalog_kind", "warehouse_dir", "extra_conf", "app_name")
+SETTINGS_FIELDS = (
+    "master",
+    "pg_url",
+    "catalog_kind",
+    "warehouse_dir",
+    "extra_conf",
+    "app_name",
+    "driver_host",
+)
 
 
 class SparkResource(LazyPySparkResource):

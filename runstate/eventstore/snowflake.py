@@ -1,7 +1,7 @@
 """SnowflakeEventStore: the run state store on Snowflake, tested on fakesnow's server.
 
 Snowflake enforces neither PRIMARY KEY nor UNIQUE and fakesnow cannot run the design's stored
-procedure (shipped untested as sql/snowflake/procedures/append_event.sql), so the append authority
+procedure (shipped untested as sql/snowflake/eventstore/procedures/append_event.sql), so the append authority
 lives here, application-side, inside one explicit transaction per batch:
 
 1. `MERGE` the run's RUN_STREAMS row (insert it, or touch it). On Snowflake that DML statement
@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from runstate import migrations
+from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -56,7 +58,6 @@ from runstate.eventstore.sf_sql import (
     rollback_quietly,
 )
 from runstate.eventstore.validation import ValidEvent
-from runstate.migrations import MigrationError, check_schema_name, upgrade_snowflake
 
 log = logging.getLogger("runstate.eventstore.snowflake")
 T = TypeVar("T")
@@ -181,14 +182,13 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
     def ensure_schema(self) -> None:
         from snowflake.connector import errors as sf_errors
 
+        store = SnowflakeDatastore(connection_factory=self._factory, schema=self.schema, pool_size=1)
         try:
-            conn = self._factory()
-            try:
-                upgrade_snowflake(conn, self.schema)
-            finally:
-                close_quietly(conn)
-        except (sf_errors.Error, MigrationError) as exc:
+            migrations.upgrade(store, "eventstore")
+        except (sf_errors.Error, migrations.MigrationError) as exc:
             raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
+        finally:
+            store.close()
 
     def _merge_usable(self) -> bool:
         """Can MERGE run inside an explicit transaction? Real Snowflake: yes. fakesnow: no (its MERGE

@@ -2,7 +2,7 @@
 
 The queue's fences stop a zombie worker between actions, but a procedure already running would still
 commit. With the JDBC catalog every Iceberg commit is a conditional UPDATE of the table's row in
-`iceberg_tables`, so the check sits there: a trigger (sql/postgres/013_commit_fence.sql) refuses the
+`iceberg_tables`, so the check sits there: a trigger (sql/postgres/maintenance/013_commit_fence.sql) refuses the
 UPDATE when the connection is tagged with an attempt that no longer holds its job's fence and lock.
 
 Each attempt runs its actions in a Spark session of its own (`SparkSession.newSession()`: same JVM

@@ -1,4 +1,4 @@
-"""The queue's SQL (Snowpack data model, sql/postgres/010_maintenance.sql): submit, fenced claims,
+"""The queue's SQL (Snowpack data model, sql/postgres/maintenance/010_maintenance.sql): submit, fenced claims,
 heartbeats, completions, cancels and reads. JobQueue (queue.py) is the only user.
 
 Locking rule: every change of an in-flight job's status (claim, complete, cancel, sweep) first locks

@@ -12,6 +12,8 @@ Nothing here imports dagster; the Dagster layer in runstate/defs/maintenance wra
 
 from __future__ import annotations
 
+from runstate import migrations
+from runstate.datastore import PostgresDatastore, check_schema_name
 from runstate.maintenance import models
 from runstate.maintenance.cache import CatalogCache
 from runstate.maintenance.commit_fence import install_commit_fence
@@ -34,7 +36,6 @@ from runstate.maintenance.models import (  # noqa: F401 - re-exported
 )
 from runstate.maintenance.queue import JobQueue
 from runstate.maintenance.queue_sql import DEQUEUE_WITH_CLAIM_SQL  # noqa: F401 - kept importable here
-from runstate.migrations import check_schema_name, upgrade_postgres
 
 
 class MaintenanceStore(JobQueue, TableLocks, CatalogCache, History):
@@ -67,7 +68,11 @@ class MaintenanceStore(JobQueue, TableLocks, CatalogCache, History):
 
     def ensure_schema(self) -> None:
         """Create or upgrade the maintenance tables in `schema`; idempotent and safe to race."""
-        upgrade_postgres(self.dsn, self.schema)
+        datastore = PostgresDatastore(self.dsn, schema=self.schema)
+        try:
+            migrations.upgrade(datastore, "maintenance")
+        finally:
+            datastore.close()
 
     def ensure_commit_fence(self) -> bool:
         """Install the commit fence on the Iceberg JDBC catalog's table when it is in this database.

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runstate.config import Settings, state_dir
-from runstate.services import fakesnow, moto, postgres
+from runstate.services import fakesnow, moto, postgres, spark_cluster
 from runstate.services.state import (
     EMBEDDED,
     EXTERNAL,
@@ -32,6 +32,7 @@ from runstate.services.state import (
     services_file,
     services_lock,
     stop_process,
+    user_env_values,
     write_env_file,
 )
 
@@ -90,7 +91,9 @@ def caller_environment(previous: Mapping[str, ServiceRecord] | None = None) -> d
         ours["RUNSTATE_AWS_ENDPOINT_URL"] = previous["moto"].url
     if _ours(previous, "fakesnow"):
         ours["SNOWFLAKE_PORT"] = str(previous["fakesnow"].port)
-    env = {key: value for key, value in os.environ.items() if ours.get(key) != value}
+    # The user's own lines of `.env` count as their choice even when the CLI has not loaded the file.
+    chosen = {**user_env_values(), **os.environ}
+    env = {key: value for key, value in chosen.items() if ours.get(key) != value}
     if "SNOWFLAKE_PORT" in ours and "SNOWFLAKE_PORT" not in env and env.get("SNOWFLAKE_HOST") == "127.0.0.1":
         del env["SNOWFLAKE_HOST"]  # loopback + our port: that is our own fakesnow
     return env
@@ -106,9 +109,13 @@ def up(
     moto_port: int | None = None,
     fakesnow_port: int | None = None,
     embedded_pg: bool = False,
+    spark_workers: int | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> UpReport:
-    """Reuse or start every service, prepare databases and migrations, write the `.env` block."""
+    """Reuse or start every service, prepare databases and migrations, write the `.env` block.
+
+    `spark_workers`: N starts (or keeps) a standalone Spark cluster of N workers, 0 stops it, None keeps
+    what is recorded."""
     with services_lock():
         previous = load_records()
         env = caller_environment(previous)
@@ -131,11 +138,15 @@ def up(
             # Whatever did start is on record, so `down` can stop it even when a later service failed.
             _save_with_rest(records, previous)
         values = endpoint_values(env, records)
+        values.update(spark_cluster.up(env, spark_workers, log))
         env_path = write_env_file(values)
+        kept = sorted(set(values) & set(user_env_values(env_path)))
         LEGACY_ENV_FILE().unlink(missing_ok=True)
-        # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
-        # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
+        # Inside the lock: the migrations serialise themselves, but fakesnow also fails two concurrent
+        # CREATE DATABASE runs, so two `up`s take turns.
         notes = _prepare(env, records, values)
+    if kept:
+        notes.append(f"{env_path}: your own line wins for {', '.join(kept)} (left out of the block)")
     for note in notes:
         log(note)
     return UpReport(records, values, env_path, notes)
@@ -199,7 +210,11 @@ def _prepare(
         f"postgres: databases ready, {len(applied)} migration(s) applied to schema {settings.schema!r}"
     )
     with _step("moto: creating the WAL table and blob bucket"):
-        notes.append(moto.create_wal_resources(records["moto"].url, settings.wal_table, settings.blob_bucket))
+        notes.append(
+            moto.create_wal_resources(
+                records["moto"].url, settings.wal_table, settings.blob_bucket, settings.aws_region
+            )
+        )
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
             # The schema rule of the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
@@ -225,6 +240,7 @@ def down(*, log: Callable[[str], None] = lambda _: None) -> list[str]:
     """Stop what `up` started (by pid), newest first; forget the endpoints. Returns the stopped names."""
     stopped = []
     with services_lock():
+        stopped += spark_cluster.down(log)
         records = load_records()
         for name in reversed(SERVICE_NAMES):
             record = records.get(name)
@@ -257,4 +273,4 @@ def status() -> list[StatusRow]:
         if alive and not answers:
             detail = f"does not answer at {postgres.redact(record.url)}"
         rows.append(StatusRow(name, record.kind, postgres.redact(record.url), answers, record.pid, detail))
-    return rows
+    return rows + [StatusRow(*row) for row in spark_cluster.status()]

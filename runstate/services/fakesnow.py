@@ -6,10 +6,12 @@ database and applies the Snowflake migrations every time it starts one.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Mapping
 
 from runstate import migrations
+from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.services.http import http_answers
 from runstate.services.state import (
     EXTERNAL,
@@ -85,10 +87,10 @@ def prepare_database(port: int, schema: str, database: str = DATABASE) -> list[m
     """CREATE DATABASE IF NOT EXISTS, then the Snowflake migrations into `schema`."""
     import snowflake.connector
 
-    conn = snowflake.connector.connect(**connection_kwargs(port, database))
+    with contextlib.closing(snowflake.connector.connect(**connection_kwargs(port, database))) as conn:
+        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {check_schema_name(database)}")
+    store = SnowflakeDatastore(connection_kwargs(port, database), schema=schema, pool_size=1)
     try:
-        conn.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {migrations.check_schema_name(database)}")
-        conn.cursor().execute(f"USE DATABASE {database}")
-        return migrations.upgrade_snowflake(conn, schema)
+        return [m for applied in migrations.upgrade_all(store).values() for m in applied]
     finally:
-        conn.close()
+        store.close()

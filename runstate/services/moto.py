@@ -75,20 +75,22 @@ def _require_moto_installed() -> None:
         ) from None
 
 
-def create_wal_resources(url: str, table: str, bucket: str) -> str:
-    """The WAL table and blob bucket, through the WAL package when it exists (it is another domain's)."""
+def create_wal_resources(url: str, table: str, bucket: str, region: str) -> str:
+    """The WAL table and blob bucket, through the WAL package when it exists (it is another domain's).
+
+    In the region runstate will look in (moto keeps one set of tables per region)."""
     try:
-        from runstate.wal import tables
+        from runstate.wal import ensure_blob_bucket, ensure_wal_table
     except ImportError:
-        return "skipped the WAL table and blob bucket: runstate.wal.tables is not there yet"
+        return "skipped the WAL table and blob bucket: runstate.wal is not there yet"
     import boto3
 
     client_args = dict(
         endpoint_url=url,
-        region_name=TEST_CREDENTIALS["AWS_DEFAULT_REGION"],
+        region_name=region,
         aws_access_key_id=TEST_CREDENTIALS["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
     )
-    tables.ensure_wal_table(boto3.client("dynamodb", **client_args), table)
-    tables.ensure_blob_bucket(boto3.client("s3", **client_args), bucket)
+    ensure_wal_table(boto3.client("dynamodb", **client_args), table)
+    ensure_blob_bucket(boto3.client("s3", **client_args), bucket)
     return f"WAL table {table!r} and blob bucket {bucket!r} are ready"

@@ -26,7 +26,7 @@ from psycopg import errors, sql
 
 from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
-from runstate.migrations import redact
+from runstate.datastore import PostgresDatastore, redact
 from runstate.services.state import (
     EMBEDDED,
     EXTERNAL,
@@ -112,7 +112,11 @@ def prepare_databases(runstate_url: str, dagster_url: str, schema: str) -> list[
     """Create the runstate and Dagster databases when missing, then apply the runstate migrations."""
     for url in (runstate_url, dagster_url):
         create_database(url)
-    return migrations.upgrade_postgres(_libpq_url(runstate_url), schema)
+    store = PostgresDatastore(_libpq_url(runstate_url), schema=schema)
+    try:
+        return [m for applied in migrations.upgrade_all(store).values() for m in applied]
+    finally:
+        store.close()
 
 
 def create_database(url: str) -> None:

@@ -8,9 +8,7 @@ from runstate.wal.blobs import BlobRef, BlobStore, Manifest
 from runstate.wal.compaction import (
     CompactionResult,
     compact,
-    compact_dataset,
     rebuild_snapshot,
-    rebuild_snapshot_from_wal,
 )
 from runstate.wal.errors import (
     BlobIntegrityError,
@@ -22,12 +20,12 @@ from runstate.wal.errors import (
     WalServiceError,
 )
 from runstate.wal.flush import FlushResult, flush_batch, flush_dataset
+from runstate.wal.layout import ensure_blob_bucket, ensure_wal_table
 from runstate.wal.producer import Change, WalProducer
 from runstate.wal.reader import DatasetReader, state_document
 from runstate.wal.source import Batch, WalKey, last_applied_seqs, plan_batches, read_stream, sweep_pending
 from runstate.wal.status import DatasetStatus, oldest_pending_age_s, wal_status
 from runstate.wal.table import WalTable
-from runstate.wal.tables import ensure_blob_bucket, ensure_wal_table
 
 __all__ = [
     "BlobIntegrityError",
@@ -50,7 +48,6 @@ __all__ = [
     "WalServiceError",
     "WalTable",
     "compact",
-    "compact_dataset",
     "ensure_blob_bucket",
     "ensure_wal_table",
     "flush_batch",
@@ -60,7 +57,6 @@ __all__ = [
     "plan_batches",
     "read_stream",
     "rebuild_snapshot",
-    "rebuild_snapshot_from_wal",
     "state_document",
     "sweep_pending",
     "wal_status",

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.changes import (
     DELETE,
     UPSERT,
@@ -62,6 +62,11 @@ class WalProducer:
         self.dynamodb = dynamodb_client
         self.table = table
         self.wal = WalTable(dynamodb_client, table)
+
+    @classmethod
+    def of(cls, table: WalTable) -> WalProducer:
+        """The producer that appends through `table`."""
+        return cls(table.client, table.name)
 
     def append(
         self,

@@ -31,10 +31,11 @@ log = logging.getLogger(__name__)
 
 
 def shard_of(dataset_id: str, shards: int) -> int:
-    """The dataset's shard in 0..shards-1: stable across processes, hosts and Python versions."""
+    """The dataset's shard in 0..shards-1: stable across processes, hosts and Python versions (unlike
+    hash(), which is salted). Flush shards and merge shards both use it."""
     if shards < 1:
-        raise WalInputError(f"the number of flush shards must be at least 1, got {shards}")
-    digest = hashlib.sha256(dataset_id.encode("utf-8")).digest()
+        raise WalInputError(f"the number of shards must be at least 1, got {shards}")
+    digest = hashlib.sha256(validate_dataset_id(dataset_id).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % shards
 
 

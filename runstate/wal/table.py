@@ -1,6 +1,6 @@
 """`WalTable`: the one owner of the WAL's DynamoDB table. Every read and write of it goes through here.
 
-The item layout, the attribute names and the table's creation live in `tables.py`. This class adds
+The item layout, the attribute names and the table's creation live in `layout.py`. This class adds
 the requests: single-item conditional writes for the append path, consistent reads for the flush,
 the Pending index for the sweep and status, and the Kind index for the list of datasets. boto3's
 paginators do the paging. A driver error (botocore's ClientError or BotoCoreError) leaves this
@@ -18,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.errors import WalContentionError, WalServiceError
 
 MAX_SEQ = 2**63 - 1  # DynamoDB numbers hold it; the open end of a seq range

@@ -21,7 +21,7 @@ from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
-from runstate.wal.tables import APPLIED_PREFIX, PENDING, ensure_wal_table
+from runstate.wal.layout import APPLIED_PREFIX, PENDING, ensure_wal_table
 from runstate_tests.wal.shell import PUT_FAILURES, FlakyS3WalResource, WalWorld, unique_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ import pytest
 
 from runstate.wal import DatasetReader, WalProducer, wal_status
 from runstate.wal.changes import Change, fold
-from runstate.wal.tables import APPLIED_PREFIX
+from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.deployment.conftest import STRIPPED, Deployment, _location_loaded, deployment_dagster_yaml
 from runstate_tests.deployment.gate import GatedMotoServer

@@ -96,7 +96,7 @@ SEED_COLUMNS: dict[str, list[tuple[str, str, bool]]] = {
         ("created_at", "timestamptz", False),
     ],
 }
-# The one documented extension (sql/postgres/011): per-job action options, appended to jobs.
+# The one documented extension (sql/postgres/maintenance/011): per-job action options, appended to jobs.
 EXTENSION_COLUMNS = {
     "jobs": [("options", "jsonb", False)],
     "job_actions": [("before", "jsonb", False), ("after", "jsonb", False)],
@@ -246,5 +246,7 @@ def test_live_jobs_view_leaves_out_soft_deleted_rows(
 def test_ensure_schema_is_idempotent(store: MaintenanceStore, pg_database: str, pg_schema: str) -> None:
     store.ensure_schema()
     store.ensure_schema()
-    versions = _rows(pg_database, f'SELECT version FROM "{pg_schema}".schema_migrations ORDER BY version')
+    versions = _rows(
+        pg_database, f'SELECT version FROM "{pg_schema}".maintenance_migrations ORDER BY version'
+    )
     assert ("010",) in versions and ("011",) in versions

@@ -54,7 +54,7 @@ def test_up_status_down_round_trip(services_home, runstate_cli, fresh_database, 
     with psycopg.connect(_server_url(fresh_database, "postgres")) as conn:
         assert conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dagster_name,)).fetchone()
     with psycopg.connect(fresh_database) as conn:
-        assert conn.execute("SELECT to_regclass('runstate.schema_migrations')").fetchone()[0] is not None
+        assert conn.execute("SELECT to_regclass('runstate.eventstore_migrations')").fetchone()[0] is not None
     dynamodb = boto3.client(
         "dynamodb",
         endpoint_url=written["RUNSTATE_AWS_ENDPOINT_URL"],
@@ -219,7 +219,7 @@ def test_embedded_cluster_is_initialised_reused_and_restarted_with_its_data(serv
     record = _records(services_home)["postgres"]
     assert record["kind"] == "embedded" and record["port"] != 5432
     with psycopg.connect(record["url"], autocommit=True) as conn:
-        assert conn.execute("SELECT to_regclass('runstate.schema_migrations')").fetchone()[0] is not None
+        assert conn.execute("SELECT to_regclass('runstate.eventstore_migrations')").fetchone()[0] is not None
         assert conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dagster'").fetchone()
         conn.execute("CREATE TABLE public.kept (note TEXT)")
         conn.execute("INSERT INTO public.kept VALUES ('survives a restart')")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.table import WalTable
 
 

@@ -26,7 +26,7 @@ from runstate.defs.wal import build_defs
 from runstate.defs.wal.jobs import build_flush_job
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import BlobStore, Change, WalProducer, ensure_blob_bucket, ensure_wal_table
-from runstate.wal import tables as t
+from runstate.wal import layout as t
 from runstate.wal.table import WalTable
 
 # Fast retries so a fault-then-recover run takes milliseconds; the production policy is tested on its own.

@@ -9,7 +9,6 @@ Nothing connects until `get_store()` is first called.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -108,19 +107,3 @@ class EventStoreResource(dg.ConfigurableResource):
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         self.close()
-
-
-def snowflake_fields(values: Mapping[str, str]) -> dict[str, Any] | None:
-    """SnowflakeConnection fields from the SNOWFLAKE_* settings; None when no account is configured."""
-    if not values.get("account"):
-        return None
-    fields: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_KEYS if values.get(key)}
-    if values.get("port"):
-        fields["port"] = int(values["port"])
-    # fakesnow answers a failed statement with HTTP 500, which the connector retries until network_timeout
-    # (unset: for ever); its own server fixture disables retries the same way. Real Snowflake: unset.
-    if values.get("network_timeout"):
-        fields["network_timeout"] = int(values["network_timeout"])
-    elif values.get("protocol") == "http":
-        fields["network_timeout"] = 1
-    return fields

@@ -1,0 +1,27 @@
+"""One connection owner per backend, built once and injected (the shape of eventsourcing's datastores).
+
+- `PostgresDatastore(dsn, schema=...)`: a psycopg_pool.ConnectionPool of autocommit connections whose
+  search_path is the schema, `connection()`, `transaction(pipeline=...)`, `connect()` for a
+  connection of one's own; fork-safe.
+- `SnowflakeDatastore(connect_kwargs | connection_factory, schema=...)`: a small pool of
+  snowflake-connector connections, `connection()`, `cursor()`, `transaction()`, `connect()`.
+
+`runstate.wiring` builds them from the settings; the event store, the maintenance queue and the
+migrations take them. Neither imports a domain, and both let the driver's errors through: each domain
+translates them into its own error root.
+"""
+
+from runstate.datastore.names import InvalidSchemaName, check_schema_name
+from runstate.datastore.postgres import PostgresDatastore, redact
+from runstate.datastore.snowflake import SnowflakeDatastore
+
+Datastore = PostgresDatastore | SnowflakeDatastore
+
+__all__ = [
+    "Datastore",
+    "InvalidSchemaName",
+    "PostgresDatastore",
+    "SnowflakeDatastore",
+    "check_schema_name",
+    "redact",
+]

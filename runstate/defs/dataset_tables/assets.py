@@ -1,0 +1,43 @@
+"""`dataset_tables`: one dynamic partition per dataset; materializing one rebuilds its Iceberg table."""
+
+import dagster as dg
+
+from runstate.defs.dataset_tables.jobs import merge_metadata
+from runstate.defs.dataset_tables.resources import blob_location
+from runstate.defs.spark import SparkResource
+from runstate.defs.wal.assets import dataset_snapshots
+from runstate.defs.wal.partitions import datasets_partitions
+from runstate.defs.wal.resources import WalResource
+from runstate.wal.dataset_tables import rebuild_dataset
+
+GROUP = "datasets"
+# A backfill of every dataset runs in ceil(datasets / 25) runs, each on one Spark session.
+DATASETS_PER_BACKFILL_RUN = 25
+
+
+@dg.asset(
+    partitions_def=datasets_partitions,
+    deps=[dataset_snapshots],
+    group_name=GROUP,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=DATASETS_PER_BACKFILL_RUN),
+    description="Each dataset as the Iceberg table lake.datasets.<name> (key, value JSON, wal_seq, "
+    "updated_at, deleted); live rows: WHERE NOT deleted. merge_dataset_tables keeps it current after "
+    "flushes; materializing (or backfilling) partitions rebuilds their tables from the snapshot plus every "
+    "delta, on Spark.",
+)
+def dataset_tables(
+    context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
+) -> dg.MaterializeResult:
+    session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
+    results = [rebuild_dataset(session, location, dataset_id, s3=s3) for dataset_id in context.partition_keys]
+    for result in results:
+        context.log.info(f"dataset {result.dataset_id!r}: rebuilt {result.table} at version {result.version}")
+    if len(results) == 1:
+        return dg.MaterializeResult(metadata=merge_metadata(results[0]))
+    return dg.MaterializeResult(
+        metadata={
+            "datasets": len(results),
+            "versions": dg.MetadataValue.json({r.dataset_id: r.version for r in results}),
+            "rows_written": sum(r.rows_written for r in results),
+        }
+    )

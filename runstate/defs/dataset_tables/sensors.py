@@ -1,0 +1,142 @@
+"""`dataset_tables_sensor`: after flushes, request merge runs, a bounded number of them.
+
+Every minute it reads each dataset's LastAppliedSeq (one DynamoDB query of the meta rows; no Spark)
+and compares it with the version it last requested a merge for (its cursor). The datasets that moved
+are grouped by merge shard (a stable hash of the dataset id), and each shard gets at most one run:
+many deltas go into one merge, a dataset is merged at most once per tick, and never more than
+MERGE_SHARDS merge runs (and JVMs) exist at once, however many datasets there are.
+
+Failures: while a shard's latest run is alive (queued, running, or the daemon's retry of it) the
+shard is held and its datasets wait. When that run is dead (failed, canceled, or in progress without a
+heartbeat: `runstate.defs.runs.liveness` reports it failed), its datasets are requested again. A lost
+cursor only requests every dataset once more, and a merge of a table that is already current writes
+nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+
+from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
+from runstate.defs.runs.liveness import RunLiveness, check_runs
+from runstate.defs.tags import MERGE_SHARD_TAG
+from runstate.defs.wal.resources import WalResource
+from runstate.wal import last_applied_seqs
+from runstate.wal.shards import shard_of
+
+MERGE_INTERVAL_S = 60
+MERGE_SHARDS = 4
+CURSOR_VERSION = 1
+
+
+@dataclass
+class MergeCursor:
+    """The version each dataset's last requested merge was for, and a tick counter for run keys."""
+
+    requested: dict[str, int] = field(default_factory=dict)
+    ticks: int = 0
+
+    @classmethod
+    def parse(cls, raw: str | None) -> MergeCursor:
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
+            return cls()
+        return cls({str(k): int(v) for k, v in data.get("requested", {}).items()}, int(data.get("ticks", 0)))
+
+    def dump(self) -> str:
+        return json.dumps(
+            {"v": CURSOR_VERSION, "requested": self.requested, "ticks": self.ticks},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+
+@dataclass
+class MergeTick:
+    requests: list[dg.RunRequest]
+    cursor: MergeCursor
+    holders: dict[int, RunLiveness] = field(default_factory=dict)  # shard -> its live merge run
+
+    @property
+    def held_shards(self) -> list[int]:
+        return sorted(self.holders)
+
+    @property
+    def skip_reason(self) -> str:
+        if self.holders:
+            return "; ".join(
+                f"merge shard {shard} is held by {holder.describe()}"
+                for shard, holder in sorted(self.holders.items())
+            )
+        return "every dataset table is at its dataset's version"
+
+
+def _latest_run(instance: dg.DagsterInstance, shard: int) -> tuple[Any, RunLiveness | None]:
+    """The shard's latest run and its liveness (a run found dead is reported failed first)."""
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={MERGE_SHARD_TAG: str(shard)}), limit=1)
+    if not records:
+        return None, None
+    return records[0].dagster_run, check_runs(instance, records)[0]
+
+
+def _run_datasets(run: Any) -> list[str]:
+    config = (run.run_config or {}).get("ops", {}).get(MERGE_OP, {}).get("config", {})
+    return list(config.get("dataset_ids", []))
+
+
+def merge_run_request(shard: int, dataset_ids: list[str], tick: int) -> dg.RunRequest:
+    return dg.RunRequest(
+        job_name=MERGE_JOB,
+        run_key=f"merge-s{shard}-t{tick}",
+        run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": sorted(dataset_ids)}}}},
+        tags={MERGE_SHARD_TAG: str(shard)},
+    )
+
+
+def evaluate_merge_tick(
+    instance: dg.DagsterInstance, cursor: MergeCursor, wal: WalResource, shards: int = MERGE_SHARDS
+) -> MergeTick:
+    """Which shards get a merge run now, and the cursor after it (a pure decision: no claim, no write)."""
+    requested = dict(cursor.requested)
+    holders: dict[int, RunLiveness] = {}
+    for shard in range(shards):
+        run, verdict = _latest_run(instance, shard)
+        if verdict is not None and verdict.alive:
+            holders[shard] = verdict
+        elif verdict is not None and verdict.dead:
+            for dataset_id in _run_datasets(run):
+                requested.pop(dataset_id, None)
+    applied = last_applied_seqs(wal.wal_table())
+    due: dict[int, dict[str, int]] = {}
+    for dataset_id, version in applied.items():
+        shard = shard_of(dataset_id, shards)
+        # LastAppliedSeq only grows, unless the WAL started over (moto keeps it in memory): a dataset
+        # behind its last request is due too, and its merge reports the table ahead of its blobs.
+        if version != requested.get(dataset_id, 0) and shard not in holders:
+            due.setdefault(shard, {})[dataset_id] = version
+    tick = cursor.ticks + 1
+    requests = [merge_run_request(shard, list(versions), tick) for shard, versions in sorted(due.items())]
+    for versions in due.values():
+        requested.update(versions)
+    return MergeTick(requests, MergeCursor(requested, tick), holders)
+
+
+@dg.sensor(
+    job_name=MERGE_JOB,
+    minimum_interval_seconds=MERGE_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute: datasets flushed since their last merge get one merge_dataset_tables run per "
+    "merge shard (runstate/merge_shard tag), at most one live run per shard.",
+)
+def dataset_tables_sensor(context: dg.SensorEvaluationContext, wal: WalResource) -> dg.SensorResult:
+    plan = evaluate_merge_tick(context.instance, MergeCursor.parse(context.cursor), wal)
+    if not plan.requests:
+        return dg.SensorResult(skip_reason=plan.skip_reason, cursor=plan.cursor.dump())
+    return dg.SensorResult(run_requests=plan.requests, cursor=plan.cursor.dump())

@@ -1,0 +1,133 @@
+"""A dataset table's DDL, the version it reached, and one place that turns Spark failures into DatasetTableErrors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from runstate.wal.dataset_tables.errors import DatasetTableError
+from runstate.wal.dataset_tables.naming import (
+    CATALOG,
+    DATASET_PROPERTY,
+    MAINTENANCE_ENABLED_PROPERTY,
+    NAMESPACE,
+    VERSION_KEY,
+    VERSION_PROPERTY,
+    table_ident,
+)
+from runstate.wal.errors import BlobIntegrityError
+
+COLUMNS = (
+    "key STRING NOT NULL, value STRING, wal_seq BIGINT NOT NULL, updated_at TIMESTAMP NOT NULL, "
+    "deleted BOOLEAN NOT NULL"
+)
+# Merge-on-read: a merge writes small delete files instead of rewriting every data file it touches;
+# the maintenance service (opted in below) compacts them like any other table's.
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.merge.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.delete.mode": "merge-on-read",
+    MAINTENANCE_ENABLED_PROPERTY: "true",
+}
+BLOB_ERROR = re.compile(r"BlobIntegrityError: (.+)")
+PYTHON_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
+
+
+def _properties_sql(properties: dict[str, str]) -> str:
+    # Keys and values are our constants and validated dataset ids ([A-Za-z0-9_.-]): nothing to escape.
+    return ", ".join(f"'{key}'='{value}'" for key, value in properties.items())
+
+
+def ensure_table(spark: Any, dataset_id: str) -> str:
+    """Create `lake.datasets.<name>` (and the namespace) unless it exists; returns its identifier.
+
+    The CREATE records the dataset id in the table's properties, atomically with the table itself: of
+    two ids whose names collide, the first to create the table owns it, and the other is refused here
+    before it writes anything (the catalog commits one creation, so a race has one winner too)."""
+    ident = table_ident(dataset_id)
+    properties = {**TABLE_PROPERTIES, DATASET_PROPERTY: dataset_id, VERSION_PROPERTY: "0"}
+    with spark_errors(dataset_id, ident, "create"):
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{NAMESPACE}")
+        try:
+            spark.sql(
+                f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg "
+                f"TBLPROPERTIES ({_properties_sql(properties)})"
+            )
+        except Exception as error:
+            # Two runs creating the same table at once: the loser's IF NOT EXISTS check came too early.
+            if "already exists" not in str(error).lower():
+                raise
+    check_owner(spark, dataset_id, ident)
+    return ident
+
+
+def check_owner(spark: Any, dataset_id: str, ident: str) -> None:
+    """DatasetTableError unless the table records `dataset_id` as the dataset it belongs to."""
+    with spark_errors(dataset_id, ident, "look up"):
+        owner = table_properties(spark, ident).get(DATASET_PROPERTY)
+    if owner == dataset_id:
+        return
+    whose = f"belongs to dataset {owner!r}" if owner else f"has no {DATASET_PROPERTY} property"
+    raise DatasetTableError(
+        f"dataset {dataset_id!r}: table {ident} {whose}, so it is not this dataset's table; "
+        "nothing was written (drop or rename that table if it is not a dataset table)"
+    )
+
+
+def table_exists(spark: Any, dataset_id: str) -> bool:
+    with spark_errors(dataset_id, table_ident(dataset_id), "look up"):
+        return bool(spark.catalog.tableExists(table_ident(dataset_id)))
+
+
+def marker_version(spark: Any, ident: str, snapshot_id: int | None = None) -> int:
+    """The WAL version the table (or one of its snapshots) reached: its `#version` row, 0 if none."""
+    travel = f" VERSION AS OF {int(snapshot_id)}" if snapshot_id is not None else ""
+    row = spark.sql(f"SELECT max(wal_seq) AS v FROM {ident}{travel} WHERE key = '{VERSION_KEY}'").first()
+    return int(row.v or 0)
+
+
+def table_version(spark: Any, ident: str) -> int:
+    """Where a merge starts: the version property, read from metadata without a scan. It is set after
+    the commit that reached it, so it is never ahead of the `#version` row; when it lags (a merge killed
+    between the two), the next merge re-applies a few changes, which the newer-seq rule makes harmless."""
+    value = table_properties(spark, ident).get(VERSION_PROPERTY, "0")
+    return int(value) if value.isdigit() else 0
+
+
+def set_version_property(spark: Any, ident: str, version: int) -> None:
+    """Record the version as a table property too, for catalogs and people (the `#version` row is the
+    one a merge trusts: it commits with the data)."""
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('{VERSION_PROPERTY}'='{int(version)}')")
+
+
+def table_properties(spark: Any, ident: str) -> dict[str, str]:
+    return {row.key: row.value for row in spark.sql(f"SHOW TBLPROPERTIES {ident}").collect()}
+
+
+@contextmanager
+def spark_errors(dataset_id: str, ident: str, action: str) -> Iterator[None]:
+    """A blob that failed in a Spark task becomes the WAL's BlobIntegrityError (its message names the
+    blob); any other Spark or JVM failure becomes one DatasetTableError line naming the dataset and table."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except (PySparkException, Py4JError) as error:
+        text = str(error)
+        blob = BLOB_ERROR.search(text)
+        if blob:
+            raise BlobIntegrityError(blob.group(1).strip()) from None
+        cause = _cause(text, error)
+        raise DatasetTableError(f"dataset {dataset_id!r}: {action} of {ident} failed: {cause}") from None
+
+
+def _cause(text: str, error: BaseException) -> str:
+    """The line that says what went wrong: a Python task's own exception, else Spark's first line."""
+    head = text.split("JVM stacktrace:")[0]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
+    raised = [line for line in lines if PYTHON_ERROR.match(line)]
+    return (raised[-1] if raised else lines[0] if lines else type(error).__name__)[:500]

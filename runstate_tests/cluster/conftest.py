@@ -1,0 +1,160 @@
+"""One standalone Spark cluster (a master and two workers) and one Spark session on it, for the module.
+
+The cluster is started the way `runstate services up --spark-workers 2` starts it (in this worker's own
+RUNSTATE_HOME), and its daemons get no AWS variables: the blob reads in the executors' Python workers
+must get the endpoint and credentials from the configuration. The session has its UI on a free loopback
+port, so the tests can read each executor's task count from the executors REST endpoint.
+
+PySpark allows one SparkContext per process, and the other Spark tests share a `local[2]` session per
+test worker: these tests are one xdist group and are collected first, so their worker runs them before
+any other Spark test (and their session is stopped at the end of the module).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from runstate.services import spark_cluster
+from runstate.services.state import free_port
+from runstate_tests.deployment.gate import GatedMotoServer
+from runstate_tests.devserver import poll
+
+# Fixtures of the maintenance and dataset-table tests, on this module's session.
+from runstate_tests.maintenance.conftest import store  # noqa: F401
+from runstate_tests.maintenance.test_commit_fence import commit_hold, rewrite_job  # noqa: F401
+from runstate_tests.wal.conftest import WalEnv
+from runstate_tests.wal.dataset_tables.conftest import dataset_ids  # noqa: F401
+
+WORKERS = 2
+CLUSTER_DIR = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The cluster group first: it is the longest unit, and its session must be its worker's first."""
+    ours = [item for item in items if CLUSTER_DIR in Path(str(item.path)).parents]
+    if ours:
+        first = {id(item) for item in ours}
+        items[:] = ours + [item for item in items if id(item) not in first]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[spark_cluster.StandaloneCluster]:
+    env = spark_cluster.up({}, WORKERS)
+    standalone = spark_cluster.load_cluster()
+    assert standalone is not None and env == {"RUNSTATE_SPARK_MASTER": standalone.url}
+    yield standalone
+    spark_cluster.down()
+
+
+@pytest.fixture(scope="module")
+def gated_moto() -> Iterator[GatedMotoServer]:
+    """moto for the module, with a gate that can hold chosen requests (a blob read, mid-merge)."""
+    server = GatedMotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def spark_settings(cluster, pg_database: str, tmp_path_factory: pytest.TempPathFactory):
+    from runstate.spark import SparkSettings
+
+    return SparkSettings(
+        master=cluster.url,
+        pg_url=pg_database,
+        warehouse_dir=tmp_path_factory.mktemp("cluster-warehouse"),
+        app_name="runstate-cluster-tests",
+        extra_conf={"spark.ui.enabled": "true", "spark.ui.port": str(free_port())},
+    )
+
+
+@pytest.fixture(scope="module")
+def spark(spark_settings):
+    """The module's session on the cluster, once both executors have registered."""
+    from pyspark import SparkContext
+
+    from runstate.spark import build_session
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        raise RuntimeError(
+            f"a Spark session ({active.master}) already runs in this test process: the cluster tests "
+            "must run before every other Spark test of their worker (they are collected first)"
+        )
+    previous = os.environ.get("SPARK_LOCAL_IP")
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # the driver's UI binds it (no Spark setting does)
+    session = build_session(spark_settings)
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        poll(
+            lambda: len(Executors(session).counts()) >= WORKERS, timeout=300, every=0.5, what="two executors"
+        )
+        yield session
+    finally:
+        session.stop()
+        if previous is None:
+            os.environ.pop("SPARK_LOCAL_IP", None)
+        else:
+            os.environ["SPARK_LOCAL_IP"] = previous
+
+
+class Executors:
+    """Completed tasks per live executor of an application, from its UI's executors REST endpoint."""
+
+    def __init__(self, spark: Any = None, ui: str | None = None) -> None:
+        self.ui = ui or spark.sparkContext.uiWebUrl
+
+    def counts(self) -> dict[str, int]:
+        [app] = self._get("/api/v1/applications")
+        executors = self._get(f"/api/v1/applications/{app['id']}/executors")
+        return {e["id"]: int(e["completedTasks"]) for e in executors if e["id"] != "driver" and e["isActive"]}
+
+    def _get(self, path: str) -> Any:
+        # Patient: on a loaded machine the UI's Jetty answers in seconds, not milliseconds.
+        with urllib.request.urlopen(f"{self.ui}{path}", timeout=60) as response:
+            return json.load(response)
+
+    def wait_until_each_ran_tasks_since(self, before: dict[str, int], executors: int = WORKERS) -> dict:
+        """Every one of `executors` executors completed tasks after `before` (the UI's listener lags a little)."""
+
+        def grown() -> dict[str, int] | None:
+            now = self.counts()
+            ran = {e: n - before.get(e, 0) for e, n in now.items() if n > before.get(e, 0)}
+            return ran if len(ran) >= executors else None
+
+        return poll(grown, timeout=120, every=0.25, what=f"tasks on {executors} executors")
+
+
+@pytest.fixture
+def executors(spark) -> Executors:
+    return Executors(spark)
+
+
+@pytest.fixture
+def wal(gated_moto: GatedMotoServer) -> Iterator[WalEnv]:
+    """A WAL table and blob bucket of the test's own, on the gated moto."""
+    from runstate.wal import ensure_blob_bucket, ensure_wal_table
+
+    def client(service: str) -> Any:
+        return boto3.client(service, endpoint_url=gated_moto.url, region_name="us-east-1")
+
+    env = WalEnv(
+        endpoint=gated_moto.url,
+        dynamodb=client("dynamodb"),
+        s3=client("s3"),
+        streams=client("dynamodbstreams"),
+        table=f"wal_{uuid.uuid4().hex[:10]}",
+        bucket=f"blobs-{uuid.uuid4().hex[:12]}",
+    )
+    ensure_wal_table(env.dynamodb, env.table)
+    ensure_blob_bucket(env.s3, env.bucket)
+    yield env
+    env.dynamodb.delete_table(TableName=env.table)

@@ -1,0 +1,127 @@
+"""The data pipeline on a standalone Spark cluster: `spark://` master, two workers, two executors.
+
+Every test asserts that its work ran as tasks on both executors (other JVMs and other Python workers
+than the driver's): the blob reads in `mapInArrow` with the endpoint and credentials from the
+configuration, the Iceberg jar shipped with `spark.jars`, the JDBC catalog and the commit fence.
+The tests run in file order on one worker (an xdist group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from runstate.cli import main
+from runstate.config import settings
+from runstate.maintenance.runner import run_job
+from runstate.wal.changes import Change
+from runstate_tests.maintenance.conftest import (
+    cache,
+    make_table,
+    rows,
+)
+from runstate_tests.maintenance.test_actions import table_location
+from runstate_tests.wal.dataset_tables.conftest import Feed
+
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
+
+ACTIONS = [
+    "rewrite_data_files",
+    "rewrite_position_delete_files",
+    "rewrite_manifests",
+    "expire_snapshots",
+    "remove_orphan_files",
+]
+
+
+@pytest.fixture
+def feed(wal) -> Feed:
+    return Feed(wal)
+
+
+@pytest.fixture
+def cli(cluster, wal, spark_settings, monkeypatch) -> CliRunner:
+    """The CLI on the test's WAL, the module's catalog and warehouse, and the cluster as its master."""
+    for name, value in {
+        "RUNSTATE_SPARK_MASTER": cluster.url,
+        "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
+        "RUNSTATE_WAL_TABLE": wal.table,
+        "RUNSTATE_BLOB_BUCKET": wal.bucket,
+        "RUNSTATE_BLOB_PREFIX": wal.prefix,
+        "RUNSTATE_PG_URL": spark_settings.pg_url,
+        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    settings.cache_clear()
+    yield CliRunner()
+    settings.cache_clear()
+
+
+def _appended(feed: Feed, dataset_id: str, rounds: int, start: int = 0) -> int:
+    """`rounds` WAL rows, each flushed into a delta blob of its own; returns the dataset's version."""
+    version = 0
+    for n in range(start, start + rounds):
+        changes = [Change.upsert(f"k{i}", {"round": n, "i": i}) for i in range(40)]
+        feed.append(dataset_id, [*changes, Change.delete(f"k{n}")])
+        version = feed.flush(dataset_id)
+    return version
+
+
+def _invoke(cli: CliRunner, *args: str) -> str:
+    result = cli.invoke(main, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_a_dataset_merges_rebuilds_and_reads_back_on_the_cluster(cli, feed, dataset_ids, executors):
+    dataset_id = dataset_ids("orders")
+    assert _appended(feed, dataset_id, rounds=4) == 4
+
+    before = executors.counts()
+    merged = _invoke(cli, "wal", "merge", "--dataset", dataset_id)
+    executors.wait_until_each_ran_tasks_since(before)
+    blobs_at_4 = json.loads(_invoke(cli, "wal", "read", "--dataset", dataset_id))
+    _appended(feed, dataset_id, rounds=2, start=4)
+    before = executors.counts()
+    rebuilt = _invoke(cli, "wal", "merge", "--dataset", dataset_id, "--rebuild")
+    executors.wait_until_each_ran_tasks_since(before)
+
+    assert f"lake.datasets.{dataset_id} at version 4" in merged
+    assert f"lake.datasets.{dataset_id} at version 6" in rebuilt
+    blobs = json.loads(_invoke(cli, "wal", "read", "--dataset", dataset_id))
+    table = json.loads(_invoke(cli, "wal", "read", "--dataset", dataset_id, "--engine", "spark"))
+    table_at_4 = _invoke(cli, "wal", "read", "--dataset", dataset_id, "--engine", "spark", "--version", "4")
+    assert table == blobs and blobs["version"] == 6
+    assert json.loads(table_at_4) == blobs_at_4 and blobs_at_4["version"] == 4
+
+
+def test_one_maintenance_job_runs_every_action_on_the_executors(spark, iceberg_namespace, store, executors):
+    ref = make_table(spark, iceberg_namespace, files=8, rows=800, deletes=True)
+    orphan = table_location(spark, ref) / "data" / "orphan-from-a-crashed-writer.parquet"
+    orphan.write_bytes(b"not referenced by any snapshot")
+    four_days_ago = time.time() - 4 * 24 * 3600
+    os.utime(orphan, (four_days_ago, four_days_ago))
+    cache(store, ref)
+    job_id = store.submit(
+        ref.database, ref.table, ACTIONS, options={"expire_older_than_hours": 0, "retain_last": 1}
+    )
+    before_rows, before = rows(spark, ref), executors.counts()
+
+    outcome = run_job(spark, store, store.claim("cluster-worker", lease_seconds=300))
+
+    executors.wait_until_each_ran_tasks_since(before)
+    assert outcome.status == "completed", outcome.error
+    assert sorted(r.action for r in store.job_actions(job_id) if r.success) == sorted(ACTIONS)
+    figures = {result.action: result.figures for result in outcome.results}
+    assert figures["rewrite_data_files"]["rewritten_data_files_count"] == 8
+    assert figures["remove_orphan_files"] == {"removed_orphan_files_count": 1}
+    assert not orphan.exists()
+    assert spark.table(f"lake.{ref.quoted}.data_files").count() == 1
+    assert spark.table(f"lake.{ref.quoted}.delete_files").count() == 0
+    assert spark.table(f"lake.{ref.quoted}.snapshots").count() == 1
+    assert rows(spark, ref) == before_rows

@@ -1,0 +1,106 @@
+"""PostgresDatastore: session settings made at connect time, no round trip per checkout, fork-safe."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from runstate.datastore import PostgresDatastore
+
+
+@pytest.fixture
+def store(pg_database: str, pg_schema: str):
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {pg_schema}")
+        conn.execute(f"CREATE TABLE {pg_schema}.items (id INT PRIMARY KEY)")
+    datastore = PostgresDatastore(pg_database, schema=pg_schema, application_name="runstate-test")
+    yield datastore
+    datastore.close()
+
+
+def test_a_connection_is_autocommit_in_the_schema_and_named(store, pg_schema):
+    with store.connection() as conn:
+        path = conn.execute("SHOW search_path").fetchone()[0]
+        name = conn.execute("SHOW application_name").fetchone()[0]
+
+        assert conn.autocommit
+    assert path == f"{pg_schema},public"
+    assert name == "runstate-test"
+
+
+@pytest.fixture
+def pings(monkeypatch) -> list[int]:
+    """One entry per ping the pool sends (its check_connection, spied on, still pings)."""
+    seen: list[int] = []
+    real_check = ConnectionPool.check_connection
+    monkeypatch.setattr(ConnectionPool, "check_connection", lambda conn: (seen.append(1), real_check(conn)))
+    return seen
+
+
+def test_a_busy_connection_is_handed_out_without_a_ping(store, pings):
+    for _ in range(20):
+        with store.connection() as conn:
+            conn.execute("SELECT 1")
+
+    assert pings == []
+
+
+def test_an_idle_connection_is_checked_before_it_is_handed_out(store, pings):
+    store.check_after_idle_s = 0.0
+
+    for _ in range(3):
+        with store.connection() as conn:
+            conn.execute("SELECT 1")
+
+    assert len(pings) == 3
+
+
+def test_a_transaction_rolls_back_when_its_block_raises(store):
+    with pytest.raises(RuntimeError), store.transaction() as conn:
+        conn.execute("INSERT INTO items VALUES (1)")
+        raise RuntimeError("abandon")
+    with store.transaction(pipeline=True) as conn:
+        conn.execute("INSERT INTO items VALUES (2)")
+
+    with store.connection() as conn:
+        assert conn.execute("SELECT id FROM items").fetchall() == [(2,)]
+
+
+def _child_counts(store: PostgresDatastore, results) -> None:
+    with store.connection() as conn:
+        results.put((os.getpid(), conn.execute("SELECT pg_backend_pid()").fetchone()[0]))
+
+
+def test_a_forked_child_opens_its_own_connections_and_leaves_the_parents_alone(store):
+    with store.connection() as conn:
+        parent_backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_child_counts, args=(store, results))
+
+    child.start()
+    child_pid, child_backend = results.get(timeout=120)
+    child.join(timeout=120)
+
+    assert child.exitcode == 0 and child_pid != os.getpid()
+    assert child_backend != parent_backend
+    with store.connection() as conn:  # the parent's session survived the child's exit
+        assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == parent_backend
+
+
+def test_an_unreachable_server_fails_at_once_with_the_drivers_reason():
+    store = PostgresDatastore("postgresql://postgres@127.0.0.1:1/nowhere", connect_timeout=2)
+
+    with pytest.raises(psycopg.OperationalError, match="127.0.0.1"), store.connection():
+        pass
+
+
+def test_a_closed_datastore_refuses_checkouts(store):
+    store.close()
+
+    with pytest.raises(psycopg.InterfaceError, match="closed"), store.connection():
+        pass

@@ -1,0 +1,75 @@
+"""The README's statements about the CLI and the configuration hold for the code (issue 25.15)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+import pytest
+
+from runstate.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    return README.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _cli_block() -> str:
+    return _section("The CLI").split("```", 2)[1]
+
+
+def _leaf_verbs(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    verbs = []
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            verbs += _leaf_verbs(command, (*path, name))
+        else:
+            verbs.append((*path, name))
+    return verbs
+
+
+@pytest.mark.parametrize("verb", _leaf_verbs(main), ids=" ".join)
+def test_the_cli_list_names_every_verb(verb):
+    *groups, name = verb
+    if verb == ("health", "show"):
+        name = "DB.TABLE"  # `runstate health DB.TABLE` is how show is called
+    lines = [line for line in _cli_block().splitlines() if line.startswith(" ".join(["runstate", *groups]))]
+
+    assert any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", line.split("  ")[0]) for line in lines), (
+        f"`runstate {' '.join(verb)}` is missing from the README's CLI list"
+    )
+
+
+def test_every_configuration_variable_in_the_table_is_read_by_runstate():
+    source = "\n".join(path.read_text() for path in (ROOT / "runstate").rglob("*.py"))
+    table = _section("Configuration")
+    for name in re.findall(r"^\| `([A-Z_]+)`", table, re.M):
+        assert f'"{name}"' in source, f"{name} is in the README's table but read nowhere"
+
+
+def test_the_wal_sensor_interval_the_docs_give_is_the_sensors():
+    from runstate.defs.wal.sensors import SENSOR_INTERVAL_S
+
+    patterns = [
+        r"sensor picks up new rows every (\d+) s",
+        r"Every (\d+) s `wal_sensor`",
+        r"wal_sensor \((\d+) s\)",
+    ]
+    said = {found for pattern in patterns for found in re.findall(pattern, README)}
+    said |= set(re.findall(r"wal_sensor's (\d+) s timer", (ROOT / "dagster.yaml").read_text()))
+
+    assert said == {str(SENSOR_INTERVAL_S)}
+
+
+def test_the_log_options_really_follow_any_verb():
+    assert "before or after the verb" in _section("The CLI")
+    for verb in _leaf_verbs(main):
+        command = main
+        for part in verb:
+            command = command.commands[part]
+        options = {opt for param in command.params for opt in getattr(param, "opts", [])}
+        assert {"--log-level", "--log-format"} <= options, verb
