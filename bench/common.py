@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -36,3 +37,17 @@ def timed_threads(workers: int, work: Callable[[int, threading.Barrier], None]) 
     for thread in threads:
         thread.join()
     return time.perf_counter() - began
+
+
+# Above this 1-minute load average a run is not quiet: other work shares the cores, every ratio drifts.
+QUIET_LOAD = 1.0
+
+
+def load_start() -> dict[str, float | bool]:
+    """The load at a bench's start and whether it counts as quiet; add `load_end()` at its end."""
+    load = round(os.getloadavg()[0], 2)
+    return {"load_start": load, "quiet": load <= QUIET_LOAD}
+
+
+def load_end() -> dict[str, float]:
+    return {"load_end": round(os.getloadavg()[0], 2)}

@@ -9,7 +9,9 @@
   (own RUNSTATE_HOME, databases and warehouse): `drain_s` from submit until every job is done, and
   `runs`, the iceberg_maintenance worker runs that took (floor: runs <= W + 1), beside the same N jobs
   drained in-process by one worker on one session (`inprocess_drain_s`), measured in the same run.
-Creates and drops its own database. Scale down with --jobs / --files.
+Every line records the 1-minute load average at its start and end, and `"quiet": false` when the
+load was above 1.0 at the start (then its ratios are not results). Creates and drops its own
+database. Scale down with --jobs / --files.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import create_database, drop_database, timed_threads  # noqa: E402  (bench/ is the script's folder)
+from common import create_database, drop_database, load_end, load_start, timed_threads  # noqa: E402  (bench/ is the script's folder)
 from drain import drain_through_dev  # noqa: E402
 
-from runstate.maintenance.actions import run_job  # noqa: E402
+from runstate.maintenance.runner import run_job  # noqa: E402
 from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -163,8 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drain", type=int, metavar="N", help="drain N jobs through `runstate dev` instead")
     parser.add_argument("--workers", type=int, default=2, help="W for --drain: worker runs alive at once")
     args = parser.parse_args(argv)
+    load = load_start()
     if args.drain:
-        print(json.dumps(drain_through_dev(args.admin_url, args.drain, args.workers), sort_keys=True))
+        result = {**load, **drain_through_dev(args.admin_url, args.drain, args.workers), **load_end()}
+        print(json.dumps(result, sort_keys=True))
         return
 
     name, dsn = create_database(args.admin_url)
@@ -172,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         with MaintenanceStore(dsn, schema=SCHEMA, max_attempts=3) as store:
             store.ensure_schema()
             store.replace_table_cache([CachedTable("bench", f"t{i}", True, {}) for i in range(args.jobs)])
-            result: dict = {"bench": "maintenance", "jobs": args.jobs}
+            result: dict = {"bench": "maintenance", "jobs": args.jobs, **load}
             result["queue_jobs_per_s_1w"] = round(queue_rate(store, args.jobs, 1), 1)
             result["queue_jobs_per_s_4w"] = round(queue_rate(store, args.jobs, 4), 1)
             result["raw_skip_locked_jobs_per_s"] = round(raw_skip_locked_rate(dsn, args.jobs, 4), 1)
@@ -187,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
             )
     finally:
         drop_database(args.admin_url, name)
+    result.update(load_end())
     print(json.dumps(result, sort_keys=True))
 
 

@@ -48,7 +48,7 @@ def root() -> Traversable:
         folder = resources.files(PACKAGE)
     except ModuleNotFoundError as exc:
         raise SqlFileError(
-            f"the SQL files (package {PACKAGE}) are not installed with runstate: reinstall it "
+            f"the SQL files (package {PACKAGE}) are not installed with runstate ({exc}): reinstall it "
             "(`pip install .`, or `make setup` in a checkout)"
         ) from exc
     return folder

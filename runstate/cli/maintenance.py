@@ -234,7 +234,21 @@ def show(table: str, cached: bool, no_record: bool) -> None:
 @health.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (loopback by default).")
 @click.option("--port", default=8079, show_default=True, type=click.IntRange(0, 65535))
-def serve(host: str, port: int) -> None:
+@click.option(
+    "--analysis-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds a request waits for an analysis (then 504, or 503 while another one runs).",
+)
+@click.option(
+    "--max-threads",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 256),
+    help="Requests handled at once; the others wait to be accepted.",
+)
+def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> None:
     """Serve GET /tables/{database}/{table}/health (same JSON as `runstate health`)."""
     from runstate.maintenance.health import HealthAnalyzer
     from runstate.maintenance.http import make_server
@@ -249,7 +263,17 @@ def serve(host: str, port: int) -> None:
         store.insert_health_snapshot(report)
         return report
 
-    server = make_server(host, port, analyze, lambda ref: store.latest_health(ref.key))
+    try:
+        server = make_server(
+            host,
+            port,
+            analyze,
+            lambda ref: store.latest_health(ref.key),
+            analysis_timeout=analysis_timeout,
+            max_threads=max_threads,
+        )
+    except OSError as exc:  # the port in use, an address not on this machine, a privileged port
+        raise click.ClickException(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     click.echo(
         f"serving table health on http://{server.server_address[0]}:{server.server_address[1]}", err=True
     )

@@ -82,7 +82,10 @@ class PostgresDatastore:
     def connection(self) -> Iterator[psycopg.Connection]:
         """A pooled autocommit connection; one that comes back broken is discarded by the pool."""
         with self._get_pool().connection() as conn:
-            yield conn
+            try:
+                yield conn
+            finally:
+                _stamp_used(conn)
 
     @contextmanager
     def transaction(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection]:
@@ -137,7 +140,9 @@ class PostgresDatastore:
             open=True,
             configure=_stamp_used,
             check=self._check_if_idle,
-            reset=_stamp_used,
+            # No `reset=`: with one, psycopg_pool hands every returned connection to a worker thread
+            # (two thread handoffs per checkout, and the pool grows to max_size because a caller's
+            # next checkout finds its connection not back yet). connection() stamps inline instead.
         )
 
     def _check_if_idle(self, conn: psycopg.Connection) -> None:

@@ -18,7 +18,9 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.errors import InvalidActionOption, TableLocked, UnknownAction
+from runstate.maintenance.figures import table_figures
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
+from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.options import (
     MIN_ORPHAN_AGE_HOURS,
     STRATEGIES,
@@ -68,33 +70,6 @@ def _sum_rows(rows: list) -> dict[str, int]:
     return totals
 
 
-def table_figures(spark: SparkSession, ref: TableRef, catalog: str = CATALOG) -> dict[str, Any]:
-    """What a job changes, as numbers: data files and bytes, delete files, manifests, and how long a
-    canary scan takes to plan (listing the files a full read would open, without reading them)."""
-    from pyspark.sql import functions as F
-
-    name = ref.in_catalog(catalog)
-    # One pass over `.files` (content 0: data, 1 and 2: deletes) instead of a query per metadata table.
-    by_content = {
-        row["content"]: row
-        for row in spark.table(f"{name}.files")
-        .groupBy("content")
-        .agg(F.count(F.lit(1)).alias("n"), F.sum("file_size_in_bytes").alias("b"))
-        .collect()
-    }
-    started = time.perf_counter()
-    spark.table(name).inputFiles()
-    planning_ms = (time.perf_counter() - started) * 1000
-    data = by_content.get(0)
-    return {
-        "data_files": int(data["n"]) if data else 0,
-        "data_bytes": int(data["b"] or 0) if data else 0,
-        "delete_files": sum(int(row["n"]) for content, row in by_content.items() if content != 0),
-        "manifests": spark.table(f"{name}.manifests").count(),
-        "canary_planning_ms": round(planning_ms, 3),
-    }
-
-
 class ActionRunner:
     """Runs one table's actions through `CALL lake.system.<procedure>` or plans them for a dry run."""
 
@@ -133,11 +108,17 @@ class ActionRunner:
         arguments = [f"strategy => '{s.rewrite_strategy}'"]
         if s.rewrite_strategy == "sort" and s.sort_order:
             arguments.append(f"sort_order => '{sort_order_sql(s.sort_order)}'")
-        arguments.append(
-            f"options => map('target-file-size-bytes', '{int(s.target_file_size_bytes)}',"
-            f" 'partial-progress.enabled', 'true',"
-            f" 'partial-progress.max-commits', '{PARTIAL_PROGRESS_MAX_COMMITS}')"
-        )
+        options = {
+            "target-file-size-bytes": int(s.target_file_size_bytes),
+            "partial-progress.enabled": "true",
+            "partial-progress.max-commits": PARTIAL_PROGRESS_MAX_COMMITS,
+        }
+        if s.delete_file_threshold is not None:
+            options.update(
+                {"delete-file-threshold": int(s.delete_file_threshold), "remove-dangling-deletes": "true"}
+            )
+        pairs = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+        arguments.append(f"options => map({pairs})")
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
         if figures.get("failed_data_files_count"):
             # Partial progress logs a refused or lost group commit and carries on: make it an error.
@@ -255,8 +236,10 @@ class ActionRunner:
         after = self.figures() if before is not None and not dry_run else {}
         return ActionResult(action, True, message, None, elapsed, figures, dict(before or {}), after, attempt)
 
-    def figures(self) -> dict[str, Any]:
-        return table_figures(self.spark, self.ref, self.catalog)
+    def figures(self, known: HealthSnapshot | None = None) -> dict[str, Any]:
+        return table_figures(
+            self.spark, self.ref, self.catalog, known=known, canary_planning=self.settings.canary_planning
+        )
 
 
 def _describe(exc: BaseException) -> str:

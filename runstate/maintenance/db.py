@@ -51,7 +51,9 @@ class Database:
                     # A session the server ended (restart, idle timeout, pg_terminate_backend) is
                     # replaced when handed out, instead of failing the caller's statement.
                     check=_check_if_idle,
-                    reset=_stamp_return,
+                    # No `reset=`: with one, psycopg_pool hands every returned connection to a worker
+                    # thread (two thread handoffs per job, and the pool grows to max_size because a
+                    # caller's next checkout finds its connection not yet back). connection() stamps.
                 )
                 self._pid = os.getpid()
         return self._pool
@@ -77,7 +79,10 @@ class Database:
         """A pooled connection; a broken one is discarded by the pool when it comes back."""
         try:
             with self._get_pool().connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    _stamp_used(conn)
         except MaintenanceError:
             raise
         except PoolTimeout as exc:
@@ -119,13 +124,13 @@ class Database:
 CHECK_AFTER_IDLE_SECONDS = 1.0
 
 
-def _stamp_return(conn: psycopg.Connection) -> None:
-    conn._runstate_returned_at = time.monotonic()  # type: ignore[attr-defined]
+def _stamp_used(conn: psycopg.Connection) -> None:
+    conn._runstate_used_at = time.monotonic()  # type: ignore[attr-defined]
 
 
 def _check_if_idle(conn: psycopg.Connection) -> None:
-    returned = getattr(conn, "_runstate_returned_at", None)
-    if returned is None or time.monotonic() - returned >= CHECK_AFTER_IDLE_SECONDS:
+    used = getattr(conn, "_runstate_used_at", None)
+    if used is None or time.monotonic() - used >= CHECK_AFTER_IDLE_SECONDS:
         ConnectionPool.check_connection(conn)
 
 

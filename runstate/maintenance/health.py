@@ -1,7 +1,8 @@
 """The table-health analyzer: metrics from Iceberg metadata tables, and a verdict from thresholds.
 
-Metrics come from `.data_files`, `.delete_files`, `.snapshots` and `.manifests` (`all_delete_files`
-counts history, so it is no health metric). A metadata query that fails is recorded in `error` and
+File metrics come from one aggregate over `.files` pinned to the current snapshot, the manifest count
+from that snapshot's manifest list, snapshot ages from `.snapshots` (`all_delete_files` counts
+history, so it is no health metric). A metadata query that fails is recorded in `error` and
 the rest of the report is still filled; only a missing table is fatal.
 """
 
@@ -21,6 +22,7 @@ from runstate.maintenance.catalog import (
     parse_enabled,
 )
 from runstate.maintenance.errors import TableNotFound
+from runstate.maintenance.figures import current_snapshot
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 from runstate.maintenance.models import HealthSnapshot
 
@@ -55,7 +57,10 @@ def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]
     if health.small_file_count >= max(thresholds.min_small_files, 1):
         wanted.add("rewrite_data_files")
     if health.total_delete_files > thresholds.max_delete_files:
-        wanted.add("rewrite_position_delete_files")
+        # Applied, not just rewritten: rewrite_position_delete_files only combines delete files (it
+        # changed nothing on a table with 2 of them), while rewrite_data_files with a delete-file
+        # threshold rewrites the data files they point at and drops them (see Orchestrator._plan).
+        wanted.add("rewrite_data_files")
     if health.manifest_count > thresholds.max_manifests:
         wanted.add("rewrite_manifests")
     if (
@@ -110,16 +115,22 @@ class HealthAnalyzer:
     def analyze(self, ref: TableRef) -> HealthSnapshot:
         checked_at = self.now()
         properties = self.properties(ref)
-        snapshot_id = max(int(properties.get("current-snapshot-id") or 0), 0)
         metrics: dict[str, Any] = {}
         errors: list[str] = []
-        for step in (self._data_files, self._delete_files, self._snapshots, self._manifests):
+        snapshot_id = 0
+        try:
+            # The snapshot every file metric below is pinned to, so the row is of one snapshot (and
+            # a maintenance job may reuse it as its exact "before" figures while the table is unchanged).
+            current, metrics["manifest_count"] = current_snapshot(self.spark, ref.in_catalog(self.catalog))
+            snapshot_id = current or 0
+        except Exception as exc:  # noqa: BLE001 - non-fatal: recorded, the other metrics still count
+            errors.append(f"manifests: {_first_line(exc)}")
+        for step in (self._files, self._snapshots):
             try:
                 metrics.update(step(ref, snapshot_id, checked_at))
             except Exception as exc:  # noqa: BLE001 - non-fatal: recorded, the other metrics still count
-                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                errors.append(f"{step.__name__.strip('_')}: {message}")
-                log.warning("health of %s: %s failed: %s", ref.key, step.__name__, message)
+                errors.append(f"{step.__name__.strip('_')}: {_first_line(exc)}")
+                log.warning("health of %s: %s failed: %s", ref.key, step.__name__, _first_line(exc))
         health = HealthSnapshot(
             ref.database,
             ref.table,
@@ -135,34 +146,30 @@ class HealthAnalyzer:
 
     # Each step returns the columns it measures; a step that raises leaves its columns at their defaults.
 
-    def _data_files(self, ref: TableRef, *_: Any) -> dict[str, Any]:
-        from pyspark.sql import functions as F
-
-        row = (
-            self._metadata(ref, "data_files")
-            .agg(
-                F.count(F.lit(1)).alias("files"),
-                F.coalesce(F.sum("file_size_in_bytes"), F.lit(0)).alias("bytes"),
-                F.coalesce(F.sum("record_count"), F.lit(0)).alias("records"),
-                F.count(
-                    F.when(F.col("file_size_in_bytes") < F.lit(self.thresholds.small_file_bytes), True)
-                ).alias("small"),
-            )
-            .first()
-        )
-        files, size, small = int(row["files"]), int(row["bytes"]), int(row["small"])
+    def _files(self, ref: TableRef, snapshot_id: int, *_: Any) -> dict[str, Any]:
+        """Data files, bytes, records and small files, and delete files: one aggregate over `.files`."""
+        if not snapshot_id:
+            return {}
+        small = int(self.thresholds.small_file_bytes)
+        row = self.spark.sql(
+            "SELECT count_if(content = 0) AS files,"
+            " coalesce(sum(if(content = 0, file_size_in_bytes, 0)), 0) AS bytes,"
+            " coalesce(sum(if(content = 0, record_count, 0)), 0) AS records,"
+            f" count_if(content = 0 AND file_size_in_bytes < {small}) AS small,"
+            " count_if(content <> 0) AS deletes"
+            f" FROM {ref.in_catalog(self.catalog)}.files VERSION AS OF {int(snapshot_id)}"
+        ).first()
+        files, size, small_files = int(row["files"]), int(row["bytes"]), int(row["small"])
         metrics = {
             "total_data_files": files,
             "total_size_bytes": size,
             "total_records": int(row["records"]),
-            "small_file_count": small,
+            "small_file_count": small_files,
+            "total_delete_files": int(row["deletes"]),
         }
         if files:
-            metrics.update(avg_file_size_bytes=size / files, small_file_pct=100.0 * small / files)
+            metrics.update(avg_file_size_bytes=size / files, small_file_pct=100.0 * small_files / files)
         return metrics
-
-    def _delete_files(self, ref: TableRef, *_: Any) -> dict[str, Any]:
-        return {"total_delete_files": self._metadata(ref, "delete_files").count()}
 
     def _snapshots(self, ref: TableRef, snapshot_id: int, checked_at: datetime) -> dict[str, Any]:
         # committed_at comes back in the session time zone; unix_timestamp keeps the arithmetic zone-free.
@@ -185,5 +192,7 @@ class HealthAnalyzer:
             "oldest_snapshot_age_hours": max(0.0, (now_epoch - min(by_id.values())) / 3600),
         }
 
-    def _manifests(self, ref: TableRef, *_: Any) -> dict[str, Any]:
-        return {"manifest_count": self._metadata(ref, "manifests").count()}
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -3,6 +3,13 @@
 The JSON is the same as `runstate health` prints. Identifiers are validated before anything runs
 (400); a table the catalog does not have is a 404. `?cached=true` answers from the newest stored
 health row instead of analyzing the table now.
+
+Bounded everywhere, so one slow table or client cannot take the server down:
+- one analysis at a time runs (they share one Spark session) on a thread of its own; a request waits
+  for it at most `analysis_timeout` seconds, then gets 504 (the analysis carries on, and its stored
+  result answers `?cached=true`) or, while another analysis still runs, 503;
+- at most `max_threads` requests are handled at once (the others wait in the listen queue), and a
+  client that stops sending or reading is dropped after `client_timeout` seconds.
 """
 
 from __future__ import annotations
@@ -12,7 +19,10 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,17 +57,90 @@ def health_json(snapshot: HealthSnapshot) -> str:
     return json.dumps(jsonable(snapshot), indent=2, sort_keys=True)
 
 
+DEFAULT_ANALYSIS_TIMEOUT_S = 30.0
+DEFAULT_MAX_THREADS = 8
+DEFAULT_CLIENT_TIMEOUT_S = 10.0
+
+
+class AnalysisBusy(Exception):
+    """The one analysis slot stayed taken for the whole wait (503)."""
+
+
+class AnalysisTimeout(Exception):
+    """The analysis did not end within the request's budget (504); it goes on in the background."""
+
+
 class HealthServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], analyze: Analyze, latest: Latest) -> None:
-        super().__init__(address, _Handler)
+    def __init__(
+        self,
+        address: tuple[str, int],
+        analyze: Analyze,
+        latest: Latest,
+        *,
+        analysis_timeout: float = DEFAULT_ANALYSIS_TIMEOUT_S,
+        max_threads: int = DEFAULT_MAX_THREADS,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S,
+    ) -> None:
         self.analyze, self.latest = analyze, latest
-        self.analyze_lock = threading.Lock()  # one analysis at a time on the shared Spark session
+        self.analysis_timeout, self.client_timeout = analysis_timeout, client_timeout
+        # One analysis at a time on the shared Spark session, on a thread a request can stop waiting for.
+        self.analysis_slot = threading.Semaphore(1)
+        self.analysis_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-analysis")
+        self.request_slots = threading.BoundedSemaphore(max_threads)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Accept no more connections than threads may serve; the rest wait in the listen backlog.
+        self.request_slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.request_slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.request_slots.release()
+
+    def analyze_within(self, ref: TableRef) -> HealthSnapshot:
+        """The table's analysis, or AnalysisBusy / AnalysisTimeout once `analysis_timeout` has passed."""
+        deadline = time.monotonic() + self.analysis_timeout
+        if not self.analysis_slot.acquire(timeout=self.analysis_timeout):
+            raise AnalysisBusy(
+                f"another table's analysis has held the Spark session for over {self.analysis_timeout:g} s;"
+                f" ask again later, or with ?cached=true"
+            )
+        future = self.analysis_thread.submit(self._analyze_and_free_the_slot, ref)
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            raise AnalysisTimeout(
+                f"the analysis of {ref.key} did not finish within {self.analysis_timeout:g} s; it goes on,"
+                f" and its result will answer ?cached=true"
+            ) from None
+
+    def _analyze_and_free_the_slot(self, ref: TableRef) -> HealthSnapshot:
+        try:
+            return self.analyze(ref)
+        finally:
+            self.analysis_slot.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.analysis_thread.shutdown(wait=False, cancel_futures=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: HealthServer
+
+    def setup(self) -> None:
+        # A client that stops sending its request or reading the answer is dropped after this long.
+        self.timeout = self.server.client_timeout
+        super().setup()
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         url = urlsplit(self.path)
@@ -75,6 +158,10 @@ class _Handler(BaseHTTPRequestHandler):
             snapshot = self._read(ref, cached)
         except TableNotFound as exc:
             return self._reply(HTTPStatus.NOT_FOUND, {"error": str(exc)})
+        except AnalysisBusy as exc:
+            return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
+        except AnalysisTimeout as exc:
+            return self._reply(HTTPStatus.GATEWAY_TIMEOUT, {"error": str(exc)})
         except MaintenanceError as exc:
             return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
         except Exception as exc:  # noqa: BLE001 - one bad request must not end the server
@@ -87,8 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _read(self, ref: TableRef, cached: bool) -> HealthSnapshot | None:
         if cached:
             return self.server.latest(ref)
-        with self.server.analyze_lock:
-            return self.server.analyze(ref)
+        return self.server.analyze_within(ref)
 
     def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
         self._send(status, json.dumps(body, sort_keys=True))
@@ -105,6 +191,7 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
-def make_server(host: str, port: int, analyze: Analyze, latest: Latest) -> HealthServer:
-    """Bound and listening; call serve_forever() (port 0 picks a free port: see server_address)."""
-    return HealthServer((host, port), analyze, latest)
+def make_server(host: str, port: int, analyze: Analyze, latest: Latest, **limits: Any) -> HealthServer:
+    """Bound and listening; call serve_forever() (port 0 picks a free port: see server_address).
+    `limits`: analysis_timeout, max_threads, client_timeout (see HealthServer)."""
+    return HealthServer((host, port), analyze, latest, **limits)

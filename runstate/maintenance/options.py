@@ -39,6 +39,11 @@ class ActionSettings:
     expire_older_than_hours: float = 72.0
     retain_last: int = 10
     orphan_older_than_hours: float = 72.0
+    # rewrite_data_files also rewrites every data file with at least this many delete files (applying
+    # them; the deletes left dangling are dropped in the same commit). None: Iceberg's default.
+    delete_file_threshold: int | None = None
+    # Time a full scan's planning before and after each action (a Spark planning pass each time).
+    canary_planning: bool = False
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -70,8 +75,14 @@ class ActionSettings:
             sort_order_sql(self.sort_order)
         _bounded_int("target_file_size_bytes", self.target_file_size_bytes, MAX_TARGET_FILE_SIZE_BYTES)
         _bounded_int("retain_last", self.retain_last, MAX_RETAIN_LAST)
+        if self.delete_file_threshold is not None:
+            _bounded_int("delete_file_threshold", self.delete_file_threshold, MAX_RETAIN_LAST)
         _hours("expire_older_than_hours", self.expire_older_than_hours)
         _hours("orphan_older_than_hours", self.orphan_older_than_hours)
+        if not isinstance(self.canary_planning, bool):
+            raise InvalidActionOption(
+                f"canary_planning must be true or false, got {_shown(self.canary_planning)}"
+            )
         if self.orphan_older_than_hours < MIN_ORPHAN_AGE_HOURS:
             raise InvalidActionOption(
                 f"orphan_older_than_hours {self.orphan_older_than_hours} is under {MIN_ORPHAN_AGE_HOURS}: "

@@ -24,6 +24,7 @@ from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
 from runstate.maintenance.rules import (
     DEFAULT_ORPHAN_INTERVAL_HOURS,
     DEFAULT_ORPHAN_MIN_AGE_HOURS,
+    Retention,
     orphan_cleanup_due,
     orphan_min_age_hours,
     table_retention,
@@ -49,6 +50,9 @@ class OrchestratorSettings:
     record_health: bool = True
     orphan_min_age_hours: float = DEFAULT_ORPHAN_MIN_AGE_HOURS
     orphan_interval_hours: float = DEFAULT_ORPHAN_INTERVAL_HOURS
+    # The retention of a table that sets none: expire_snapshots is submitted only when it would expire
+    # something under it (too many snapshots that are all young is no job: it could change nothing).
+    default_retention: Retention = Retention(older_than_hours=72.0, retain_last=10)
 
 
 @dataclass
@@ -207,13 +211,19 @@ class Orchestrator:
         """The health thresholds' actions, with the table's own retention and the orphan rule applied."""
         wanted = set(health.recommended_actions)
         options: dict[str, Any] = {}
+        if health.total_delete_files and "rewrite_data_files" in wanted:
+            # Every data file with a delete file is rewritten with its deletes applied.
+            options["delete_file_threshold"] = 1
+        # A table's own retention decides when and what to expire; otherwise the thresholds decide when
+        # and the default retention what. Either way only when the oldest snapshot would go: a job
+        # that can expire nothing (many snapshots, all young) is not submitted.
         retention = table_retention(properties)
-        if retention is not None:
-            # The table states its retention: expire exactly when and what that retention says.
-            wanted.discard("expire_snapshots")
-            if retention.due(health):
-                wanted.add("expire_snapshots")
-                options.update(retention.options())
+        asked = retention.due(health) if retention else "expire_snapshots" in wanted
+        retention = retention or self.settings.default_retention
+        wanted.discard("expire_snapshots")
+        if asked and retention.due(health):
+            wanted.add("expire_snapshots")
+            options.update(retention.options())
         min_age = orphan_min_age_hours(properties, self.settings.orphan_min_age_hours)
         last = self.store.last_action_at(ref.key, "remove_orphan_files")
         if orphan_cleanup_due(health, last, self.now(), min_age, self.settings.orphan_interval_hours):

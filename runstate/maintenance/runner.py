@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
 from runstate.maintenance.commit_fence import attempt_session, attempt_tag
 from runstate.maintenance.errors import InvalidActionOption, TableLocked
-from runstate.maintenance.models import Claim
+from runstate.maintenance.models import Claim, HealthSnapshot
 from runstate.maintenance.options import ActionSettings
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class JobStore(Protocol):
     def lock_for_claim(self, claim: Claim, ttl_seconds: float) -> bool: ...
     def unlock_for_claim(self, claim: Claim) -> bool: ...
     def ensure_commit_fence(self) -> bool: ...
+    def latest_health(self, table_key: str) -> HealthSnapshot | None: ...
 
 
 @dataclass
@@ -184,7 +185,9 @@ def _run_actions(
     outcome: JobOutcome,
     after_action: Callable[[ActionResult], None] | None,
 ) -> str:
-    figures = None if claim.dry_run else runner.figures()
+    # The health row the orchestrator just stored answers the first figures when the table has not
+    # changed since (same snapshot): no Spark job before the first action.
+    figures = None if claim.dry_run else runner.figures(known=store.latest_health(claim.table_key))
     for action in claim.actions:
         # A beat right before each action: a worker whose lease ran out never starts another procedure.
         if keeper.fenced_out.is_set() or not store.heartbeat(claim, keeper.lease_seconds):

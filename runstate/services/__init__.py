@@ -142,8 +142,8 @@ def up(
         env_path = write_env_file(values)
         kept = sorted(set(values) & set(user_env_values(env_path)))
         LEGACY_ENV_FILE().unlink(missing_ok=True)
-        # Inside the lock: Postgres migrations are advisory-locked, but Snowflake's runner has no lock
-        # (fakesnow fails two concurrent CREATE SCHEMA/TABLE runs), so two `up`s take turns.
+        # Inside the lock: the migrations serialise themselves, but fakesnow also fails two concurrent
+        # CREATE DATABASE runs, so two `up`s take turns.
         notes = _prepare(env, records, values)
     if kept:
         notes.append(f"{env_path}: your own line wins for {', '.join(kept)} (left out of the block)")

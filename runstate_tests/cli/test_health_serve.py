@@ -27,6 +27,12 @@ def get(base: str, path: str) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
+def migrate(dsn: str, schema: str) -> None:
+    """What `runstate db upgrade` does: the CLI checks the schema and never migrates it."""
+    with MaintenanceStore(dsn, schema=schema) as store:
+        store.ensure_schema()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -36,6 +42,7 @@ def free_port() -> int:
 @pytest.fixture
 def served_cli(pg_database: str, pg_schema: str):
     """The real command in its own process; only the Spark-free answers are asked of it."""
+    migrate(pg_database, pg_schema)
     port = free_port()
     env = {**os.environ, "RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema}
     runstate = os.path.join(os.path.dirname(sys.executable), "runstate")
@@ -105,3 +112,25 @@ def test_serve_analyzes_live_with_the_same_json_as_the_cli_and_404s_unknown_tabl
     assert (live[1]["total_data_files"], live[1]["recommended_actions"]) == (6, ["rewrite_data_files"])
     assert set(live[1]) >= {"database", "table", "health_status", "snapshot_count", "checked_at"}
     assert missing[0] == 404 and "not found" in missing[1]["error"]
+
+
+def test_serve_on_a_port_in_use_prints_one_error_line_and_exits_1(pg_database, pg_schema):
+    migrate(pg_database, pg_schema)
+    env = {**os.environ, "RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema}
+    runstate = os.path.join(os.path.dirname(sys.executable), "runstate")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [runstate, "health", "serve", "--port", str(port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"Error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]

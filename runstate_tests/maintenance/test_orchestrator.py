@@ -15,9 +15,11 @@ from runstate.maintenance.orchestrator import (
     SKIPPED_CADENCE,
     SKIPPED_MISSING,
     SKIPPED_NOT_OPTED_IN,
+    SUBMITTED,
     Orchestrator,
     OrchestratorSettings,
 )
+from runstate.maintenance.runner import run_job
 from runstate.maintenance.store import CachedTable
 
 
@@ -127,7 +129,7 @@ def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_name
         f"{iceberg_namespace}.dropped_since_sync": SKIPPED_MISSING,
     }
     advice = next(d for d in report.decisions if d.table_key == sick.key)
-    assert advice.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
+    assert advice.recommended_actions == ["rewrite_data_files"]
     assert store.list_jobs() == []  # advisory only
     assert store.latest_health(sick.key).needs_maintenance  # the assessment is kept
     run = store.orchestrator_runs(limit=1)[0]
@@ -144,3 +146,26 @@ def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_name
     job = store.active_job(sick.key)
     assert decisions(submitted)[sick.key] == "submitted" and job.actions == tuple(advice.recommended_actions)
     assert store.orchestrator_runs(limit=1)[0].jobs_submitted == 1
+
+
+def test_deletes_are_applied_by_rewriting_their_data_files(spark, iceberg_namespace, store):
+    # The demo's case: 3 data files, 2 delete files. Combining 2 delete files changes nothing; every
+    # submitted job must change its table, and this one leaves no delete file.
+    ref = make_table(spark, iceberg_namespace, "few", files=3, rows=30, deletes=False)
+    for key in (1, 2):
+        spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id = {key}")
+    store.replace_table_cache([CachedTable(ref.database, ref.table, True, {})])
+
+    report = Orchestrator(
+        store, HealthAnalyzer(spark).analyze, OrchestratorSettings(default_cadence_hours=0)
+    ).run()
+
+    [decision] = [d for d in report.decisions if d.table_key == ref.key]
+    assert decision.decision == SUBMITTED and decision.recommended_actions == ["rewrite_data_files"]
+    claim = store.claim("w", 60)
+    outcome = run_job(spark, store, claim)
+    assert outcome.status == "completed", outcome.error
+    [record] = store.job_actions(claim.job_id)
+    assert record.before["delete_files"] > 0 and record.after["delete_files"] == 0
+    assert record.after["snapshot_id"] != record.before["snapshot_id"]
+    assert [r.id for r in spark.sql(f"SELECT id FROM lake.{ref.quoted} WHERE id < 3").collect()] == [0]

@@ -91,3 +91,19 @@ def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_
     ]
     job = store.get_job(kept.job_id)
     assert job.options == {"expire_older_than_hours": 24.0, "retain_last": 2, "orphan_older_than_hours": 72.0}
+
+
+def test_expiry_the_default_retention_cannot_do_is_not_submitted(store):
+    store.replace_table_cache([CachedTable("db", "young", True, {})])
+    # 200 snapshots ask for expiry, but all are younger than the default retention's 72 h.
+    measured = health(
+        "db",
+        "young",
+        snapshot_count=200,
+        oldest_snapshot_age_hours=5,
+        recommended_actions=["expire_snapshots"],
+    )
+
+    report = Orchestrator(store, lambda ref: measured, now=lambda: NOW).run()
+
+    assert [d.decision for d in report.decisions] == [HEALTHY] and store.list_jobs() == []

@@ -637,3 +637,15 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     assert store.heartbeat(claim) is True
     assert store.complete(claim, "completed")
     assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
+
+
+def test_a_connection_is_back_in_the_pool_when_the_call_returns(store: MaintenanceStore) -> None:
+    # Returned inline, not handed to a pool thread (psycopg_pool does that when a `reset` callback is
+    # set): then a caller's next call found the pool empty, waited for the handoff, and the pool grew
+    # to its maximum; that halved the queue's throughput with 4 workers.
+    pool = store.db._get_pool()
+    pool.wait()  # its first connection is made in the background
+    for _ in range(20):
+        assert store.queue_depth() == (0, 0)
+        stats = pool.get_stats()
+        assert stats["pool_available"] == stats["pool_size"]

@@ -28,7 +28,7 @@ DEFAULT_ACTIONS = [
     "rewrite_manifests",
     "expire_snapshots",
 ]
-FIGURES = ("data_files", "data_bytes", "delete_files", "manifests", "canary_planning_ms")
+FIGURES = ("data_files", "data_bytes", "delete_files", "manifests")
 
 
 class MaintenanceWorkerConfig(dg.Config):

@@ -1,0 +1,162 @@
+"""Benchmark: a dataset table stays fast to read. Prints ONE JSON line.
+
+Three tables with the same final rows, each read by a full scan (every live row's value) and by point
+lookups (one key each), with its data and delete files:
+- `merged`: a dataset table (runstate.wal.lake's DDL and MERGE: merge-on-read, newer wal_seq wins,
+  the `#version` row updated by every merge) after --merges small merges of --changes changes each;
+- `maintained`: that table after the maintenance service ran on it (the orchestrator's decision, then a
+  worker, until the orchestrator submits nothing);
+- `baseline`: the same rows written once.
+Floor: maintained_scan_s <= 1.2 x baseline_scan_s and maintained_delete_files == 0.
+Times are medians of --reads reads. Records the 1-minute load at start and end (`"quiet": false` when
+it was above 1.0 at the start: then the ratios are not results). Own database and warehouse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import create_database, drop_database, load_end, load_start  # noqa: E402
+
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+NAMESPACE = "bench"
+SCAN_SQL = "SELECT count(*) AS n, sum(length(value)) AS chars FROM {t} WHERE NOT deleted"
+LOOKUP_SQL = "SELECT value FROM {t} WHERE key = '{key}'"
+
+
+def key_text(n: int) -> str:
+    return json.dumps(f"k{n}")  # keys are JSON text in dataset tables
+
+
+def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed: int) -> None:
+    """`merges` MERGEs of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them."""
+    from runstate.wal.lake.merge import merge_statement
+
+    rng = random.Random(seed)
+    statement = merge_statement(ident, "changes", SimpleNamespace(full=False))
+    for seq in range(1, merges + 1):
+        rows = [("#version", None, seq, True)]
+        for _ in sorted({rng.randrange(keys) for _ in range(changes)}):
+            key = key_text(_)
+            deleted = rng.random() < 0.1
+            rows.append((key, None if deleted else json.dumps({"seq": seq, "w": rng.random()}), seq, deleted))
+        frame = spark.createDataFrame(rows, "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
+        frame.createOrReplaceTempView("changes")
+        spark.sql(statement)
+
+
+def create_table(spark, ident: str) -> None:
+    from runstate.wal.lake.table import COLUMNS, TABLE_PROPERTIES
+
+    properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
+    spark.sql(f"CREATE TABLE {ident} ({COLUMNS}) USING iceberg TBLPROPERTIES ({properties})")
+
+
+def reads(spark, ident: str, repeats: int, keys: int) -> dict:
+    from runstate.maintenance.figures import table_figures
+    from runstate.maintenance.identifiers import TableRef
+
+    scans, lookups = [], []
+    for i in range(repeats):
+        began = time.perf_counter()
+        spark.sql(SCAN_SQL.format(t=ident)).collect()
+        scans.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        spark.sql(LOOKUP_SQL.format(t=ident, key=key_text(i * 7919 % keys))).collect()
+        lookups.append(time.perf_counter() - began)
+    figures = table_figures(spark, TableRef(NAMESPACE, ident.rsplit(".", 1)[1]))
+    return {
+        "scan_s": round(statistics.median(scans), 4),
+        "lookup_s": round(statistics.median(lookups), 4),
+        "data_files": figures["data_files"],
+        "delete_files": figures["delete_files"],
+        "rows": spark.sql(SCAN_SQL.format(t=ident)).first()["n"],
+    }
+
+
+def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
+    """The maintenance service's own path: orchestrator (health, rules, submit), then one worker."""
+    from runstate.maintenance import HealthAnalyzer, MaintenanceStore, Orchestrator, OrchestratorSettings
+    from runstate.maintenance.models import CachedTable
+    from runstate.maintenance.runner import work_queue
+
+    submitted = []
+    with MaintenanceStore(dsn, schema="bench") as store:
+        store.ensure_schema()
+        store.replace_table_cache([CachedTable(NAMESPACE, table, True, {})])
+        settings = OrchestratorSettings(default_cadence_hours=0)
+        for _ in range(cycles):
+            report = Orchestrator(store, HealthAnalyzer(spark).analyze, settings).run()
+            jobs = [d.recommended_actions for d in report.decisions if d.job_id]
+            if not jobs:
+                break
+            submitted.extend(jobs)
+            done = work_queue(spark, store, "bench", lease_seconds=600, budget_seconds=3600)
+            failed = [o.error for o in done.outcomes if o.status != "completed"]
+            assert not failed, failed
+    return submitted
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--merges", type=int, default=200)
+    parser.add_argument("--changes", type=int, default=20, help="changes per merge")
+    parser.add_argument("--keys", type=int, default=2000)
+    parser.add_argument("--reads", type=int, default=5)
+    parser.add_argument("--cycles", type=int, default=3, help="maintenance cycles at most")
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    args = parser.parse_args(argv)
+    result: dict = {"bench": "dataset_reads", "merges": args.merges, "changes": args.changes, **load_start()}
+    from runstate.spark import SparkSettings, build_session
+
+    name, dsn = create_database(args.admin_url)
+    warehouse = Path(tempfile.mkdtemp(prefix="rs_bench_reads_"))
+    spark = build_session(
+        SparkSettings(
+            pg_url=dsn,
+            warehouse_dir=warehouse,
+            app_name="runstate-bench-reads",
+            extra_conf={"spark.ui.showConsoleProgress": "false"},
+        )
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        merged, baseline = f"lake.{NAMESPACE}.merged", f"lake.{NAMESPACE}.baseline"
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NAMESPACE}")
+        create_table(spark, merged)
+        began = time.perf_counter()
+        merge_changes(spark, merged, args.merges, args.changes, args.keys, seed=7)
+        result["merge_s"] = round(time.perf_counter() - began, 1)
+        create_table(spark, baseline)
+        spark.sql(f"INSERT INTO {baseline} SELECT * FROM {merged}")
+        for label, ident in (("baseline", baseline), ("merged", merged)):
+            result.update({f"{label}_{k}": v for k, v in reads(spark, ident, args.reads, args.keys).items()})
+        result["maintenance_jobs"] = maintain(spark, dsn, "merged", args.cycles)
+        result.update({f"maintained_{k}": v for k, v in reads(spark, merged, args.reads, args.keys).items()})
+        assert result["maintained_rows"] == result["baseline_rows"] == result["merged_rows"]
+        for label in ("merged", "maintained"):
+            result[f"{label}_scan_vs_baseline"] = round(
+                result[f"{label}_scan_s"] / result["baseline_scan_s"], 2
+            )
+        result["floor_met"] = (
+            result["maintained_scan_vs_baseline"] <= 1.2 and result["maintained_delete_files"] == 0
+        )
+    finally:
+        spark.stop()
+        drop_database(args.admin_url, name)
+    result.update(load_end())
+    print(json.dumps(result, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""A table's figures around a maintenance action: exact numbers of one snapshot, cheaply.
+
+The snapshot id and the manifest count come from the table's metadata and manifest list, read in the
+driver (no Spark job); data files, bytes and delete files from one aggregate over `.files` pinned to
+that snapshot, or from the table's latest health row when that was taken at the same snapshot.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from runstate.maintenance.catalog import CATALOG
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import HealthSnapshot
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Data and delete files with their bytes in one aggregate over `.files` (no grouping, so no shuffle),
+# pinned to the snapshot whose manifest list gave the manifest count: every figure is of one snapshot.
+_FILES_FIGURES_SQL = (
+    "SELECT count_if(content = 0) AS data_files,"
+    " coalesce(sum(if(content = 0, file_size_in_bytes, 0)), 0) AS data_bytes,"
+    " count_if(content <> 0) AS delete_files"
+    " FROM {table}.files VERSION AS OF {snapshot_id}"
+)
+
+
+def current_snapshot(spark: SparkSession, name: str) -> tuple[int | None, int]:
+    """(current snapshot id, its manifest count) from the table's metadata and manifest list, read in
+    the driver: no Spark job. (None, 0) for a table without a snapshot."""
+    jvm = spark.sparkContext._jvm
+    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+    snapshot = table.currentSnapshot()
+    if snapshot is None:
+        return None, 0
+    return int(snapshot.snapshotId()), int(snapshot.allManifests(table.io()).size())
+
+
+def table_figures(
+    spark: SparkSession,
+    ref: TableRef,
+    catalog: str = CATALOG,
+    *,
+    known: HealthSnapshot | None = None,
+    canary_planning: bool = False,
+) -> dict[str, Any]:
+    """What a job changes, as exact numbers of one snapshot: data files and bytes, delete files,
+    manifests. `known` (the table's latest complete health row) answers without a Spark job when it
+    was taken at the current snapshot. `canary_planning` adds how long a full scan takes to plan
+    (listing the files a read would open, without reading them): a timing, so opt-in."""
+    name = ref.in_catalog(catalog)
+    snapshot_id, manifests = current_snapshot(spark, name)
+    figures: dict[str, Any] = {"snapshot_id": snapshot_id, "manifests": manifests}
+    if snapshot_id is None:
+        figures.update(data_files=0, data_bytes=0, delete_files=0)
+    elif known is not None and known.error is None and known.snapshot_id == snapshot_id:
+        figures.update(
+            data_files=known.total_data_files,
+            data_bytes=known.total_size_bytes,
+            delete_files=known.total_delete_files,
+        )
+    else:
+        row = spark.sql(_FILES_FIGURES_SQL.format(table=name, snapshot_id=snapshot_id)).first()
+        figures.update(
+            data_files=int(row["data_files"]),
+            data_bytes=int(row["data_bytes"]),
+            delete_files=int(row["delete_files"]),
+        )
+    if canary_planning:
+        started = time.perf_counter()
+        spark.table(name).inputFiles()
+        figures["canary_planning_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return figures

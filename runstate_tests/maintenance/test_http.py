@@ -1,0 +1,116 @@
+"""The health server's bounds: an analysis that hangs, a client that stalls, more clients than threads.
+
+The analysis here blocks on an Event instead of Spark: it stands in for a catalog lock held elsewhere
+(what made an uncached GET wait 43.7 s), which a test cannot hold on cue.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from runstate.maintenance.http import HealthServer, make_server
+from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import HealthSnapshot
+from runstate_tests.devserver import poll
+
+
+def get(server: HealthServer, path: str) -> tuple[int, dict]:
+    url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.fixture
+def released() -> Iterator[threading.Event]:
+    event = threading.Event()
+    yield event
+    event.set()  # never leave an analysis thread blocked behind a failed test
+
+
+def serving(analyze, **limits) -> HealthServer:
+    server = make_server("127.0.0.1", 0, analyze, lambda ref: None, **limits)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def stop(server: HealthServer) -> None:
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_hung_analysis_answers_504_and_the_next_request_503_not_a_wait(released):
+    def analyze(ref: TableRef) -> HealthSnapshot:
+        released.wait()
+        return HealthSnapshot(ref.database, ref.table, needs_maintenance=False)
+
+    server = serving(analyze, analysis_timeout=0.5)
+    try:
+        hung = get(server, "/tables/db/locked/health")
+        behind = get(server, "/tables/db/other/health")
+        cached = get(server, "/tables/db/other/health?cached=true")
+        released.set()
+        after = poll(
+            lambda: (r := get(server, "/tables/db/other/health"))[0] == 200 and r,
+            timeout=60,
+            every=0.2,
+            what="an analysis once the slot is free",
+        )
+    finally:
+        stop(server)
+
+    assert hung[0] == 504 and "did not finish within 0.5 s" in hung[1]["error"]
+    assert behind[0] == 503 and "?cached=true" in behind[1]["error"]
+    assert cached[0] == 404  # cached reads never wait for the analysis
+    assert after[1]["table"] == "other"
+
+
+def test_a_stalled_client_is_dropped_and_holds_no_thread_for_ever():
+    server = serving(lambda ref: None, max_threads=1, client_timeout=0.5)
+    try:
+        stalled = socket.create_connection(server.server_address, timeout=60)
+        stalled.sendall(b"GET /tables/db/t/hea")  # and never the rest
+        # The one thread serves the stalled client until it is dropped; then the next request is answered.
+        answered = get(server, "/nowhere")
+        dropped = stalled.recv(1024)
+        stalled.close()
+    finally:
+        stop(server)
+
+    assert answered[0] == 404
+    assert dropped == b""  # closed by the server, no answer
+
+
+def test_no_more_requests_are_handled_at_once_than_threads(released):
+    started = threading.Semaphore(0)
+
+    def analyze(ref: TableRef) -> HealthSnapshot:
+        started.release()
+        released.wait()
+        return HealthSnapshot(ref.database, ref.table, needs_maintenance=False)
+
+    server = serving(analyze, max_threads=2, analysis_timeout=60)
+    try:
+        waiting = [threading.Thread(target=get, args=(server, f"/tables/db/t{i}/health")) for i in range(4)]
+        for thread in waiting:
+            thread.start()
+        assert started.acquire(timeout=60)
+        poll(lambda: server.request_slots._value == 0, timeout=60, every=0.1, what="both slots taken")
+        handlers = [t for t in threading.enumerate() if "process_request_thread" in t.name]
+        released.set()
+        for thread in waiting:
+            thread.join(timeout=120)
+    finally:
+        stop(server)
+
+    assert len(handlers) == 2  # the other two requests wait to be accepted
+    assert not any(thread.is_alive() for thread in waiting)  # every request was answered in the end
