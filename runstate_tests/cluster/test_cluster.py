@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -38,11 +39,14 @@ from runstate_tests.maintenance.conftest import (
     wait_for,
 )
 from runstate_tests.maintenance.test_actions import table_location
-from runstate_tests.maintenance.test_commit_fence import LEASE_SECONDS, REACH_COMMIT_SECONDS, _lease_expired
+from runstate_tests.maintenance.test_commit_fence import REACH_COMMIT_SECONDS, _lease_expired
 from runstate_tests.wal.dataset_tables.conftest import Feed
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
 
+# Longer than the commit-fence module's 10 s: on a loaded machine a zombie whose executors start slowly
+# must not lose its lease before its rewrite begins (it would then never reach the held commit).
+ZOMBIE_LEASE_SECONDS = 30.0
 ACTIONS = [
     "rewrite_data_files",
     "rewrite_position_delete_files",
@@ -148,17 +152,17 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
     ui_port = free_port()
     ui = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
     zombie_spark = {"master": cluster.url, "extra_conf": ui}
-    zombie = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS, zombie_spark)
+    zombie = WorkerProcess(pg_database, spark_settings.warehouse_dir, zombie_spark)
     try:
-        claim_a = zombie.read_json()
+        claim_a = zombie.claim(pg_schema, ZOMBIE_LEASE_SECONDS)
         assert claim_a["job_id"] == job_id
         tag_a = attempt_tag(pg_schema, claim_a["attempt_id"])
         wait_for(
-            lambda: commit_hold.waiting(tag_a) or zombie.proc.poll() is not None,
+            lambda: commit_hold.waiting(tag_a) or _has_output(zombie),
             "the zombie to reach its commit",
             REACH_COMMIT_SECONDS,
         )
-        assert zombie.proc.poll() is None, f"the zombie ended before its commit: {zombie.proc.stdout.read()}"
+        assert not _has_output(zombie), f"the zombie's job ended before its commit: {zombie.outcome()}"
         # Its rewrite (read 6 files, write 1) ran as tasks on the cluster's executors, not in its driver.
         zombie_tasks = Executors(ui=f"http://127.0.0.1:{ui_port}").counts()
         assert zombie_tasks and all(n > 0 for n in zombie_tasks.values()), zombie_tasks
@@ -171,7 +175,7 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
         # The zombie resumes while B holds the fence but before B commits: only the commit fence stops it.
         commit_hold.release()
         zombie.signal(signal.SIGCONT)
-        outcome_a = zombie.read_json()
+        outcome_a = zombie.outcome()
         outcome_b = run_job(spark, store, claim_b)
     finally:
         zombie.stop()
@@ -224,6 +228,11 @@ def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_tab
         DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).state(),
     )
     assert spark.table(f"{ident}.snapshots").count() == snapshots_before + 1  # one commit: all or nothing
+
+
+def _has_output(worker: WorkerProcess) -> bool:
+    """Whether the worker printed a line not read yet (its job's outcome)."""
+    return bool(select.select([worker.proc.stdout.fileno()], [], [], 0)[0])
 
 
 def _merge_into(outcome: dict[str, object], spark, location: BlobLocation, dataset_id: str) -> None:
