@@ -33,7 +33,9 @@ from runstate.eventstore.snapshots import (
     EncodedSnapshot,
     SnapshotMetrics,
     SnapshotPolicy,
+    StoredSnapshot,
     canonical_json,
+    choose_valid,
     encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent, validate_batch
@@ -285,6 +287,23 @@ class _EventStoreBase(ABC):
         if not self._save_projection(conn, run_id, fresh, stored):
             return None
         return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
+
+    @abstractmethod
+    def _snapshots(self, conn: Any, run_id: str) -> list[StoredSnapshot]:
+        """The run's state snapshots, newest first."""
+
+    def resume(self, run_id: str) -> Resume:
+        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
+        started = time.perf_counter()
+
+        def work(conn: Any) -> Resume:
+            chosen = choose_valid(run_id, self._snapshots(conn, run_id), self.metrics)
+            events = self._fetch_run(conn, run_id, chosen.seq)
+            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
+
+        return self._record_resume(
+            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
+        )
 
     def _record_resume(self, run_id: str, result: Resume, started: float) -> Resume:
         """Count the resume (and a missing snapshot when the full replay was long) in the metrics."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -17,11 +16,8 @@ from runstate.eventstore.contract import (
     StoredEvent,
 )
 from runstate.eventstore.pg_feed import _PgFeed
-from runstate.eventstore.pg_snapshots import SNAPSHOT_COLUMNS, _stored_snapshot
 from runstate.eventstore.pg_sql import EVENT_COLUMNS
-from runstate.eventstore.resume import Resume
 from runstate.eventstore.rows import row_to_event
-from runstate.eventstore.snapshots import choose_valid
 
 _MAX_PROJECTION_ATTEMPTS = 20
 # A run's events, wherever they are: an archived run is read from run_events_archive, and events
@@ -170,21 +166,4 @@ class _PgReads(_PgFeed):
                 {**params, "version": stored.version},
             ).rowcount
             == 1
-        )
-
-    def resume(self, run_id: str) -> Resume:
-        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
-        started = time.perf_counter()
-
-        def work(conn: psycopg.Connection) -> Resume:
-            rows = conn.execute(
-                f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots WHERE run_id = %s ORDER BY seq DESC",
-                (run_id,),
-            ).fetchall()
-            chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
-            events = self._fetch_run(conn, run_id, chosen.seq)
-            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
-
-        return self._record_resume(
-            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
         )
