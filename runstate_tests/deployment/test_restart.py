@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runstate.wal import DatasetReader, WalProducer, wal_status
+from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.conftest import create_database, drop_database, unique
@@ -59,7 +59,10 @@ class Server:
     def stop(self, sig: int) -> None:
         """`sig` to the whole process group (as a reboot or a deploy does), then wait for it to be empty."""
         assert self.process is not None
-        os.killpg(self.process.pid, sig)
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:  # it had already exited
+            pass
         try:
             self.process.wait(timeout=120)
         finally:
@@ -110,7 +113,9 @@ def lingering_runs(deployment: Deployment) -> list[str]:
 
 def visible_at(deployment: Deployment, version: int) -> bool:
     reader = DatasetReader(deployment.aws("s3"), "runstate-blobs", "datasets/", DATASET)
-    rows = [r for r in wal_status(deployment.aws("dynamodb"), "runstate_wal") if r.dataset_id == DATASET]
+    rows = [
+        r for r in wal_status(WalTable(deployment.aws("dynamodb"), "runstate_wal")) if r.dataset_id == DATASET
+    ]
     return reader.version >= version and bool(rows) and rows[0].pending_count == 0
 
 
