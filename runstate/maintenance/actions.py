@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from runstate.maintenance.errors import InvalidActionOption, TableLocked, UnknownAction
+from runstate.maintenance.errors import UnknownAction
 from runstate.maintenance.figures import table_figures
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.options import (
-    MIN_ORPHAN_AGE_HOURS,
-    STRATEGIES,
     ActionSettings,
     sort_order_sql,
     timestamp_literal,
@@ -259,36 +257,3 @@ def _describe(exc: BaseException) -> str:
 def _lost_commit_race(exc: BaseException) -> bool:
     """Iceberg's CommitFailedException (a concurrent commit won) reaches Python only as text."""
     return "CommitFailedException" in str(exc) or "CommitFailedException" in type(exc).__name__
-
-
-# The job runner moved to runner.py; these names stay importable from here. (At the bottom: runner
-# imports ActionRunner from this module.)
-from runstate.maintenance.runner import (  # noqa: E402
-    JobOutcome,
-    JobStore,
-    LeaseKeeper,
-    claim_ready,
-    resume_claim,
-    run_job,
-)
-
-__all__ = [
-    "ACTIONS",
-    "CATALOG",
-    "MIN_ORPHAN_AGE_HOURS",
-    "STRATEGIES",
-    "ActionResult",
-    "ActionRunner",
-    "ActionSettings",
-    "InvalidActionOption",
-    "JobOutcome",
-    "JobStore",
-    "LeaseKeeper",
-    "TableLocked",
-    "claim_ready",
-    "resume_claim",
-    "run_job",
-    "sort_order_sql",
-    "table_figures",
-    "timestamp_literal",
-]

@@ -18,7 +18,8 @@ from runstate.maintenance.health import (
     apply_verdict,
 )
 from runstate.maintenance.identifiers import TableRef
-from runstate.maintenance.store import HealthSnapshot, MaintenanceStore
+from runstate.maintenance.models import HealthSnapshot
+from runstate.maintenance.store import MaintenanceStore
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 MB = 1024 * 1024

@@ -8,6 +8,7 @@ import pytest
 
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import CachedTable
 from runstate.maintenance.orchestrator import (
     ADVISED,
     HEALTHY,
@@ -20,7 +21,6 @@ from runstate.maintenance.orchestrator import (
     OrchestratorSettings,
 )
 from runstate.maintenance.runner import run_job
-from runstate.maintenance.store import CachedTable
 
 
 def must_not_analyze(ref: TableRef):
