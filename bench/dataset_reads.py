@@ -2,7 +2,7 @@
 
 Three tables with the same final rows, each read by a full scan (every live row's value) and by point
 lookups (one key each), with its data and delete files:
-- `merged`: a dataset table (runstate.wal.dataset_tables's DDL and MERGE: merge-on-read, newer wal_seq wins,
+- `merged`: a dataset table (runstate.wal.dataset_tables' DDL and MERGE: merge-on-read, newer wal_seq wins,
   the `#version` row updated by every merge) after --merges small merges of --changes changes each;
 - `maintained`: that table after the maintenance service ran on it (the orchestrator's decision, then a
   worker, until the orchestrator submits nothing);
@@ -43,7 +43,7 @@ def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed:
     from runstate.wal.dataset_tables.merge import merge_statement
 
     rng = random.Random(seed)
-    statement = merge_statement(ident, "changes", SimpleNamespace(full=False))
+    statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
     for seq in range(1, merges + 1):
         rows = [("#version", None, seq, True)]
         for _ in sorted({rng.randrange(keys) for _ in range(changes)}):

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from runstate.services.http import http_answers
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.devserver import RUNSTATE, free_port, graphql, launch_dev, poll, wait_for_graphql
@@ -80,12 +81,17 @@ def deployment_dagster_yaml(home: Path) -> Path:
     return dagster_home
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deployment() -> Iterator[Deployment]:
+    """Package-scoped, not session: it stops once the group's last test is done, instead of keeping its
+    daemon's schedules launching runs beside the rest of the suite until the session ends."""
     home = Path(tempfile.mkdtemp(prefix="runstate-deployment-"))
     databases = [unique("rs_deploy"), unique("rs_deploy_dagster")]
     pg_url, dagster_url = (create_database(name) for name in databases)
     moto = GatedMotoServer()
+    # moto imports its backends on the first request: seconds under load, and `services up` gives the
+    # endpoint one second to answer. That first request is ours (should it fail, `services up` says so).
+    http_answers(moto.url, timeout=STARTUP_S)
     env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
     env.update(
         RUNSTATE_HOME=str(home),

@@ -89,22 +89,42 @@ def wait_for(
 
 
 class WorkerProcess:
-    """worker_process.py in a process group of its own, so a signal reaches its JVM too."""
+    """worker_process.py in a process group of its own, so a signal reaches its JVM too.
 
-    def __init__(
-        self, dsn: str, schema: str, warehouse: Path, lease_seconds: float, spark: dict | None = None
-    ) -> None:
-        args = [dsn, schema, str(warehouse), str(lease_seconds), json.dumps(spark or {})]
+    One JVM serves job after job (as a worker run does); `claim` hands it the next one. `spark` overrides
+    its SparkSettings (a `spark://` master, extra_conf).
+    """
+
+    def __init__(self, dsn: str, warehouse: Path, spark: dict | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT), *args],
+            [sys.executable, str(WORKER_SCRIPT), dsn, str(warehouse), json.dumps(spark or {})],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
+        self.running_a_job = False
 
-    def read_json(self) -> dict:
+    def claim(self, schema: str, lease_seconds: float) -> dict:
+        """Make the worker claim a job of `schema`; returns {"job_id", "attempt_id"} once it has."""
+        self.proc.stdin.write(json.dumps({"schema": schema, "lease_seconds": lease_seconds}) + "\n")
+        self.proc.stdin.flush()
+        self.running_a_job = True
+        return self._read_json()
+
+    def outcome(self) -> dict:
+        """The outcome of the job it claimed last, once it is done with it."""
+        outcome = self._read_json()
+        self.running_a_job = False
+        return outcome
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def _read_json(self) -> dict:
         line = self.proc.stdout.readline()
         assert line, f"worker exited early with {self.proc.wait()}"
         return json.loads(line)

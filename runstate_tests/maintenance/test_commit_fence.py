@@ -1,6 +1,7 @@
 """Fencing at the commit point and a job's next attempt after a crash, with real worker processes.
 
-A worker process (its own JVM) claims a job and starts rewrite_data_files. A statement-level trigger
+A worker process (its own JVM, kept across the tests as a worker run keeps it across jobs, so the
+module's tests share one xdist group) claims a job and starts rewrite_data_files. A statement-level trigger
 installed by the test holds that attempt's catalog UPDATE (its Iceberg commit) on an advisory lock the
 test owns, before any row is locked: "paused just before the commit", deterministically. Then the test
 stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import random
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -35,7 +38,7 @@ from runstate_tests.maintenance.conftest import (
 )
 
 # A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_group("commit_fence")]
 # Short, so the tests wait little for it to run out; long enough that a loaded machine never misses
 # three heartbeats in a row (one every third of a lease) while the worker is running.
 LEASE_SECONDS = 10.0
@@ -112,12 +115,37 @@ def rewrite_job(spark, iceberg_namespace, store):
     return ref, rows(spark, ref), store.submit(ref.database, ref.table, ["rewrite_data_files"])
 
 
+class WorkerJvm:
+    """The module's worker process: started on first use, and again only after a test ended it."""
+
+    def __init__(self, dsn: str, warehouse: Path) -> None:
+        self.dsn, self.warehouse = dsn, warehouse
+        self.current: WorkerProcess | None = None
+
+    def get(self) -> WorkerProcess:
+        if self.current is None or not self.current.alive:
+            self.current = WorkerProcess(self.dsn, self.warehouse)
+        return self.current
+
+    def discard(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+            self.current = None
+
+
+@pytest.fixture(scope="module")
+def worker_jvm(pg_database: str, spark_settings) -> Iterator[WorkerJvm]:
+    workers = WorkerJvm(pg_database, spark_settings.warehouse_dir)
+    yield workers
+    workers.discard()
+
+
 @pytest.fixture
-def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_schema):
-    """A worker process that claimed the job and now waits inside its Iceberg commit."""
-    worker = WorkerProcess(pg_database, pg_schema, spark_settings.warehouse_dir, LEASE_SECONDS)
+def worker_at_commit(rewrite_job, worker_jvm, commit_hold, pg_schema):
+    """The worker process, having claimed the job and now waiting inside its Iceberg commit."""
+    worker = worker_jvm.get()
     try:
-        claim = worker.read_json()
+        claim = worker.claim(pg_schema, LEASE_SECONDS)
         assert claim["job_id"] == rewrite_job[2]
         tag = attempt_tag(pg_schema, claim["attempt_id"])
         wait_for(
@@ -125,7 +153,8 @@ def worker_at_commit(rewrite_job, spark_settings, commit_hold, pg_database, pg_s
         )
         yield worker
     finally:
-        worker.stop()
+        if worker.running_a_job:  # a test that failed half-way: the next one gets a worker of its own
+            worker_jvm.discard()
 
 
 @pytest.mark.parametrize("b_commits_first", [True, False], ids=["B-completes-first", "A-resumes-first"])
@@ -144,7 +173,7 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
         outcome_b = run_job(spark, store, claim_b)
     commit_hold.release()  # A's commit goes on now...
     worker_a.signal(signal.SIGCONT)
-    outcome_a = worker_a.read_json()
+    outcome_a = worker_a.outcome()
     if not b_commits_first:
         outcome_b = run_job(spark, store, claim_b)
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from runstate.wal import DatasetReader, WalProducer, flush_batch
+from runstate.wal import DatasetReader, WalProducer, flush_dataset
 from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
-from runstate.wal.dataset_tables import BlobLocation, table_ident
-from runstate.wal.table import WalTable
+from runstate.wal.dataset_tables import BlobLocation
+from runstate.wal.dataset_tables.naming import NAMESPACE, table_name
+from runstate_tests.conftest import drop_iceberg_table
 
 
 @pytest.fixture
@@ -22,7 +23,7 @@ def location(wal) -> BlobLocation:
 
 
 @pytest.fixture
-def dataset_ids(spark) -> Iterator[Callable[[str], str]]:
+def dataset_ids(spark, spark_settings) -> Iterator[Callable[[str], str]]:
     """new_id(stem) -> a unique dataset id; every table made for one is dropped after the test."""
     made: list[str] = []
 
@@ -32,7 +33,7 @@ def dataset_ids(spark) -> Iterator[Callable[[str], str]]:
 
     yield new_id
     for dataset_id in made:
-        spark.sql(f"DROP TABLE IF EXISTS {table_ident(dataset_id)} PURGE")
+        drop_iceberg_table(spark, spark_settings.warehouse_dir, NAMESPACE, table_name(dataset_id))
 
 
 class Feed:
@@ -49,11 +50,9 @@ class Feed:
         return seq
 
     def flush(self, dataset_id: str) -> int:
-        rows = WalTable(self.wal.dynamodb, self.wal.table).query_rows(dataset_id)
+        rows = self.wal.wal_table().query_rows(dataset_id)
         seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
-        result = flush_batch(
-            self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs, **self.wal.target()
-        )
+        result = flush_dataset(*self.wal.owners(), dataset_id, seqs)
         return result.version or result.last_seq
 
     def fold(self, dataset_id: str, version: int) -> dict:

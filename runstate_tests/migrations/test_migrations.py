@@ -1,5 +1,5 @@
-"""Versioned migrations: each file applied once per domain ledger, re-runnable, serialised across
-processes, `db status`, and the upgrade of a schema made before the per-domain ledgers."""
+"""runstate.migrations: each file applied once per domain ledger, re-runnable, serialised across
+processes, checked without migrating, and `db status` (test_legacy_ledger.py: older schemas)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
-"""The Dagster UI, opened in headless Chromium, shows runstate's assets, sensors and schedules."""
+"""The Dagster UI, opened in headless Chromium, shows runstate's assets, sensors and schedules.
+
+It looks at the deployment tests' `runstate dev` (xdist group "deployment"): starting a deployment
+costs minutes on a loaded machine, and this one is what a user would open.
+"""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from runstate_tests.devserver import free_port, wait_for_graphql
+from runstate_tests.deployment.conftest import Deployment
 
-RUNSTATE = str(Path(sys.executable).parent / "runstate")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -28,8 +27,11 @@ ASSETS = ("run_snapshots", "dataset_snapshots", "table_health", "table_inventory
 SENSORS = ("wal_sensor", "maintenance_queue_sensor", "run_recorder")
 SCHEDULES = ("maintenance_orchestrator",)
 
+# Run first in its group, it waits for the deployment to start: more than the suite-wide 600 s under load.
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("deployment"),
+    pytest.mark.timeout(2400),
     pytest.mark.skipif(
         not Path(CHROMIUM).exists(), reason="chromium is missing: make test installs it (apt)"
     ),
@@ -37,33 +39,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def dagster_ui(fresh_database: str, moto_endpoint: str, tmp_path: Path):
-    """`runstate dev` on a free loopback port; its daemon's sensors and storage use the test's own database."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "RUNSTATE_HOME")}
-    env.update(
-        RUNSTATE_HOME=str(tmp_path),
-        RUNSTATE_PG_URL=fresh_database,
-        RUNSTATE_AWS_ENDPOINT_URL=moto_endpoint,
-        DAGSTER_PG_URL=fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1),
-    )
-    log = tmp_path / "dev.log"
-    with open(log, "wb") as out:
-        dev = subprocess.Popen(
-            [RUNSTATE, "dev", "--no-services", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        assert wait_for_graphql(port, dev), log.read_text()[-3000:]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            dev.kill()
+def dagster_ui(deployment: Deployment) -> str:
+    """The deployment's UI: the one `runstate dev` of the deployment tests, not one of its own."""
+    return f"http://127.0.0.1:{deployment.port}"
 
 
 @pytest.fixture
