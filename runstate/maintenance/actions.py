@@ -112,9 +112,7 @@ class ActionRunner:
             "partial-progress.max-commits": PARTIAL_PROGRESS_MAX_COMMITS,
         }
         if s.delete_file_threshold is not None:
-            options.update(
-                {"delete-file-threshold": int(s.delete_file_threshold), "remove-dangling-deletes": "true"}
-            )
+            options["delete-file-threshold"] = int(s.delete_file_threshold)
         pairs = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
         arguments.append(f"options => map({pairs})")
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
@@ -165,7 +163,10 @@ class ActionRunner:
                 "would_rewrite_bytes_count": int(row["b"]),
             }
             return _figures_message(figures, "dry run: "), figures
-        figures = _sum_rows(self._call("rewrite_position_delete_files"))
+        # After a rewrite that applied deletes, the old delete files point at files that are gone; Iceberg
+        # keeps them (their sequence numbers still cover the new file) unless every one is rewritten.
+        arguments = ["options => map('rewrite-all', 'true')"] if self.settings.delete_file_threshold else []
+        figures = _sum_rows(self._call("rewrite_position_delete_files", *arguments))
         return _figures_message(figures), figures
 
     def rewrite_manifests(self, dry_run: bool) -> tuple[str, dict]:
