@@ -98,12 +98,7 @@ def test_recommendations_come_in_execution_order():
 def test_thresholds_are_configurable():
     strict = HealthThresholds(max_snapshots=2, max_manifests=1, min_small_files=1)
     health = verdict(healthy_metrics(small_file_count=1), strict)
-    assert health.recommended_actions == [
-        "rewrite_data_files",
-        "rewrite_position_delete_files",
-        "rewrite_manifests",
-        "expire_snapshots",
-    ]
+    assert health.recommended_actions == ["rewrite_data_files", "rewrite_manifests", "expire_snapshots"]
 
 
 def test_a_partial_report_that_finds_nothing_is_unknown_not_healthy():
