@@ -27,15 +27,32 @@ def drop_database(admin_url: str, name: str) -> None:
 
 def timed_threads(workers: int, work: Callable[[int, threading.Barrier], None]) -> float:
     """Run work(index, start) on `workers` threads; each waits on `start` once it is ready, so the
-    clock covers only the work. Returns the seconds from the common start until the last one ends."""
+    clock covers only the work. Returns the seconds from the common start until the last one ends.
+    A worker that raises breaks the barrier (nobody waits for it) and its error is raised here."""
     start = threading.Barrier(workers + 1)
-    threads = [threading.Thread(target=work, args=(i, start)) for i in range(workers)]
+    failures: list[BaseException] = []
+
+    def guarded(index: int) -> None:
+        try:
+            work(index, start)
+        except threading.BrokenBarrierError:
+            pass  # another worker failed first: its error is the one to report
+        except BaseException as exc:
+            failures.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(workers)]
     for thread in threads:
         thread.start()
-    start.wait()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass
     began = time.perf_counter()
     for thread in threads:
         thread.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {workers} bench worker(s) failed") from failures[0]
     return time.perf_counter() - began
 
 

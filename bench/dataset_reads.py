@@ -2,7 +2,7 @@
 
 Three tables with the same final rows, each read by a full scan (every live row's value) and by point
 lookups (one key each), with its data and delete files:
-- `merged`: a dataset table (runstate.wal.lake's DDL and MERGE: merge-on-read, newer wal_seq wins,
+- `merged`: a dataset table (runstate.wal.dataset_tables' DDL and MERGE: merge-on-read, newer wal_seq wins,
   the `#version` row updated by every merge) after --merges small merges of --changes changes each;
 - `maintained`: that table after the maintenance service ran on it (the orchestrator's decision, then a
   worker, until the orchestrator submits nothing);
@@ -40,10 +40,10 @@ def key_text(n: int) -> str:
 
 def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed: int) -> None:
     """`merges` MERGEs of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them."""
-    from runstate.wal.lake.merge import merge_statement
+    from runstate.wal.dataset_tables.merge import merge_statement
 
     rng = random.Random(seed)
-    statement = merge_statement(ident, "changes", SimpleNamespace(full=False))
+    statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
     for seq in range(1, merges + 1):
         rows = [("#version", None, seq, True)]
         for _ in sorted({rng.randrange(keys) for _ in range(changes)}):
@@ -56,7 +56,7 @@ def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed:
 
 
 def create_table(spark, ident: str) -> None:
-    from runstate.wal.lake.table import COLUMNS, TABLE_PROPERTIES
+    from runstate.wal.dataset_tables.table import COLUMNS, TABLE_PROPERTIES
 
     properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
     spark.sql(f"CREATE TABLE {ident} ({COLUMNS}) USING iceberg TBLPROPERTIES ({properties})")

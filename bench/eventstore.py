@@ -16,7 +16,9 @@ event_data GIN dropped), `raw_insert_rows_per_s` (psycopg executemany of the sam
 table: the floor of the cost), resume on a --replay-events run with the snapshot at the tail and
 with it 50 events before the tail (against a full replay), and Snowflake (fakesnow) batches.
 
-It creates and drops its own Postgres database (and its own in-process fakesnow server).
+It creates and drops its own Postgres database (and its own in-process fakesnow server). The line
+carries the date and the 1-minute load average at the start and the end, and `"quiet": false` when
+the load was above 1.0 at the start: quote only quiet lines.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
+import queue
 import signal
 import statistics
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -51,6 +56,7 @@ from runstate.eventstore import (  # noqa: E402
 )
 
 SCHEMA = "bench"
+QUIET_LOAD = 1.0  # the 1-minute load average above which a line is marked "quiet": false
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SHAPES = {
     "single": (200, 10, 1),
@@ -182,20 +188,27 @@ def run_shape(kind: str, dsn: str, schema: str, shape: str, tag: str) -> float:
 def _concurrent_worker(
     kind: str, dsn: str, schema: str, tag: str, worker: int, barrier: Any, out: Any
 ) -> None:
-    writer = WRITERS[kind](dsn, schema, tag)
+    """Reports ("ok", worker, (start, end)) or ("error", worker, traceback) on `out`; a failure
+    breaks the barrier so that the others stop waiting for this worker."""
     try:
-        plan = writer.plan("concurrent8", worker)
-        barrier.wait(timeout=300)
-        started = time.perf_counter()
-        writer.write(plan)
-        out.put((started, time.perf_counter()))
-    finally:
-        writer.close()
+        writer = WRITERS[kind](dsn, schema, tag, create=False)  # the parent created the tables
+        try:
+            plan = writer.plan("concurrent8", worker)
+            barrier.wait(timeout=300)
+            started = time.perf_counter()
+            writer.write(plan)
+            out.put(("ok", worker, (started, time.perf_counter())))
+        finally:
+            writer.close()
+    except BaseException:
+        out.put(("error", worker, traceback.format_exc(limit=8)))  # the parent raises it
+        barrier.abort()
 
 
 def run_concurrent(kind: str, dsn: str, schema: str, tag: str, processes: int = 8) -> float:
-    """Events per second of `processes` writer processes, from the common start to the last finish."""
-    WRITERS[kind](dsn, schema, tag).close()  # tables and functions, once, before the workers start
+    """Events per second of `processes` writer processes, from the common start to the last finish.
+    A worker that fails or dies fails the bench at once, naming the worker and its error."""
+    WRITERS[kind](dsn, schema, tag).close()  # tables and functions, once: the workers race on DDL
     context = multiprocessing.get_context("spawn")
     barrier, out = context.Barrier(processes), context.Queue()
     workers = [
@@ -205,16 +218,37 @@ def run_concurrent(kind: str, dsn: str, schema: str, tag: str, processes: int = 
     for worker in workers:
         worker.start()
     try:
-        spans = [out.get(timeout=900) for _ in workers]
-    finally:  # a worker that failed leaves the others at the barrier: end them with the bench
+        spans = _collect_spans(kind, workers, out)
+    finally:  # on a failure the others may still be writing, or waiting at the barrier
         for worker in workers:
-            worker.join(timeout=5 if worker.exitcode is not None else 60)
+            worker.join(timeout=5)
             if worker.is_alive():
                 worker.kill()
+                worker.join()
     runs, per_run, size = SHAPES["concurrent8"]
     return (
         processes * runs * per_run * size / (max(end for _, end in spans) - min(start for start, _ in spans))
     )
+
+
+def _collect_spans(kind: str, workers: list[Any], out: Any) -> list[tuple[float, float]]:
+    """Each worker's (start, end); raises as soon as one reports an error or exits without a report."""
+    spans: dict[int, tuple[float, float]] = {}
+    while len(spans) < len(workers):
+        try:
+            status, index, detail = out.get(timeout=1.0)
+        except queue.Empty:
+            for index, worker in enumerate(workers):
+                if index not in spans and worker.exitcode is not None and out.empty():
+                    raise RuntimeError(
+                        f"{kind} concurrent8 worker {index} exited with code {worker.exitcode}"
+                        " without a result"
+                    ) from None
+            continue
+        if status == "error":
+            raise RuntimeError(f"{kind} concurrent8 worker {index} failed:\n{detail}")
+        spans[index] = detail
+    return list(spans.values())
 
 
 def versus(dsn: str, rounds: int) -> dict[str, float]:
@@ -334,6 +368,17 @@ def bench_snowflake(batches: int) -> float:
     return batches * 100 / seconds
 
 
+def load_figures(load_at_start: float) -> dict[str, Any]:
+    """The 1-minute load average at the start and the end; a loaded machine drifts every ratio towards
+    1 (both sides wait for the CPU), so a line that did not start quiet says so."""
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_1m_start": round(load_at_start, 2),
+        "load_1m_end": round(os.getloadavg()[0], 2),
+        "quiet": load_at_start <= QUIET_LOAD,
+    }
+
+
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` drops the bench database
     parser = argparse.ArgumentParser(
@@ -346,6 +391,7 @@ def main() -> None:
     parser.add_argument("--sf-batches", type=int, default=10, help="batches of 100 on fakesnow (0: skip)")
     args = parser.parse_args()
 
+    load_at_start = os.getloadavg()[0]
     name, dsn = create_database(args.admin_url)
     started = time.perf_counter()
     try:
@@ -372,6 +418,7 @@ def main() -> None:
         "snapshot_interval": 100,
     }
     figures["seconds"] = round(time.perf_counter() - started, 1)
+    figures.update(load_figures(load_at_start))
     print(json.dumps(figures))
 
 

@@ -139,7 +139,7 @@ def wal_changes(dataset: str, n: int) -> list[Change]:
 def seed_wal(
     wal: Any, summary: DemoSummary, progress: Progress, rows_per_dataset: int, rows: range | None = None
 ) -> None:
-    producer = WalProducer(wal.dynamodb_client(), wal.table)
+    producer = WalProducer.of(wal.wal_table())
     for dataset in DEMO_DATASETS:
         for n in rows if rows is not None else range(rows_per_dataset):
             producer.append(dataset, wal_changes(dataset, n), client_token=f"demo-{dataset}-{n}")

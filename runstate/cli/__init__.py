@@ -83,9 +83,9 @@ def _log_option_after_the_verb(ctx: click.Context, param: click.Parameter, value
     """`runstate events show X --log-level DEBUG` means what `runstate --log-level DEBUG events show X` does."""
     if value is None:
         return
-    root = ctx.find_root().params
-    root[param.name] = value
-    logs.configure(root["log_level"], root["log_format"])
+    chosen = ctx.find_root().params  # the root's values, so a later option keeps what an earlier one set
+    chosen[param.name] = value
+    logs.configure(chosen.get("log_level", "WARNING"), chosen.get("log_format", "text"))
 
 
 def accept_log_options_everywhere(command: click.Command) -> None:

@@ -46,10 +46,8 @@ def merge(dataset_id: str | None, rebuild: bool) -> None:
     else:
         runs = [_merge_one(default_defs(), dataset_id, rebuild)]
     for run in runs:
-        for materialization in run.asset_materializations_for_node(MERGE_OP):
-            version = materialization.metadata["version"].value
-            table = materialization.metadata["table"].value
-            click.echo(f"{materialization.partition}: {table} at version {version}")
+        for line in _dataset_lines(run, MERGE_OP):
+            click.echo(line)
     failed = [run for run in runs if not run.success]
     click.echo(f"{len(runs)} merge run(s): {len(runs) - len(failed)} succeeded, {len(failed)} failed")
     for run in failed:
@@ -76,13 +74,38 @@ def _tick(tick_sensor: Any) -> Any:
         raise DatasetTableError(f"dataset_tables_sensor could not read the WAL table: {error}") from None
 
 
+def _dataset_lines(run: Any, node: str) -> list[str]:
+    """One line per dataset the run merged (materialized) or found current (observed), in dataset order;
+    a dataset merged by an earlier attempt of a retried step keeps its merge line."""
+    lines: dict[str, str] = {}
+    for observation in run.asset_observations_for_node(node):
+        metadata = observation.metadata
+        lines[observation.partition] = (
+            f"{observation.partition}: {metadata['table'].value} at version {metadata['version'].value} "
+            "(already current)"
+        )
+    for materialization in run.asset_materializations_for_node(node):
+        metadata = materialization.metadata
+        lines[materialization.partition] = (
+            f"{materialization.partition}: {metadata['table'].value} at version {metadata['version'].value}"
+        )
+    return [lines[dataset_id] for dataset_id in sorted(lines)]
+
+
 def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
+    from runstate import wiring
     from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
     from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
     from runstate.defs.tags import MERGE_SHARD_TAG
+    from runstate.wal import WalInputError
     from runstate.wal.shards import shard_of
 
     shard = shard_of(dataset_id, MERGE_SHARDS)  # validates the id before anything runs
+    table = wiring.wal_table()
+    if table.max_seq(dataset_id) == 0:  # consistent reads, unlike the list of datasets
+        raise WalInputError(f"dataset {dataset_id!r} is unknown: it has no WAL rows")
+    if table.meta(dataset_id).last_applied_seq == 0:
+        raise WalInputError(f"dataset {dataset_id!r} has nothing flushed yet; run `runstate wal tick` first")
     return defs.resolve_job_def(MERGE_JOB).execute_in_process(
         run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id], "rebuild": rebuild}}}},
         instance=_merge_instance(),
@@ -92,9 +115,19 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
 
 
 def _failure(run: Any) -> str:
+    """What failed: the op's own description (which names each dataset's error), else the innermost
+    error (Dagster reports a step that used up its retries as "Exceeded max_retries", the cause inside)."""
     for event in run.all_events:
-        if event.is_step_failure and event.step_failure_data.error:
-            return " ".join(event.step_failure_data.error.message.split())
+        if not event.is_step_failure:
+            continue
+        data = event.step_failure_data
+        if data.user_failure_data and data.user_failure_data.description:
+            return " ".join(data.user_failure_data.description.split())
+        error = data.error
+        while error is not None and error.cause is not None:
+            error = error.cause
+        if error is not None:
+            return " ".join(error.message.split())
     return "see the run's logs"
 
 

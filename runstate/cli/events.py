@@ -9,6 +9,7 @@ mapper prints as a single line with exit code 1.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from runstate.cli.events_io import (
     short_json,
     validate_all,
 )
+from runstate.eventstore.feed import MAX_POLL_SECONDS
 
 
 @click.group()
@@ -147,6 +149,13 @@ def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
     click.echo(format_table(("SEQ", "TYPE", "STEP", "EMITTED_AT", "DATA"), rows))
 
 
+def _finite(value: float) -> float:
+    # FloatRange lets NaN through (every comparison with it is false): a subscriber then spun.
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 @events.command()
 @click.option(
     "--after",
@@ -166,9 +175,10 @@ def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
 )
 @click.option(
     "--poll-seconds",
-    type=click.FloatRange(min=0.05),
+    type=click.FloatRange(min=0.05, max=MAX_POLL_SECONDS),
     default=1.0,
     show_default=True,
+    callback=lambda _ctx, _param, value: _finite(value),
     help="With --follow: the longest wait between reads (notifications wake it sooner).",
 )
 def tail(after_position: int, follow: bool, limit: int, poll_seconds: float) -> None:

@@ -50,8 +50,7 @@ def append(
     if not upserts and not deletes:
         raise click.UsageError("give at least one --upsert KEY=JSON or --delete KEY")
     changes = [parse_upsert(text) for text in upserts] + [Change.delete(key) for key in deletes]
-    table = wiring.wal_table()
-    seq = WalProducer(table.client, table.name).append(dataset_id, changes, client_token=client_token)
+    seq = WalProducer.of(wiring.wal_table()).append(dataset_id, changes, client_token=client_token)
     click.echo(f"{dataset_id} seq {seq}")
 
 
@@ -101,7 +100,13 @@ def read(dataset_id: str) -> None:
     """
     from runstate.wal import DatasetReader, state_document
 
-    version, state = DatasetReader.of(wiring.blob_store(), dataset_id).read()
+    # The WAL table is asked only when the manifest is missing (a client costs a few tenths of a second).
+    reader = DatasetReader.of(
+        wiring.blob_store(),
+        dataset_id,
+        last_applied_seq=lambda: wiring.wal_table().meta(dataset_id).last_applied_seq,
+    )
+    version, state = reader.read()
     echo_json(state_document(dataset_id, version, state))
 
 
@@ -111,8 +116,7 @@ def status(as_json: bool) -> None:
     """Per dataset: Pending row count, age of the oldest Pending row, last applied seq."""
     from runstate.wal import wal_status
 
-    table = wiring.wal_table()
-    rows = wal_status(table.client, table.name)
+    rows = wal_status(wiring.wal_table())
     if as_json:
         echo_json([dataclasses.asdict(row) for row in rows])
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterator
 
 from runstate.eventstore.contract import InvalidEvent, StoredEvent
@@ -10,6 +11,7 @@ from runstate.eventstore.contract import InvalidEvent, StoredEvent
 log = logging.getLogger("runstate.eventstore.feed")
 
 FEED_PAGE = 1000
+MAX_POLL_SECONDS = 3600.0
 
 
 def check_position(after_position: int, limit: int) -> None:
@@ -17,6 +19,22 @@ def check_position(after_position: int, limit: int) -> None:
         raise InvalidEvent("after_position", f"must be a non-negative integer, got {after_position!r}")
     if not isinstance(limit, int) or limit < 1:
         raise InvalidEvent("limit", f"must be a positive integer, got {limit!r}")
+
+
+def check_poll_seconds(poll_seconds: float) -> float:
+    """A pause between reads: a finite number of seconds in (0, MAX_POLL_SECONDS] (NaN made a
+    subscriber spin on Postgres and crash on Snowflake)."""
+    if (
+        not isinstance(poll_seconds, (int, float))
+        or isinstance(poll_seconds, bool)
+        or not math.isfinite(poll_seconds)
+        or not 0 < poll_seconds <= MAX_POLL_SECONDS
+    ):
+        raise InvalidEvent(
+            "poll_seconds",
+            f"must be a number of seconds above 0 and at most {MAX_POLL_SECONDS:g}, got {poll_seconds!r}",
+        )
+    return float(poll_seconds)
 
 
 def follow(
@@ -30,6 +48,7 @@ def follow(
     a full page is followed at once, otherwise `wait(poll_seconds)` (which returns early when the
     backend signals new events) comes before the next read."""
     check_position(after_position, FEED_PAGE)
+    check_poll_seconds(poll_seconds)
     position = after_position
     while stop is None or not stop():
         page = fetch_page(position, FEED_PAGE)

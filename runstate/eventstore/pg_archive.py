@@ -51,18 +51,23 @@ class _PgArchive:
         return self._archive_chunks(chunk, batch_runs)
 
     def restore(self, run_id: str) -> int:
-        """Move an archived run's events back to run_events; returns how many moved (0: not archived)."""
+        """Move an archived run's events back to run_events; returns how many moved. A run with nothing
+        archived is left exactly as it was (no restored_at: it stays archivable)."""
         check_run_id(run_id)
 
         def work(conn: psycopg.Connection) -> int:
             row = conn.execute("SELECT 1 FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
             if row is None:
                 return 0
-            moved = conn.execute(_MOVE.format(source="run_events_archive", target="run_events"), ([run_id],))
-            conn.execute(
-                "UPDATE run_streams SET archived_at = NULL, restored_at = now() WHERE run_id = %s", (run_id,)
-            )
-            return moved.fetchone()[0]
+            moved = conn.execute(
+                _MOVE.format(source="run_events_archive", target="run_events"), ([run_id],)
+            ).fetchone()[0]
+            if moved:
+                conn.execute(
+                    "UPDATE run_streams SET archived_at = NULL, restored_at = now() WHERE run_id = %s",
+                    (run_id,),
+                )
+            return moved
 
         return self._run(f"restore run {run_id!r}", work)
 

@@ -6,7 +6,8 @@ event can appear later below what was returned. Transactions of other databases 
 tables and do not count. The price: a transaction held open in this database holds the feed back
 until it ends (it never makes it skip).
 LISTEN runstate_feed wakes subscribers at each commit; they also poll, so a lost notification (or
-a LISTEN connection that cannot be had) only delays them by `poll_seconds`.
+a LISTEN connection that cannot be had) only delays them by `poll_seconds`. A lost LISTEN
+connection is opened again (with backoff), so a server restart does not leave them polling.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from collections.abc import Callable, Iterator
 import psycopg
 
 from runstate.eventstore.contract import StoredEvent
-from runstate.eventstore.feed import check_position, follow
+from runstate.eventstore.feed import check_poll_seconds, check_position, follow
 from runstate.eventstore.pg_sql import EVENT_COLUMNS
 from runstate.eventstore.rows import row_to_event
 
 log = logging.getLogger("runstate.eventstore.postgres")
 
 FEED_CHANNEL = "runstate_feed"
+_MAX_BACKOFF_S = 30.0
 # The horizon: the snapshot's xmax, or its oldest in-progress xid that is not known to belong to
 # another database (pg_stat_activity gives 32-bit xids; one that ended meanwhile, or is hidden from
 # this role, is not known, so it still counts: that delays the reader by one poll, never skips).
@@ -65,33 +67,67 @@ class _PgFeed:
     ) -> Iterator[StoredEvent]:
         """Follow the feed from `after_position` until `stop()` is true (for ever without it)."""
         check_position(after_position, 1)
-        listener = self._listener()
+        check_poll_seconds(poll_seconds)
+        listener = _Listener(self._conninfo, self.schema)
         try:
-            yield from follow(
-                self.fetch_all, lambda seconds: _wait(listener, seconds), after_position, poll_seconds, stop
-            )
+            yield from follow(self.fetch_all, listener.wait, after_position, poll_seconds, stop)
         finally:
-            if listener is not None:
-                listener.close()
+            listener.close()
 
-    def _listener(self) -> psycopg.Connection | None:
+
+class _Listener:
+    """LISTEN runstate_feed on a connection of its own. A lost connection (a server restart, a
+    terminated backend) is opened again at once, then after 1, 2, 4 .. 30 s while that fails;
+    meanwhile the subscriber polls, so it only waits up to its poll interval for new events."""
+
+    def __init__(self, conninfo: str, schema: str, clock: Callable[[], float] = time.monotonic):
+        self._conninfo = conninfo
+        self._schema = schema
+        self._clock = clock
+        self._conn: psycopg.Connection | None = None
+        self._failures = 0
+        self._next_attempt = 0.0
+        self._connect()
+
+    def _connect(self) -> None:
         try:
             conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
             conn.execute(f"LISTEN {FEED_CHANNEL}")
-            return conn
         except psycopg.Error as exc:
-            log.warning("feed of schema %r: LISTEN unavailable (%s); polling only", self.schema, exc)
-            return None
+            self._failures += 1
+            backoff = min(_MAX_BACKOFF_S, 2.0 ** (self._failures - 1))
+            self._next_attempt = self._clock() + backoff
+            log.warning(
+                "feed of schema %r: LISTEN unavailable (%s); polling, next try in %.0f s",
+                self._schema,
+                _one_line(exc),
+                backoff,
+            )
+            return
+        if self._failures:
+            log.info("feed of schema %r: listening again", self._schema)
+        self._conn, self._failures = conn, 0
+
+    def wait(self, seconds: float) -> None:
+        """Until a notification arrives or `seconds` pass."""
+        if self._conn is None and self._clock() >= self._next_attempt:
+            self._connect()
+        if self._conn is None:
+            time.sleep(seconds)
+            return
+        try:
+            for _ in self._conn.notifies(timeout=seconds, stop_after=1):
+                pass
+        except psycopg.Error as exc:
+            log.warning("feed of schema %r: listener lost (%s); reconnecting", self._schema, _one_line(exc))
+            self.close()
+            self._connect()  # at once: the events missed meanwhile are read by the next poll anyway
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
-def _wait(listener: psycopg.Connection | None, seconds: float) -> None:
-    """Until a notification arrives or `seconds` pass; without a listener, just the pause."""
-    if listener is None:
-        time.sleep(seconds)
-        return
-    try:
-        for _ in listener.notifies(timeout=seconds, stop_after=1):
-            pass
-    except psycopg.Error as exc:  # the listener broke: poll until the subscriber is restarted
-        log.warning("feed listener lost (%s); polling", exc)
-        time.sleep(seconds)
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

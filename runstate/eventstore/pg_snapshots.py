@@ -81,7 +81,8 @@ class _PgSnapshots:
         pending: Sequence[tuple[int, ValidEvent]],
     ) -> RunSnapshot:
         """The run's projection through the stored events up to `stored_upto` plus `pending` ones."""
-        recalled = self._recalled(run_id)
+        hint = self.hints.known(run_id)
+        recalled = hint.projection if hint is not None else None
         if stored_upto == 0:  # a new run: nothing stored to start from (and no round trip to find that out)
             base = RunSnapshot.empty(run_id)
         elif recalled is not None and recalled.last_event_seq <= stored_upto:
@@ -129,10 +130,9 @@ class _PgSnapshots:
             made, encoded = self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])
             return row[0], made, encoded
 
-        seq, made, encoded = self._run(f"checkpoint run {run_id!r}", work)
+        seq, _, encoded = self._run(f"checkpoint run {run_id!r}", work)
         if encoded is not None:
             self.metrics.record_written(encoded)
-        self._remember(made)
         return seq
 
 

@@ -12,6 +12,8 @@ from runstate.eventstore.validation import ValidEvent
 
 # Raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql).
 KEY_TAKEN_SQLSTATE = "RSK01"
+# Raised by runstate_check_append (sql/postgres/eventstore/005_one_statement_append.sql).
+GUESSED_WRONG_SQLSTATE = "RSK02"
 
 EVENT_COLUMNS = (
     "run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type,"
@@ -64,6 +66,90 @@ INSERT_NEW = _INSERT_BATCH.replace(
 INSERT_IMPORTED = _INSERT_BATCH.replace("{on_conflict}", "").replace(
     "{inserted}", "(SELECT count(*) FROM inserted)"
 )
+
+
+# The one-statement append (see sql/postgres/eventstore/005_one_statement_append.sql): the stream row's upsert
+# takes the run's row lock and gives the seq the batch follows; the check, last, aborts the whole
+# statement when a guess of the client was wrong. Columns whose values are all NULL go as a NULL
+# array, which unnest pads.
+_ONE_STATEMENT_APPEND = """
+WITH stream AS (
+  INSERT INTO run_streams AS s (run_id, last_seq, event_count, first_event_at, started_at, completed_at)
+  VALUES (%(run_id)s, %(added)s, %(added)s, %(first_event_at)s, %(started_at)s, %(completed_at)s)
+  ON CONFLICT (run_id) DO UPDATE
+     SET last_seq = s.last_seq + EXCLUDED.last_seq,
+         event_count = s.event_count + EXCLUDED.event_count,
+         first_event_at = COALESCE(s.first_event_at, EXCLUDED.first_event_at),
+         started_at = COALESCE(s.started_at, EXCLUDED.started_at),
+         completed_at = COALESCE(s.completed_at, EXCLUDED.completed_at),
+         updated_at = now()
+  RETURNING s.last_seq - %(added)s AS before, s.event_count - %(added)s AS count_before,
+            s.archived_at IS NOT NULL AS archived
+), tx AS (
+  SELECT pg_current_xact_id()::text::bigint << 20 AS base
+), inserted AS (
+  INSERT INTO run_events (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
+                          plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
+                          parent_event_id, emitted_at, adapter_version, engine_run_ref, position)
+  SELECT %(run_id)s, stream.before + u.ord, u.event_id, u.step_id, u.engine_attempt_id,
+         u.logical_attempt_id, u.plan_version, u.event_type, u.data::jsonb, u.key, u.caused_by,
+         u.parent, u.emitted_at, u.adapter_version, u.ref::jsonb, tx.base | u.ord
+  FROM stream, tx, unnest(
+    %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
+    %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
+    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(adapter_version)b::text[], %(ref)b::text[]
+  ) WITH ORDINALITY AS u(event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+                         event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)
+){snapshot}
+SELECT runstate_check_append(before, count_before, archived, %(expected)s, %(added)s, %(every)s,
+                             %(signal_waiting)s, %(snapshot_seq)s, %(snapshot_count_before)s),
+       count_before
+FROM stream
+"""
+# The snapshot and the pruning of old ones ride in the same statement (the DELETE sees the table as
+# it was before the INSERT: keep the newest keep-1 older snapshots next to the new one).
+_WITH_SNAPSHOT = """, snapshot AS (
+  INSERT INTO run_state_snapshots
+    (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)
+  VALUES (%(run_id)s, %(snapshot_seq)s, %(kind)s, %(encoding)s, %(payload)s, %(checksum)s, %(raw)s,
+          %(stored)s, %(reason)s)
+  ON CONFLICT (run_id, seq) DO NOTHING
+), pruned AS (
+  DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s AND seq NOT IN (
+    SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s
+    ORDER BY seq DESC LIMIT %(older)s)
+)"""
+ONE_STATEMENT_APPEND = _ONE_STATEMENT_APPEND.replace("{snapshot}", "")
+ONE_STATEMENT_APPEND_WITH_SNAPSHOT = _ONE_STATEMENT_APPEND.replace("{snapshot}", _WITH_SNAPSHOT)
+
+
+def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
+    """The event columns of ONE_STATEMENT_APPEND (an all-NULL column as a NULL array)."""
+    return {
+        "run_id": run_id,
+        "added": len(new),
+        "event_id": [e.event_id for e in new],
+        "step_id": _column([e.step_id for e in new]),
+        "engine_attempt_id": _column([e.engine_attempt_id for e in new]),
+        "logical_attempt_id": _column([e.logical_attempt_id for e in new]),
+        "plan_version": _column([e.plan_version for e in new]),
+        "event_type": [e.event_type for e in new],
+        "data": _column([e.data_json for e in new]),
+        "key": [e.idempotency_key for e in new],
+        "caused_by": _column([e.caused_by_signal_id for e in new]),
+        "parent": _column([e.parent_event_id for e in new]),
+        "emitted_at": [e.emitted_at for e in new],
+        "adapter_version": _column([e.adapter_version for e in new]),
+        "ref": _column([e.engine_run_ref_json for e in new]),
+        "first_event_at": new[0].emitted_at,
+        "started_at": _first(new, frozenset({EventType.RUN_STARTED})),
+        "completed_at": _first(new, TERMINAL_EVENT_TYPES),
+    }
+
+
+def _column(values: list[Any]) -> list[Any] | None:
+    return None if values.count(None) == len(values) else values
 
 
 @dataclass(frozen=True)

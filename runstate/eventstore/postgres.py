@@ -2,10 +2,11 @@
 
 - run_seq comes from the run's row in `run_streams`, locked by an upsert in the append
   transaction: writers to one run serialise on that row only, writers to other runs never wait.
-- `append_batch` is one transaction: lock the stream row, insert every new row in ONE statement
-  (`unnest` of arrays) that also advances the stream, and, when the event count crosses a multiple
-  of `snapshot_interval` (or the batch has SignalWaiting), write a state snapshot and prune old ones.
-  The statements go out in pipeline mode, so a batch costs two round trips, not one per statement.
+- `append_batch` is ONE statement, so one round trip, in the common case: it upserts the stream
+  row, inserts every event (`unnest` of arrays), and, when the event count crosses a multiple of
+  `snapshot_interval` (or the batch has SignalWaiting), writes the state snapshot and prunes old
+  ones; the database refuses the statement when the store's guess of the run was wrong, and the
+  append is then made in a locked transaction (pg_append.py).
 - `expected_last_seq` (optimistic concurrency) is checked under the stream row lock.
 - Every event gets a feed position (see sql/postgres/eventstore/002_event_feed.sql and pg_reads.py).
 - Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first
@@ -25,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
 from psycopg import errors
@@ -37,39 +38,23 @@ from runstate.datastore import PostgresDatastore, check_schema_name
 from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
-    AppendResult,
     ConcurrencyConflict,
     EventStoreError,
-    RunSnapshot,
 )
+from runstate.eventstore.hints import RunHints
+from runstate.eventstore.pg_append import KeyTaken, _PgAppend
 from runstate.eventstore.pg_archive import _PgArchive
 from runstate.eventstore.pg_reads import _PgReads
 from runstate.eventstore.pg_snapshots import _PgSnapshots
-from runstate.eventstore.pg_sql import (
-    INSERT_NEW,
-    KEY_TAKEN_SQLSTATE,
-    Stream,
-    batch_params,
-)
-from runstate.eventstore.snapshots import EncodedSnapshot
-from runstate.eventstore.validation import ValidEvent
+from runstate.eventstore.pg_sql import KEY_TAKEN_SQLSTATE
 
 T = TypeVar("T")
 
 _RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 _MAX_ATTEMPTS = 20
-_LOCK_STREAM = (
-    "INSERT INTO run_streams (run_id) VALUES (%s)"
-    " ON CONFLICT (run_id) DO UPDATE SET updated_at = run_streams.updated_at"
-    " RETURNING last_seq, event_count, archived_at IS NOT NULL"
-)
 
 
-class _KeyTaken(Exception):
-    """The optimistic insert found an idempotency key already stored: roll back, append with the probe."""
-
-
-class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
+class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
     """The event store on Postgres; thread-safe (a psycopg_pool ConnectionPool of `pool_size`)."""
 
     def __init__(
@@ -104,7 +89,7 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
         self._pool: ConnectionPool | None = None
         self._pool_lock = threading.Lock()
         self._closed = False
-        self._init_recent()
+        self.hints = RunHints()
 
     # -- connections --------------------------------------------------------------------------
 
@@ -163,7 +148,7 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
                 time.sleep(0.05 * attempt)
             except psycopg.Error as exc:
                 if exc.sqlstate == KEY_TAKEN_SQLSTATE:
-                    raise _KeyTaken() from exc
+                    raise KeyTaken() from exc
                 raise EventStoreError(f"{what}: {type(exc).__name__}: {_one_line(exc)}") from exc
         raise AssertionError("unreachable")
 
@@ -204,82 +189,6 @@ class PostgresEventStore(_PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
                 f"schema {self.schema!r}: run_events already exists with {found} hash partitions, "
                 f"not {self.partitions}; partitioning is chosen when the table is first created"
             )
-
-    # -- append -------------------------------------------------------------------------------
-
-    def _append_valid(
-        self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
-    ) -> list[AppendResult]:
-        written: list[tuple[RunSnapshot | None, EncodedSnapshot]] = []
-
-        def work(conn: psycopg.Connection, probe: bool) -> list[AppendResult]:
-            written.clear()
-            return self._append_tx(conn, run_id, valid, state, expected_last_seq, written, probe=probe)
-
-        what = f"append to run {run_id!r}"
-        try:
-            results = self._run(what, lambda conn: work(conn, False), pipeline=True)
-        except _KeyTaken:  # a retried batch: the rollback undid everything, look the stored keys up first
-            results = self._run(what, lambda conn: work(conn, True), pipeline=True)
-        for made, encoded in written:  # only once the transaction committed
-            self.metrics.record_written(encoded)
-            self._remember(made)
-        return results
-
-    def _lock_stream(self, conn: psycopg.Connection, run_id: str) -> Stream:
-        # The upsert takes the row lock that serialises this run's writers (and only them).
-        row = conn.execute(_LOCK_STREAM, (run_id,)).fetchone()
-        return Stream(row[0], row[1], row[2])
-
-    def _append_tx(
-        self,
-        conn: psycopg.Connection,
-        run_id: str,
-        valid: list[ValidEvent],
-        state: Any,
-        expected: int | None,
-        written: list[tuple[RunSnapshot | None, EncodedSnapshot]],
-        *,
-        probe: bool = False,
-    ) -> list[AppendResult]:
-        stream = self._lock_stream(conn, run_id)  # leaves with the BEGIN: the first round trip
-        # Archived keys live in run_events_archive, which the insert's ON CONFLICT cannot see: probe those.
-        known: dict[str, int] = {}
-        stale = expected is not None and stream.last_seq != expected
-        if probe or stream.archived or stale:
-            known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
-        self._check_expected(run_id, valid, known, stream.last_seq, expected)
-        results, new, next_seq = self._assign_seqs(valid, known, stream.last_seq)
-        if not new:
-            return results
-        reason = self.policy.reason(
-            stream.event_count, stream.event_count + len(new), (e.event_type for _, e in new)
-        )
-        # The insert, the snapshot (folded while the insert is on its way) and the COMMIT: the second
-        # round trip. A stored key makes the insert raise RSK01 (only possible without the probe: the
-        # stream row lock keeps racing writers out of this run), which rolls everything back.
-        conn.execute(INSERT_NEW, batch_params(run_id, new, next_seq))
-        if reason:
-            written.append(self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new))
-        return results
-
-    def _existing_keys(
-        self, conn: psycopg.Connection, run_id: str, keys: list[str], stream: Stream
-    ) -> dict[str, int]:
-        if stream.event_count == 0 and not stream.archived:
-            return {}
-        # Probe the (run_id, idempotency_key) index once per key: `= ANY(array)` lets the planner
-        # scan the whole run and filter, which grows with the run's length.
-        query = (
-            "SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-            " JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key"
-        )
-        if stream.archived:
-            query += (
-                " UNION ALL SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-                " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key"
-            )
-        return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
 
 def _add_options(dsn: str, options: str) -> str:

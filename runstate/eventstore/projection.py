@@ -15,6 +15,9 @@ from typing import Any
 from runstate.eventstore.contract import EventType, RunSnapshot, StepState, StoredEvent
 
 _TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+# A step being folded is a list [status, attempts, started_at, completed_at, error] until the fold
+# ends: a StepState (a frozen dataclass) per event was most of a fold's cost.
+_STATUS, _ATTEMPTS, _STARTED, _COMPLETED, _ERROR = range(5)
 
 
 def fold(snapshot: RunSnapshot, events: Iterable[StoredEvent]) -> RunSnapshot:
@@ -38,7 +41,7 @@ class _Mutable:
         self.started_at = snapshot.started_at
         self.completed_at = snapshot.completed_at
         self.last_event_seq = snapshot.last_event_seq
-        self.steps: dict[str, StepState] = dict(snapshot.steps)
+        self.steps: dict[str, StepState | list[Any]] = dict(snapshot.steps)
         self.artifacts: list[Any] = list(snapshot.artifacts)
 
     def freeze(self, original: RunSnapshot) -> RunSnapshot:
@@ -48,7 +51,7 @@ class _Mutable:
             started_at=self.started_at,
             completed_at=self.completed_at,
             last_event_seq=self.last_event_seq,
-            steps=self.steps,
+            steps={k: StepState(*v) if type(v) is list else v for k, v in self.steps.items()},
             artifacts=tuple(self.artifacts),
         )
 
@@ -57,8 +60,24 @@ class _Mutable:
         if self.status not in _TERMINAL_STATUSES:
             self.status = status
 
-    def step(self, step_id: str | None) -> StepState:
-        return self.steps.get(step_id or "", StepState(status="RUNNING", attempts=0))
+    def step(self, step_id: str | None) -> list[Any]:
+        """The step's mutable state (a new step is RUNNING with no attempts)."""
+        key = step_id or ""
+        current = self.steps.get(key)
+        if type(current) is list:
+            return current
+        if current is None:
+            fresh: list[Any] = ["RUNNING", 0, None, None, None]
+        else:
+            fresh = [
+                current.status,
+                current.attempts,
+                current.started_at,
+                current.completed_at,
+                current.error,
+            ]
+        self.steps[key] = fresh
+        return fresh
 
 
 def _utc(value: datetime) -> datetime:
@@ -78,14 +97,8 @@ def _run_started(s: _Mutable, e: StoredEvent) -> None:
 
 
 def _step_started(s: _Mutable, e: StoredEvent) -> None:
-    previous = s.step(e.step_id)
-    s.steps[e.step_id or ""] = StepState(
-        status="RUNNING",
-        attempts=previous.attempts + 1,
-        started_at=_utc(e.emitted_at),
-        completed_at=None,
-        error=None,
-    )
+    step = s.step(e.step_id)
+    step[:] = ["RUNNING", step[_ATTEMPTS] + 1, _utc(e.emitted_at), None, None]
     if s.status == "PENDING":
         s.set_run_status("RUNNING")
 
@@ -99,22 +112,19 @@ def _step_failed(s: _Mutable, e: StoredEvent) -> None:
 
 
 def _finish_step(s: _Mutable, e: StoredEvent, status: str, error: Any) -> None:
-    previous = s.step(e.step_id)
-    s.steps[e.step_id or ""] = replace(
-        previous,
-        status=status,
-        attempts=max(previous.attempts, 1),
-        completed_at=_utc(e.emitted_at),
-        error=error,
-    )
+    step = s.step(e.step_id)
+    step[_STATUS] = status
+    step[_ATTEMPTS] = max(step[_ATTEMPTS], 1)
+    step[_COMPLETED] = _utc(e.emitted_at)
+    step[_ERROR] = error
 
 
 def _step_retrying(s: _Mutable, e: StoredEvent) -> None:
-    previous = s.step(e.step_id)
-    error = _error_of(e.data) if e.data is not None else previous.error
-    s.steps[e.step_id or ""] = replace(
-        previous, status="RETRYING", attempts=max(previous.attempts, 1), error=error
-    )
+    step = s.step(e.step_id)
+    step[_STATUS] = "RETRYING"
+    step[_ATTEMPTS] = max(step[_ATTEMPTS], 1)
+    if e.data is not None:
+        step[_ERROR] = _error_of(e.data)
 
 
 def _signal_waiting(s: _Mutable, e: StoredEvent) -> None:

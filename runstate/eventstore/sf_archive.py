@@ -55,7 +55,8 @@ class _SfArchive:
         return self._archive_chunks(chunk, batch_runs)
 
     def restore(self, run_id: str) -> int:
-        """Move an archived run's events back to RUN_EVENTS; returns how many moved (0: not archived)."""
+        """Move an archived run's events back to RUN_EVENTS; returns how many moved. A run with nothing
+        archived is left exactly as it was (no RESTORED_AT: it stays archivable)."""
         check_run_id(run_id)
         self._merge_usable()
 
@@ -70,6 +71,8 @@ class _SfArchive:
                 (run_id,),
             )
             moved = cur.rowcount or 0
+            if not moved:
+                return 0
             cur.execute(f"DELETE FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s", (run_id,))
             cur.execute(
                 f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = NULL, RESTORED_AT = CURRENT_TIMESTAMP()"

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
-from runstate.eventstore.feed import check_position, follow
+from runstate.eventstore.feed import check_poll_seconds, check_position, follow
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.sf_sql import COLUMNS, Retry, from_json, iso, row_to_event
 from runstate.eventstore.snapshots import choose_valid
@@ -54,6 +54,7 @@ class _SfReads:
         self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
     ) -> Iterator[StoredEvent]:
         """Follow the feed by polling every `poll_seconds` (Snowflake has no LISTEN)."""
+        check_poll_seconds(poll_seconds)
         return follow(self.fetch_all, time.sleep, after_position, poll_seconds, stop)
 
     def _query(self, sql: str, params: Sequence[Any]) -> list[tuple]:
@@ -102,7 +103,13 @@ class _SfReads:
         return [r[0] for r in rows]
 
     def max_seq(self, run_id: str) -> int:
-        rows = self._query(f"SELECT MAX(RUN_SEQ) FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s", (run_id,))
+        """The highest run_seq stored for the run, live or archived (0 when none): the migration's
+        resume point."""
+        rows = self._query(
+            f"SELECT GREATEST(COALESCE((SELECT MAX(RUN_SEQ) FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s), 0),"
+            f" COALESCE((SELECT MAX(RUN_SEQ) FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s), 0))",
+            (run_id, run_id),
+        )
         return int(rows[0][0] or 0)
 
     # -- projection ---------------------------------------------------------------------------

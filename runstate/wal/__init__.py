@@ -8,9 +8,7 @@ from runstate.wal.blobs import BlobRef, BlobStore, Manifest
 from runstate.wal.compaction import (
     CompactionResult,
     compact,
-    compact_dataset,
     rebuild_snapshot,
-    rebuild_snapshot_from_wal,
 )
 from runstate.wal.errors import (
     BlobIntegrityError,
@@ -50,7 +48,6 @@ __all__ = [
     "WalServiceError",
     "WalTable",
     "compact",
-    "compact_dataset",
     "ensure_blob_bucket",
     "ensure_wal_table",
     "flush_batch",
@@ -60,7 +57,6 @@ __all__ = [
     "plan_batches",
     "read_stream",
     "rebuild_snapshot",
-    "rebuild_snapshot_from_wal",
     "state_document",
     "sweep_pending",
     "wal_status",

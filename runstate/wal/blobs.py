@@ -21,48 +21,12 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runstate.wal.changes import Change, Key, canonical_json, sha256_hex
-from runstate.wal.codec import (
-    decode_delta,
-    decode_snapshot,
-    delta_schema,
-    encode_delta,
-    encode_snapshot,
-    snapshot_schema,
-)
+from runstate.wal.codec import encode_delta, encode_snapshot
 from runstate.wal.errors import BlobIntegrityError, WalServiceError
-
-__all__ = [
-    "BlobRef",
-    "BlobStore",
-    "Manifest",
-    "RetiredBlob",
-    "archive_key",
-    "dataset_root",
-    "decode_delta",
-    "decode_snapshot",
-    "delta_key",
-    "encode_delta",
-    "encode_snapshot",
-    "get_verified_blob",
-    "manifest_key",
-    "put_blob",
-    "read_manifest",
-    "snapshot_key",
-    "write_manifest",
-]
 
 MANIFEST_FORMAT = 1
 PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 MISSING_CODES = ("NoSuchKey", "404", "NotFound")
-
-
-def __getattr__(name: str) -> Any:
-    """DELTA_SCHEMA and SNAPSHOT_SCHEMA stay importable without importing pyarrow with this module."""
-    if name == "DELTA_SCHEMA":
-        return delta_schema()
-    if name == "SNAPSHOT_SCHEMA":
-        return snapshot_schema()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def dataset_root(prefix: str, dataset_id: str) -> str:
@@ -338,20 +302,3 @@ class BlobStore:
 
 def _code(error: Exception) -> str:
     return error.response["Error"]["Code"] if isinstance(error, ClientError) else type(error).__name__
-
-
-# Module-level functions of the earlier API (readers of the blobs elsewhere use them): BlobStore does the work.
-def put_blob(s3: Any, bucket: str, key: str, data: bytes) -> None:
-    BlobStore(s3, bucket, "").put(key, data)
-
-
-def get_verified_blob(s3: Any, bucket: str, dataset_id: str, key: str, expected_sha256: str) -> bytes:
-    return BlobStore(s3, bucket, "").get_verified(dataset_id, key, expected_sha256)
-
-
-def read_manifest(s3: Any, bucket: str, prefix: str, dataset_id: str) -> Manifest:
-    return BlobStore(s3, bucket, prefix).read_manifest(dataset_id)
-
-
-def write_manifest(s3: Any, bucket: str, prefix: str, manifest: Manifest, expected_etag: str | None) -> bool:
-    return BlobStore(s3, bucket, prefix).write_manifest(manifest, expected_etag)

@@ -9,7 +9,7 @@ BlobIntegrityError naming the missing blob (never a silent stale state).
 
 WAL rows are trimmed only when Applied, older than `retention_days`, AND covered by the snapshot (and
 never above the producer's LastSeq hint, the slots a writer may probe), so
-`rebuild_snapshot_from_wal` can always rebuild from the snapshot plus the remaining rows. Client-token
+`rebuild_snapshot` can always rebuild from the snapshot plus the remaining rows. Client-token
 rows are kept, so a retry of an old append still returns its original seq.
 """
 
@@ -124,42 +124,6 @@ def rebuild_snapshot(
                 keys=snapshot.rows,
             )
     raise WalContentionError(f"dataset {dataset_id!r}: manifest kept moving during the rebuild")
-
-
-# The earlier signatures (boto3 clients and names), kept for their callers.
-def compact_dataset(
-    dynamodb: Any,
-    s3: Any,
-    *,
-    table: str,
-    bucket: str,
-    prefix: str,
-    dataset_id: str,
-    retention_days: float,
-    now: datetime | None = None,
-    grace_seconds: float = DEFAULT_GRACE_SECONDS,
-) -> CompactionResult:
-    return compact(
-        WalTable(dynamodb, table),
-        BlobStore(s3, bucket, prefix),
-        dataset_id,
-        retention_days=retention_days,
-        now=now,
-        grace_seconds=grace_seconds,
-    )
-
-
-def rebuild_snapshot_from_wal(
-    dynamodb: Any,
-    s3: Any,
-    *,
-    table: str,
-    bucket: str,
-    prefix: str,
-    dataset_id: str,
-    now: datetime | None = None,
-) -> CompactionResult:
-    return rebuild_snapshot(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), dataset_id, now=now)
 
 
 def _rebuild_base(table: WalTable, reader: DatasetReader, manifest: Manifest) -> tuple[int, dict[Key, Any]]:

@@ -19,6 +19,7 @@ Order of the steps, and why each crash point is safe (re-running gives the same 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -132,7 +133,12 @@ def flush_batch(
     now: datetime | None = None,
     max_workers: int | None = None,
 ) -> FlushResult:
-    """`flush_dataset` from boto3 clients and names (the earlier signature, kept for its callers)."""
+    """Deprecated: `flush_dataset(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), ...)`."""
+    warnings.warn(
+        "flush_batch is deprecated: call flush_dataset(WalTable(...), BlobStore(...), dataset_id, seqs)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return flush_dataset(
         WalTable(dynamodb, table),
         BlobStore(s3, bucket, prefix),

@@ -63,6 +63,11 @@ class WalProducer:
         self.table = table
         self.wal = WalTable(dynamodb_client, table)
 
+    @classmethod
+    def of(cls, table: WalTable) -> WalProducer:
+        """The producer that appends through `table`."""
+        return cls(table.client, table.name)
+
     def append(
         self,
         dataset_id: str,

@@ -10,26 +10,43 @@ Keys are typed: an int key 1 and a str key "1" are two keys (the blobs store key
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from runstate.wal.blobs import BlobStore, Manifest, decode_delta, decode_snapshot
+from runstate.wal.blobs import BlobStore, Manifest, manifest_key
 from runstate.wal.changes import Key, fold, validate_dataset_id
+from runstate.wal.codec import decode_delta, decode_snapshot
 from runstate.wal.errors import BlobIntegrityError
 
 
 class DatasetReader:
-    """Reads one dataset's consistent state from the blob bucket."""
+    """Reads one dataset's consistent state from the blob bucket.
 
-    def __init__(self, s3_client: Any, bucket: str, prefix: str, dataset_id: str) -> None:
+    `last_applied_seq`, when given, is asked only when the manifest is absent: a dataset with applied
+    WAL rows and no manifest lost its blobs, and reading it as empty would be a silent wrong answer.
+    """
+
+    def __init__(
+        self,
+        s3_client: Any,
+        bucket: str,
+        prefix: str,
+        dataset_id: str,
+        *,
+        last_applied_seq: Callable[[], int] | None = None,
+    ) -> None:
         self.s3 = s3_client
         self.bucket = bucket
         self.prefix = prefix
         self.dataset_id = validate_dataset_id(dataset_id)
         self.blobs = BlobStore(s3_client, bucket, prefix)
+        self.last_applied_seq = last_applied_seq
 
     @classmethod
-    def of(cls, blobs: BlobStore, dataset_id: str) -> DatasetReader:
-        return cls(blobs.client, blobs.bucket, blobs.prefix, dataset_id)
+    def of(
+        cls, blobs: BlobStore, dataset_id: str, *, last_applied_seq: Callable[[], int] | None = None
+    ) -> DatasetReader:
+        return cls(blobs.client, blobs.bucket, blobs.prefix, dataset_id, last_applied_seq=last_applied_seq)
 
     @property
     def version(self) -> int:
@@ -37,7 +54,15 @@ class DatasetReader:
         return self.manifest().version
 
     def manifest(self) -> Manifest:
-        return self.blobs.read_manifest(self.dataset_id)
+        manifest = self.blobs.read_manifest(self.dataset_id)
+        if manifest.etag is None and self.last_applied_seq is not None:
+            applied = self.last_applied_seq()
+            if applied:
+                raise BlobIntegrityError(
+                    f"dataset {self.dataset_id!r}: manifest {manifest_key(self.prefix, self.dataset_id)} is "
+                    f"missing, but its WAL rows up to seq {applied} are applied: the blobs were lost or deleted"
+                )
+        return manifest
 
     def state(self) -> dict[Key, Any]:
         """The current state (fresh manifest, every blob verified)."""

@@ -84,22 +84,21 @@ def plan_batches(
     return batches
 
 
-def sweep_pending(dynamodb: Any, table: str, limit: int = 10_000) -> list[WalKey]:
+def sweep_pending(table: WalTable, limit: int = 10_000) -> list[WalKey]:
     """Up to `limit` Pending rows, oldest first, from the Pending index (eventually consistent)."""
-    return [WalKey(row.dataset_id, row.seq) for row in WalTable(dynamodb, table).pending(limit)]
+    return [WalKey(row.dataset_id, row.seq) for row in table.pending(limit)]
 
 
-def last_applied_seqs(dynamodb: Any, table: str, dataset_ids: Iterable[str] | None = None) -> dict[str, int]:
+def last_applied_seqs(table: WalTable, dataset_ids: Iterable[str] | None = None) -> dict[str, int]:
     """LastAppliedSeq per dataset (from the meta rows); every dataset when `dataset_ids` is None."""
     wanted = None if dataset_ids is None else set(dataset_ids)
-    metas = WalTable(dynamodb, table).metas()
+    metas = table.metas()
     return {ds: meta.last_applied_seq for ds, meta in metas.items() if wanted is None or ds in wanted}
 
 
 def read_stream(
     streams_client: Any,
-    dynamodb: Any,
-    table: str,
+    table: WalTable,
     cursor: Mapping[str, Any] | None,
     limit: int = 10_000,
 ) -> tuple[list[WalKey], dict[str, Any]]:
@@ -111,7 +110,7 @@ def read_stream(
     dedupes, a flush of applied rows is a no-op) and rows older than the stream's retention are found
     by `sweep_pending`.
     """
-    stream_arn = WalTable(dynamodb, table).stream_arn()
+    stream_arn = table.stream_arn()
     if not stream_arn:
         return [], {"stream_arn": None, "shards": {}, "done": []}
     if not cursor or cursor.get("stream_arn") != stream_arn:

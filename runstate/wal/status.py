@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from runstate.wal.table import WalTable
 
@@ -18,9 +17,8 @@ class DatasetStatus:
     last_seq: int = 0
 
 
-def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[DatasetStatus]:
+def wal_status(wal: WalTable, now: datetime | None = None) -> list[DatasetStatus]:
     """One DatasetStatus per known dataset, sorted by id (Pending index + meta rows; no table scan)."""
-    wal = WalTable(dynamodb, table)
     now_s = (now or datetime.now(UTC)).timestamp()
     pending: dict[str, list[int]] = {}
     for row in wal.pending(limit=1_000_000):
@@ -41,9 +39,9 @@ def wal_status(dynamodb: Any, table: str, now: datetime | None = None) -> list[D
     return result
 
 
-def oldest_pending_age_s(dynamodb: Any, table: str, now: datetime | None = None) -> float | None:
+def oldest_pending_age_s(wal: WalTable, now: datetime | None = None) -> float | None:
     """Age in seconds of the oldest Pending row over all datasets; None when nothing is pending."""
-    oldest = WalTable(dynamodb, table).oldest_pending()
+    oldest = wal.oldest_pending()
     if oldest is None:
         return None
     now_s = (now or datetime.now(UTC)).timestamp()

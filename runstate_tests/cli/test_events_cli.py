@@ -168,6 +168,24 @@ def test_tail_prints_the_feed_across_runs(store):
     assert [json.loads(line)["run_id"] for line in after.output.splitlines()] == ["t2"]
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0"])
+def test_tail_follow_refuses_a_poll_interval_that_is_not_a_number_of_seconds(store, value):
+    result = run("tail", "--follow", "--poll-seconds", value)
+
+    assert result.exit_code == 2 and "--poll-seconds" in result.output, result.output
+
+
+def test_restore_of_a_run_never_archived_keeps_it_archivable(store):
+    old = datetime.now(UTC) - timedelta(days=100)
+    store.append_batch("done", [NewEvent("done", "RunStarted", old), NewEvent("done", "RunCompleted", old)])
+
+    restored = run("restore", "done")
+    archived = run("archive")
+
+    assert restored.exit_code == 0 and "nothing archived" in restored.output
+    assert "archived 2 event(s)" in archived.output, archived.output
+
+
 def test_a_jsonl_file_with_a_bad_later_run_writes_nothing(store, tmp_path: Path):
     """Issue 15 #1: runs earlier in the file were committed before a later run's bad event."""
     jsonl = tmp_path / "m.jsonl"

@@ -135,6 +135,31 @@ def test_read_of_a_corrupt_blob_names_the_blob(cli: CliRunner, world: WalWorld) 
     assert code == 1 and delta in output and "checksum mismatch" in output
 
 
+def test_read_of_a_dataset_whose_manifest_is_gone_names_it_instead_of_printing_nothing(
+    cli: CliRunner, world: WalWorld
+) -> None:
+    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(cli, "tick")
+    manifest = f"{world.prefix}orders/manifest.json"
+    world.s3.delete_object(Bucket=world.bucket, Key=manifest)
+
+    code, output = run(cli, "read", "--dataset", "orders")
+
+    assert code == 1
+    assert output.strip() == (
+        f"Error: dataset 'orders': manifest {manifest} is missing, but its WAL rows up to seq 1 are "
+        "applied: the blobs were lost or deleted"
+    )
+
+
+def test_read_of_a_dataset_never_flushed_is_still_empty(cli: CliRunner) -> None:
+    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
+
+    code, output = run(cli, "read", "--dataset", "orders")
+
+    assert code == 0 and json.loads(output)["version"] == 0
+
+
 def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNSTATE_WAL_TABLE", "no_such_wal_table")
     settings.cache_clear()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runstate.wal import DatasetReader, wal_status
+from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
@@ -49,7 +49,9 @@ def dataset_state(deployment: Deployment, dataset: str) -> tuple[int, dict]:
 
 def pending_rows(deployment: Deployment, dataset: str) -> int:
     rows = [
-        row for row in wal_status(deployment.aws("dynamodb"), "runstate_wal") if row.dataset_id == dataset
+        row
+        for row in wal_status(WalTable(deployment.aws("dynamodb"), "runstate_wal"))
+        if row.dataset_id == dataset
     ]
     return rows[0].pending_count if rows else -1
 

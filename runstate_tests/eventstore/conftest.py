@@ -25,6 +25,14 @@ def ev(run_id: str, event_type: str, n: int = 0, **kw: Any) -> NewEvent:
     return NewEvent(run_id=run_id, event_type=event_type, emitted_at=T0 + timedelta(seconds=n), **kw)
 
 
+def events_table(backend: Backend) -> str:
+    return "run_events" if backend.name == "postgres" else "RUN_EVENTS"
+
+
+def count_rows(backend: Backend, table: str, run_id: str) -> int:
+    return backend.sql(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))[0][0]
+
+
 @dataclass
 class Backend:
     name: str

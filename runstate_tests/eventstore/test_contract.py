@@ -11,16 +11,7 @@ from datetime import timedelta
 import pytest
 
 from runstate.eventstore import EventType, InvalidEvent, NewEvent, RunSnapshot, fold
-from runstate_tests.eventstore.conftest import T0, Backend, ev
-
-
-def events_table(backend: Backend) -> str:
-    return "run_events" if backend.name == "postgres" else "RUN_EVENTS"
-
-
-def count_rows(backend: Backend, table: str, run_id: str) -> int:
-    return backend.sql(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))[0][0]
-
+from runstate_tests.eventstore.conftest import T0, Backend, count_rows, ev, events_table
 
 # -- append, duplicates, fetch ------------------------------------------------------------------
 
@@ -459,63 +450,6 @@ def test_large_state_is_compressed_with_a_warning(backend, caplog):
 
 
 # -- archival -----------------------------------------------------------------------------------
-
-
-def test_archive_moves_only_old_finished_runs(backend):
-    store = backend.make()
-    now = T0 + timedelta(days=30)
-    store.append_batch("old", [ev("old", EventType.RUN_STARTED), ev("old", EventType.RUN_COMPLETED, 60)])
-    store.append_batch(
-        "recent",
-        [
-            ev("recent", EventType.RUN_STARTED, 29 * 86400),
-            ev("recent", EventType.RUN_FAILED, 29 * 86400 + 60),
-        ],
-    )
-    store.append(ev("running", EventType.RUN_STARTED))
-
-    moved = store.archive(7, now=now)
-
-    archive = "run_events_archive" if backend.name == "postgres" else "RUN_EVENTS_ARCHIVE"
-    assert moved == 2
-    assert count_rows(backend, events_table(backend), "old") == 0
-    assert count_rows(backend, archive, "old") == 2
-    assert len(store.fetch("recent")) == 2 and len(store.fetch("running")) == 1
-    assert store.archive(7, now=now) == 0  # idempotent
-    assert count_rows(backend, archive, "old") == 2
-    assert store.append(ev("old", EventType.RUN_COMPLETED, 60)).idempotent  # keys still known
-
-
-def test_archived_run_stays_readable_and_restore_moves_it_back(backend):
-    store = backend.make(snapshot_interval=2)
-    store.append_batch(
-        "old",
-        [
-            ev("old", EventType.RUN_STARTED),
-            ev("old", EventType.STEP_STARTED, 1, step_id="a"),
-            ev("old", EventType.RUN_COMPLETED, 60),
-        ],
-    )
-    before = store.fetch("old")
-    store.archive(7, now=T0 + timedelta(days=30))
-
-    fetched, resumed, projected = store.fetch("old"), store.resume("old"), store.project("old")
-    restored = store.restore("old")
-
-    assert [e.event_id for e in fetched] == [e.event_id for e in before]
-    assert resumed.run_snapshot("old").status == "COMPLETED" and len(resumed.events) == 3
-    assert projected.status == "COMPLETED" and projected.last_event_seq == 3
-    assert restored == 3 and store.restore("old") == 0
-    assert count_rows(backend, events_table(backend), "old") == 3
-    assert [e.event_id for e in store.fetch("old")] == [e.event_id for e in before]
-    assert store.archive(7, now=T0 + timedelta(days=30)) == 0  # a restored run is not archived again at once
-
-
-def test_archive_rejects_bad_arguments(store):
-    with pytest.raises(ValueError):
-        store.archive(-1)
-    with pytest.raises(ValueError):
-        store.archive(1, now=T0.replace(tzinfo=None))
 
 
 def test_stale_runs_with_start_and_project_runs(store):

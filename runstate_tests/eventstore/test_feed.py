@@ -135,3 +135,68 @@ def test_a_lost_notification_only_delays_the_subscriber(pg_store, pg_database, p
     got = collect(pg_store, expected=1, deadline_s=60, poll=0.2)
 
     assert [e.run_id for e in got] == ["r1"]
+
+
+@pytest.mark.parametrize("poll", [float("nan"), float("inf"), 0])
+def test_subscribe_refuses_a_poll_interval_that_is_not_a_number_of_seconds(store, poll):
+    with pytest.raises(InvalidEvent, match="poll_seconds"):
+        next(iter(store.subscribe(0, poll_seconds=poll, stop=lambda: True)))
+
+
+def _listeners(dsn: str) -> set[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query = 'LISTEN runstate_feed' AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+def _eventually(condition: Any, deadline_s: float = 30.0) -> Any:
+    """The first truthy value of condition(), asked until the deadline (the state is another
+    process's: there is no clock to drive)."""
+    deadline = time.monotonic() + deadline_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "not reached before the deadline"
+        time.sleep(0.05)
+    return value
+
+
+def test_a_subscriber_listens_again_after_its_listener_is_terminated(pg_store, pg_database):
+    """What a server restart does to the LISTEN connection; the subscriber polls only once an hour
+    here, so the event after the restart can only reach it through the new listener."""
+    got: list[StoredEvent] = []
+    done = threading.Event()
+    subscriber = threading.Thread(
+        target=lambda: got.extend(pg_store.subscribe(0, poll_seconds=3600, stop=done.is_set))
+    )
+    subscriber.start()
+    try:
+        first = _eventually(lambda: _listeners(pg_database))
+        with psycopg.connect(pg_database, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (list(first),))
+
+        again = _eventually(lambda: _listeners(pg_database) - first)
+        pg_store.append(ev("r1", "AfterRestart"))
+        _eventually(lambda: got)
+    finally:
+        done.set()
+        pg_store.append(ev("r1", "Wake", 1))
+        subscriber.join(timeout=60)
+
+    assert again and [e.event_type for e in got][:1] == ["AfterRestart"]
+
+
+def test_a_listener_that_cannot_connect_retries_with_backoff(caplog):
+    from runstate.eventstore.pg_feed import _Listener
+
+    now = [0.0]
+    with caplog.at_level("WARNING", logger="runstate.eventstore.postgres"):
+        listener = _Listener("postgresql://postgres@127.0.0.1:1/none", "s", clock=lambda: now[0])
+        tries = []
+        for at in (0.5, 1.0, 2.5, 3.0, 6.9, 7.0):
+            now[0] = at
+            listener.wait(0.001)
+            tries.append(caplog.text.count("LISTEN unavailable"))
+
+    assert tries == [1, 2, 2, 3, 3, 4]  # after 1, then 2, then 4 seconds

@@ -35,9 +35,15 @@ class WalEnv:
     def target(self) -> dict[str, str]:
         return {"table": self.table, "bucket": self.bucket, "prefix": self.prefix}
 
+    def wal_table(self) -> WalTable:
+        return WalTable(self.dynamodb, self.table)
+
+    def blob_store(self) -> BlobStore:
+        return BlobStore(self.s3, self.bucket, self.prefix)
+
     def owners(self) -> tuple[WalTable, BlobStore]:
         """The core's owners of this test's table and bucket."""
-        return WalTable(self.dynamodb, self.table), BlobStore(self.s3, self.bucket, self.prefix)
+        return self.wal_table(), self.blob_store()
 
 
 @pytest.fixture

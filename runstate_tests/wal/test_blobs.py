@@ -8,13 +8,10 @@ from runstate.wal.blobs import (
     BlobRef,
     Manifest,
     archive_key,
-    decode_snapshot,
     delta_key,
-    encode_snapshot,
-    read_manifest,
     snapshot_key,
-    write_manifest,
 )
+from runstate.wal.codec import decode_snapshot, encode_snapshot
 
 
 def test_key_layout():
@@ -39,25 +36,21 @@ def test_snapshot_encoding_is_deterministic_and_round_trips():
 
 def test_only_one_of_two_writers_holding_the_same_manifest_wins(wal):
     ref = BlobRef("k1", "0" * 64, 10, 1, 1, 1)
-    write_manifest(wal.s3, wal.bucket, wal.prefix, Manifest("orders").with_delta(ref), None)
-    seen = read_manifest(wal.s3, wal.bucket, wal.prefix, "orders")
+    wal.blob_store().write_manifest(Manifest("orders").with_delta(ref), None)
+    seen = wal.blob_store().read_manifest("orders")
 
-    first = write_manifest(
-        wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k2", "1" * 64, 10, 2, 2, 1)), seen.etag
-    )
-    second = write_manifest(
-        wal.s3, wal.bucket, wal.prefix, seen.with_delta(BlobRef("k3", "2" * 64, 10, 2, 2, 1)), seen.etag
-    )
+    first = wal.blob_store().write_manifest(seen.with_delta(BlobRef("k2", "1" * 64, 10, 2, 2, 1)), seen.etag)
+    second = wal.blob_store().write_manifest(seen.with_delta(BlobRef("k3", "2" * 64, 10, 2, 2, 1)), seen.etag)
 
     assert (first, second) == (True, False)
-    assert [r.key for r in read_manifest(wal.s3, wal.bucket, wal.prefix, "orders").deltas] == ["k1", "k2"]
+    assert [r.key for r in wal.blob_store().read_manifest("orders").deltas] == ["k1", "k2"]
 
 
 def test_a_first_manifest_cannot_overwrite_an_existing_one(wal):
     manifest = Manifest("orders").with_delta(BlobRef("k1", "0" * 64, 10, 1, 1, 1))
-    assert write_manifest(wal.s3, wal.bucket, wal.prefix, manifest, None)
+    assert wal.blob_store().write_manifest(manifest, None)
 
-    assert not write_manifest(wal.s3, wal.bucket, wal.prefix, Manifest("orders"), None)
+    assert not wal.blob_store().write_manifest(Manifest("orders"), None)
 
 
 def test_a_delta_that_would_leave_a_gap_is_refused():

@@ -11,9 +11,9 @@ from runstate.wal import (
     Change,
     DatasetReader,
     WalProducer,
-    compact_dataset,
-    flush_batch,
-    rebuild_snapshot_from_wal,
+    compact,
+    flush_dataset,
+    rebuild_snapshot,
 )
 from runstate.wal.changes import fold
 
@@ -32,13 +32,13 @@ def _history(wal, dataset_id: str, flushes: int, per_flush: int = 3, created=NOW
             changes = [Change.upsert(f"k{n % 5}", n)] if n % 4 else [Change.delete(f"k{(n + 2) % 5}")]
             seqs.append(producer.append(dataset_id, changes, now=created))
             every.extend(changes)
-        flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, seqs=seqs, now=created)
+        flush_dataset(*wal.owners(), dataset_id, seqs, now=created)
     return every
 
 
 def _compact(wal, dataset_id="orders", now=NOW, **kwargs):
     kwargs.setdefault("retention_days", 7)
-    return compact_dataset(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, now=now, **kwargs)
+    return compact(*wal.owners(), dataset_id, now=now, **kwargs)
 
 
 def test_compaction_keeps_the_reader_state_identical(wal):
@@ -67,7 +67,7 @@ def _history_more(wal, dataset_id):
     producer = WalProducer(wal.dynamodb, wal.table)
     changes = [Change.upsert("k0", "after"), Change.delete("k1")]
     seqs = [producer.append(dataset_id, [change]) for change in changes]
-    flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, seqs=seqs)
+    flush_dataset(*wal.owners(), dataset_id, seqs)
     return changes
 
 
@@ -132,7 +132,7 @@ def test_rebuild_from_the_wal_repairs_a_corrupt_delta(wal):
     with pytest.raises(BlobIntegrityError):
         reader.state()
 
-    result = rebuild_snapshot_from_wal(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", now=NOW)
+    result = rebuild_snapshot(*wal.owners(), "orders", now=NOW)
 
     assert (result.version, result.deltas_folded) == (9, 3)
     assert reader.read() == (9, fold({}, changes))
@@ -144,7 +144,7 @@ def test_rebuild_after_trimming_starts_from_the_snapshot(wal):
     _compact(wal, retention_days=7)
     changes += _history_more(wal, "orders")
 
-    rebuild_snapshot_from_wal(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", now=NOW)
+    rebuild_snapshot(*wal.owners(), "orders", now=NOW)
 
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (8, fold({}, changes))
 

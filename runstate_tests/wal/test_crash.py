@@ -11,18 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runstate.wal import Change, DatasetReader, WalProducer, compact_dataset, flush_batch
+from runstate.wal import Change, DatasetReader, WalProducer, compact, flush_dataset
 from runstate.wal.changes import fold
 from runstate.wal.source import last_applied_seqs
 
 from .helpers import object_keys, statuses
 
-# Runs flush_batch in a child process that SIGKILLs itself right after the N-th call of an operation
+# Runs flush_dataset in a child process that SIGKILLs itself right after the N-th call of an operation
 # reached the server: the process really dies mid-flush, with no cleanup of any kind.
 KILLER = textwrap.dedent(
     """
     import os, signal, sys, boto3
-    from runstate.wal import flush_batch
+    from runstate.wal import BlobStore, WalTable, flush_dataset
     endpoint, table, bucket, prefix, dataset, operation, nth, last = sys.argv[1:]
     service = "s3" if operation == "PutObject" else "dynamodb"
     clients = {s: boto3.client(s, endpoint_url=endpoint, region_name="us-east-1") for s in ("s3", "dynamodb")}
@@ -32,8 +32,8 @@ KILLER = textwrap.dedent(
         if calls["n"] == int(nth):
             os.kill(os.getpid(), signal.SIGKILL)
     clients[service].meta.events.register(f"after-call.{service}.{operation}", die)
-    flush_batch(clients["dynamodb"], clients["s3"], table=table, bucket=bucket, prefix=prefix,
-                dataset_id=dataset, seqs=range(1, int(last) + 1), max_workers=1)
+    flush_dataset(WalTable(clients["dynamodb"], table), BlobStore(clients["s3"], bucket, prefix),
+                  dataset, range(1, int(last) + 1), max_workers=1)
     """
 )
 
@@ -79,13 +79,13 @@ def test_a_flush_killed_midway_is_completed_by_the_next_one(wal, operation, nth,
     assert child.returncode == -signal.SIGKILL, child.stderr
     reader = DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders")
     assert reader.version == (10 if committed else 0)
-    result = flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=range(1, 11))
+    result = flush_dataset(*wal.owners(), "orders", range(1, 11))
     applied_by_child = nth if operation == "UpdateItem" else 0
     assert result.applied == 10 - applied_by_child
     assert all(
         status.startswith("Applied#") for status in statuses(wal.dynamodb, wal.table, "orders").values()
     )
-    assert last_applied_seqs(wal.dynamodb, wal.table) == {"orders": 10}
+    assert last_applied_seqs(wal.wal_table()) == {"orders": 10}
     assert reader.read() == (10, fold({}, changes))
     assert [k for k in object_keys(wal.s3, wal.bucket) if "/delta/" in k] == [
         f"{wal.prefix}orders/delta/{1:020d}-{10:020d}.parquet"
@@ -98,7 +98,7 @@ def test_concurrent_flushes_of_one_dataset_apply_each_row_once(wal):
 
     def flush(last: int):
         start.wait()
-        return flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=range(1, last + 1))
+        return flush_dataset(*wal.owners(), "orders", range(1, last + 1))
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(flush, [10, 20, 25, 30]))
@@ -118,7 +118,7 @@ def test_compaction_racing_flushes_loses_nothing(wal):
     def compact_repeatedly() -> int:
         runs = 0
         while not stop.is_set():
-            compact_dataset(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", retention_days=0)
+            compact(*wal.owners(), "orders", retention_days=0)
             runs += 1
         return runs
 
@@ -128,7 +128,7 @@ def test_compaction_racing_flushes_loses_nothing(wal):
             change = Change.upsert(f"k{i % 4}", i)
             seq = producer.append("orders", [change])
             changes.append(change)
-            flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=[seq])
+            flush_dataset(*wal.owners(), "orders", [seq])
         stop.set()
         assert compactions.result() > 0
 

@@ -1,4 +1,4 @@
-"""flush_batch: happy path, idempotency, deterministic blobs, the gap rule, and recovery from real faults."""
+"""flush_dataset: happy path, idempotency, deterministic blobs, the gap rule, and recovery from real faults."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ from datetime import UTC, datetime
 import pytest
 
 from runstate.wal import (
+    BlobStore,
     Change,
     DatasetReader,
     WalIntegrityError,
     WalProducer,
-    flush_batch,
+    WalTable,
+    flush_dataset,
     sweep_pending,
 )
-from runstate.wal.blobs import decode_delta, delta_key, encode_delta
+from runstate.wal.blobs import delta_key
 from runstate.wal.changes import fold
+from runstate.wal.codec import decode_delta, encode_delta
 from runstate.wal.source import last_applied_seqs
 
 from .faults import FAULT_ERRORS, Faults
@@ -35,12 +38,11 @@ def _append(wal, dataset_id: str, count: int, start: int = 0) -> list[Change]:
 
 
 def _flush(wal, dataset_id: str, seqs, dynamodb=None, s3=None, **kwargs):
-    return flush_batch(
-        dynamodb or wal.dynamodb,
-        s3 or wal.s3,
-        **wal.target(),
-        dataset_id=dataset_id,
-        seqs=seqs,
+    return flush_dataset(
+        WalTable(dynamodb or wal.dynamodb, wal.table),
+        BlobStore(s3 or wal.s3, wal.bucket, wal.prefix),
+        dataset_id,
+        seqs,
         now=NOW,
         **kwargs,
     )
@@ -59,7 +61,7 @@ def test_three_appends_give_one_blob_with_three_rows_and_three_applied(wal):
     assert sorted({seq for seq, _ in decode_delta(blob)}) == [1, 2, 3]
     assert set(statuses(wal.dynamodb, wal.table, "orders").values()) == {"Applied#2026-11"}
     assert all(r["BlobKey"]["S"] == result.blob_key for r in wal_rows(wal.dynamodb, wal.table, "orders"))
-    assert last_applied_seqs(wal.dynamodb, wal.table) == {"orders": 3}
+    assert last_applied_seqs(wal.wal_table()) == {"orders": 3}
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (3, fold({}, changes))
 
 
@@ -148,14 +150,14 @@ def test_failure_midway_through_the_applied_updates_is_repaired_by_a_rerun(wal):
     # Committed to the manifest (readers see it), some rows still Pending, LastAppliedSeq not advanced.
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").version == 12
     assert "Pending" in half.values() and "Applied#2026-11" in half.values()
-    assert last_applied_seqs(wal.dynamodb, wal.table) == {"orders": 0}
+    assert last_applied_seqs(wal.wal_table()) == {"orders": 0}
 
-    pending = [key.seq_no for key in sweep_pending(wal.dynamodb, wal.table)]
+    pending = [key.seq_no for key in sweep_pending(wal.wal_table())]
     rerun = _flush(wal, "orders", pending)
 
     assert rerun.rows == 0 and rerun.applied == len(pending) == 12 - 5
     assert set(statuses(wal.dynamodb, wal.table, "orders").values()) == {"Applied#2026-11"}
-    assert last_applied_seqs(wal.dynamodb, wal.table) == {"orders": 12}
+    assert last_applied_seqs(wal.wal_table()) == {"orders": 12}
     assert DatasetReader(wal.s3, wal.bucket, wal.prefix, "orders").read() == (12, fold({}, changes))
 
 

@@ -24,7 +24,7 @@ from runstate.wal import (
     DatasetReader,
     WalProducer,
     WalTable,
-    compact_dataset,
+    compact,
     plan_batches,
     read_stream,
     sweep_pending,
@@ -134,9 +134,9 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
         for round_no in range(10_000):
             drained_before = appending_done.is_set()
             try:
-                stream_keys, new_cursor = read_stream(streams, flush_ddb, wal.table, cursor)
+                stream_keys, new_cursor = read_stream(streams, flush_table, cursor)
                 cursor = None if flush_rng.random() < 0.05 else new_cursor  # sometimes the cursor is lost
-                keys = stream_keys + sweep_pending(flush_ddb, wal.table)
+                keys = stream_keys + sweep_pending(flush_table)
             except FAULT_ERRORS:
                 stats["tick_failures"] += 1
                 continue
@@ -149,9 +149,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
             if round_no % 3 == 1:
                 dataset_id = flush_rng.choice(DATASETS)
                 try:
-                    compact_dataset(
-                        flush_ddb, flush_s3, **wal.target(), dataset_id=dataset_id, retention_days=0
-                    )
+                    compact(flush_table, flush_blobs, dataset_id, retention_days=0)
                     stats["compactions"] += 1
                 except FAULT_ERRORS:
                     stats["compaction_failures"] += 1
@@ -201,9 +199,7 @@ def test_random_workload_with_duplicates_and_faults_folds_to_the_same_state(wal)
     assert stats["flush_failures"] > 0 and stats["flushes"] > 0
     later = datetime.now(UTC) + timedelta(hours=2)
     for dataset_id in DATASETS:
-        compact_dataset(
-            wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, retention_days=0, now=later
-        )
+        compact(*wal.owners(), dataset_id, retention_days=0, now=later)
         expected_version = max(model.by_seq[dataset_id], default=0)
         assert DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).read() == (
             expected_version,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runstate.wal import BlobIntegrityError, Change, DatasetReader, WalProducer, flush_batch
+from runstate.wal import BlobIntegrityError, Change, DatasetReader, WalProducer, flush_dataset
 from runstate.wal.changes import fold
 
 
@@ -13,7 +13,7 @@ def _flushed(wal, dataset_id: str, batches: list[list[Change]]) -> list[Change]:
     every = []
     for changes in batches:
         seq = producer.append(dataset_id, changes)
-        flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id=dataset_id, seqs=[seq])
+        flush_dataset(*wal.owners(), dataset_id, [seq])
         every.extend(changes)
     return every
 

@@ -11,7 +11,7 @@ from runstate.wal import (
     Change,
     WalKey,
     WalProducer,
-    flush_batch,
+    flush_dataset,
     plan_batches,
     read_stream,
     sweep_pending,
@@ -28,10 +28,10 @@ def _append(wal, dataset_id: str, count: int) -> None:
 def test_stream_returns_new_pending_rows_and_the_cursor_resumes_after_them(wal):
     _append(wal, "orders", 3)
 
-    keys, cursor = read_stream(wal.streams, wal.dynamodb, wal.table, None)
+    keys, cursor = read_stream(wal.streams, wal.wal_table(), None)
     _append(wal, "users", 2)
-    more, cursor2 = read_stream(wal.streams, wal.dynamodb, wal.table, json.loads(json.dumps(cursor)))
-    nothing, _ = read_stream(wal.streams, wal.dynamodb, wal.table, cursor2)
+    more, cursor2 = read_stream(wal.streams, wal.wal_table(), json.loads(json.dumps(cursor)))
+    nothing, _ = read_stream(wal.streams, wal.wal_table(), cursor2)
 
     assert keys == [WalKey("orders", 1), WalKey("orders", 2), WalKey("orders", 3)]
     assert more == [WalKey("users", 1), WalKey("users", 2)]
@@ -40,10 +40,10 @@ def test_stream_returns_new_pending_rows_and_the_cursor_resumes_after_them(wal):
 
 def test_stream_skips_meta_token_and_applied_records(wal):
     WalProducer(wal.dynamodb, wal.table).append("orders", [Change.upsert("k", 1)], client_token="t1")
-    keys, cursor = read_stream(wal.streams, wal.dynamodb, wal.table, None)
-    flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=[1])
+    keys, cursor = read_stream(wal.streams, wal.wal_table(), None)
+    flush_dataset(*wal.owners(), "orders", [1])
 
-    after_flush, _ = read_stream(wal.streams, wal.dynamodb, wal.table, cursor)
+    after_flush, _ = read_stream(wal.streams, wal.wal_table(), cursor)
 
     assert keys == [WalKey("orders", 1)]
     assert after_flush == []
@@ -52,8 +52,8 @@ def test_stream_skips_meta_token_and_applied_records(wal):
 def test_stream_limit_is_respected_and_the_rest_comes_next_time(wal):
     _append(wal, "orders", 5)
 
-    first, cursor = read_stream(wal.streams, wal.dynamodb, wal.table, None, limit=2)
-    rest, _ = read_stream(wal.streams, wal.dynamodb, wal.table, cursor)
+    first, cursor = read_stream(wal.streams, wal.wal_table(), None, limit=2)
+    rest, _ = read_stream(wal.streams, wal.wal_table(), cursor)
 
     assert len(first) <= 2
     assert sorted(set(first + rest)) == [WalKey("orders", i) for i in range(1, 6)]
@@ -61,20 +61,20 @@ def test_stream_limit_is_respected_and_the_rest_comes_next_time(wal):
 
 def test_a_lost_or_foreign_cursor_restarts_from_trim_horizon(wal):
     _append(wal, "orders", 2)
-    _, cursor = read_stream(wal.streams, wal.dynamodb, wal.table, None)
+    _, cursor = read_stream(wal.streams, wal.wal_table(), None)
 
-    lost, _ = read_stream(wal.streams, wal.dynamodb, wal.table, None)
-    foreign, _ = read_stream(wal.streams, wal.dynamodb, wal.table, {**cursor, "stream_arn": "arn:other"})
+    lost, _ = read_stream(wal.streams, wal.wal_table(), None)
+    foreign, _ = read_stream(wal.streams, wal.wal_table(), {**cursor, "stream_arn": "arn:other"})
 
     assert lost == foreign == [WalKey("orders", 1), WalKey("orders", 2)]
 
 
 def test_replayed_stream_keys_of_applied_rows_plan_no_batch(wal):
     _append(wal, "orders", 3)
-    flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="orders", seqs=[3])
+    flush_dataset(*wal.owners(), "orders", [3])
 
-    replayed, _ = read_stream(wal.streams, wal.dynamodb, wal.table, None)
-    batches = plan_batches(replayed, applied=last_applied_seqs(wal.dynamodb, wal.table))
+    replayed, _ = read_stream(wal.streams, wal.wal_table(), None)
+    batches = plan_batches(replayed, applied=last_applied_seqs(wal.wal_table()))
 
     assert len(replayed) == 3
     assert batches == []
@@ -83,12 +83,12 @@ def test_replayed_stream_keys_of_applied_rows_plan_no_batch(wal):
 def test_sweep_finds_pending_rows_oldest_first_and_not_applied_ones(wal):
     _append(wal, "orders", 3)
     _append(wal, "users", 1)
-    flush_batch(wal.dynamodb, wal.s3, **wal.target(), dataset_id="users", seqs=[1])
+    flush_dataset(*wal.owners(), "users", [1])
 
-    keys = sweep_pending(wal.dynamodb, wal.table)
+    keys = sweep_pending(wal.wal_table())
 
     assert sorted(keys) == [WalKey("orders", 1), WalKey("orders", 2), WalKey("orders", 3)]
-    assert len(sweep_pending(wal.dynamodb, wal.table, limit=2)) == 2
+    assert len(sweep_pending(wal.wal_table(), limit=2)) == 2
 
 
 def test_plan_dedupes_groups_by_dataset_and_orders_by_seq():

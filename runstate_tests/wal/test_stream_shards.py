@@ -10,7 +10,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from runstate.wal import WalKey, read_stream
+from runstate.wal import WalKey, WalTable, read_stream
 
 ARN = "arn:aws:dynamodb:us-east-1:1:table/wal/stream/1"
 
@@ -86,8 +86,8 @@ def test_a_closed_parent_is_read_to_its_end_then_its_children_and_marked_done():
         }
     )
 
-    keys, cursor = read_stream(streams, FakeTable(), "wal", None)
-    again, _ = read_stream(streams, FakeTable(), "wal", cursor)
+    keys, cursor = read_stream(streams, WalTable(FakeTable(), "wal"), None)
+    again, _ = read_stream(streams, WalTable(FakeTable(), "wal"), cursor)
 
     assert keys == [WalKey("a", 1), WalKey("a", 3), WalKey("b", 1)]
     assert cursor["done"] == ["parent"]
@@ -105,7 +105,7 @@ def test_a_trimmed_position_restarts_the_shard_at_trim_horizon():
     streams = FakeStreams({"s": shard})
 
     keys, cursor = read_stream(
-        streams, FakeTable(), "wal", {"stream_arn": ARN, "shards": {"s": "12"}, "done": []}
+        streams, WalTable(FakeTable(), "wal"), {"stream_arn": ARN, "shards": {"s": "12"}, "done": []}
     )
 
     assert keys == [WalKey("a", 7), WalKey("a", 8)]
@@ -116,8 +116,8 @@ def test_an_iterator_expiring_mid_read_keeps_what_was_read_and_restarts_next_tim
     streams = FakeStreams({"s": {"parent": None, "records": [_record(1, "a", 1)], "closed": False}})
     streams.fail_next_get_records = "ExpiredIteratorException"
 
-    keys, cursor = read_stream(streams, FakeTable(), "wal", None)
-    retried, _ = read_stream(streams, FakeTable(), "wal", cursor)
+    keys, cursor = read_stream(streams, WalTable(FakeTable(), "wal"), None)
+    retried, _ = read_stream(streams, WalTable(FakeTable(), "wal"), cursor)
 
     assert keys == [] and cursor["shards"] == {"s": None}
     assert retried == [WalKey("a", 1)]
@@ -127,7 +127,7 @@ def test_shards_gone_from_the_stream_are_forgotten():
     streams = FakeStreams({"new": {"parent": None, "records": [], "closed": False}})
     old_cursor = {"stream_arn": ARN, "shards": {"old": "5", "new": None}, "done": ["old"]}
 
-    _, cursor = read_stream(streams, FakeTable(), "wal", old_cursor)
+    _, cursor = read_stream(streams, WalTable(FakeTable(), "wal"), old_cursor)
 
     assert cursor == {"stream_arn": ARN, "shards": {"new": None}, "done": []}
 
@@ -137,6 +137,6 @@ def test_empty_pages_before_the_records_are_followed():
         {"s": {"parent": None, "records": [_record(1, "a", 1)], "closed": False, "leading_empty_pages": 2}}
     )
 
-    keys, _ = read_stream(streams, FakeTable(), "wal", None)
+    keys, _ = read_stream(streams, WalTable(FakeTable(), "wal"), None)
 
     assert keys == [WalKey("a", 1)]

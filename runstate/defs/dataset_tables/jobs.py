@@ -7,12 +7,13 @@ from runstate.defs.dataset_tables.resources import blob_location
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import WalError
+from runstate.wal import BlobIntegrityError, WalError, WalInputError
 from runstate.wal.dataset_tables import MergeResult, merge_dataset
 
 TABLES_ASSET = dg.AssetKey("dataset_tables")
 MERGE_JOB = "merge_dataset_tables"
 MERGE_OP = "merge_datasets"
+PERMANENT_ERRORS = (BlobIntegrityError, WalInputError)
 
 
 class MergeConfig(dg.Config):
@@ -41,24 +42,32 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
 def merge_datasets(
     context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource
 ) -> None:
-    """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run."""
+    """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run.
+
+    A merged table is a materialization of its partition; a table that was already current is an
+    observation, so whoever reads the run (the CLI) sees every dataset it was asked for."""
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
-    failures: dict[str, str] = {}
+    failures: dict[str, WalError] = {}
     for dataset_id in config.dataset_ids:
         try:
             result = merge_dataset(session, location, dataset_id, rebuild=config.rebuild, s3=s3)
         except WalError as error:
             context.log.error(str(error))
-            failures[dataset_id] = str(error)
+            failures[dataset_id] = error
             continue
         context.log.info(f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}")
+        metadata = merge_metadata(result)
         if result.merged:
-            metadata = merge_metadata(result)
             context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata))
+        else:
+            context.log_event(dg.AssetObservation(TABLES_ASSET, partition=dataset_id, metadata=metadata))
     if failures:
         raise dg.Failure(
-            description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed",
-            metadata={dataset_id: message for dataset_id, message in failures.items()},
+            description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed: "
+            + "; ".join(map(str, failures.values())),
+            metadata={dataset_id: str(error) for dataset_id, error in failures.items()},
+            # A missing or corrupt blob, or bad input, is the same a few seconds later: no retry.
+            allow_retries=not all(isinstance(e, PERMANENT_ERRORS) for e in failures.values()),
         )
 
 

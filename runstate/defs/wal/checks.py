@@ -13,7 +13,7 @@ MAX_PENDING_AGE_S = 3600
     asset=dataset_snapshots, description="Fails when the oldest Pending WAL row is older than 1 h."
 )
 def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
-    age = oldest_pending_age_s(wal.dynamodb_client(), wal.table)
+    age = oldest_pending_age_s(wal.wal_table())
     return dg.AssetCheckResult(
         passed=age is None or age <= MAX_PENDING_AGE_S,
         severity=dg.AssetCheckSeverity.ERROR,

@@ -172,7 +172,7 @@ flush_wal = build_flush_job()
 def compact_wal_datasets(context: dg.OpExecutionContext, config: CompactConfig, wal: WalResource) -> None:
     """Per dataset: a new snapshot from the old one plus its deltas, trim old Applied rows, archive old blobs."""
     table, blobs = wal.wal_table(), wal.blob_store()
-    dataset_ids = config.dataset_ids or [status.dataset_id for status in wal_status(table.client, table.name)]
+    dataset_ids = config.dataset_ids or [status.dataset_id for status in wal_status(table)]
     retention_days = wal.retention_days if config.retention_days is None else config.retention_days
     for dataset_id in dataset_ids:
         result = compact(table, blobs, dataset_id, retention_days=retention_days)

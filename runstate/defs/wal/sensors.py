@@ -160,7 +160,7 @@ def evaluate_wal_tick(
 ) -> TickPlan:
     """Read stream + sweep, plan batches, and turn each shard with work into at most one run request."""
     table = wal.wal_table()
-    streamed, stream_cursor = read_stream(wal.streams_client(), table.client, table.name, cursor.stream)
+    streamed, stream_cursor = read_stream(wal.streams_client(), table, cursor.stream)
     # The sweep is what makes a lost cursor, a trimmed stream or a failed run harmless.
     swept = [WalKey(row.dataset_id, row.seq) for row in table.pending()]
     # One query of the meta rows: every dataset's LastAppliedSeq, and the full list of datasets. Old stream

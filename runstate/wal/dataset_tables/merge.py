@@ -17,10 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from runstate.wal.dataset_tables.errors import DatasetTableError
-from runstate.wal.dataset_tables.naming import VERSION_KEY
+from runstate.wal.dataset_tables.naming import VERSION_KEY, table_ident
 from runstate.wal.dataset_tables.source import (
     CHANGE_COLUMNS,
     BlobLocation,
@@ -29,7 +26,13 @@ from runstate.wal.dataset_tables.source import (
     change_reader,
     plan_merge,
 )
-from runstate.wal.dataset_tables.table import ensure_table, set_version_property, spark_errors, table_version
+from runstate.wal.dataset_tables.table import (
+    ensure_table,
+    set_version_property,
+    spark_errors,
+    table_exists,
+    table_version,
+)
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,18 @@ class MergeResult:
 def merge_dataset(
     spark: Any, location: BlobLocation, dataset_id: str, *, rebuild: bool = False, s3: Any = None
 ) -> MergeResult:
-    """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot)."""
+    """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot).
+
+    A dataset without a manifest (never flushed, or an unknown id) gets no table. Refused before
+    anything is written: a table that belongs to another dataset, a table ahead of the manifest (unless
+    rebuilding), which is also what a table whose manifest was lost is."""
     started = time.perf_counter()
+    manifest = location.blob_store(s3).read_manifest(dataset_id)
+    if manifest.etag is None and not table_exists(spark, dataset_id):
+        return MergeResult(
+            dataset_id, table_ident(dataset_id), 0, 0, 0, False, 0, time.perf_counter() - started
+        )
     ident = ensure_table(spark, dataset_id)
-    manifest = _manifest(location, s3, dataset_id)
     with spark_errors(dataset_id, ident, "merge"):
         plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
         if not plan.reads and not plan.full:
@@ -90,17 +101,6 @@ def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: 
     return merge_dataset(spark, location, dataset_id, rebuild=True, s3=s3)
 
 
-def _manifest(location: BlobLocation, s3: Any, dataset_id: str) -> Any:
-    try:
-        return location.manifest(s3 or location.client(), dataset_id)
-    except (ClientError, BotoCoreError) as error:
-        where = location.endpoint_url or "AWS"
-        raise DatasetTableError(
-            f"dataset {dataset_id!r}: reading its manifest from bucket {location.bucket!r} "
-            f"at {where} failed: {error}"
-        ) from None
-
-
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
     """One row per key: its last change (highest seq, then position), plus the `#version` row."""
     from pyspark.sql import functions as F
@@ -118,10 +118,17 @@ def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
 
 
 def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
-    """The MERGE: newer seqs win; a full read also repairs equal-seq rows and deletes keys it lacks."""
+    """The MERGE: newer seqs win; a full read also repairs equal-seq rows and deletes keys it lacks.
+
+    A rebuild makes the table equal to the blobs: every differing row takes the blobs' change whatever
+    its seq, and live rows or tombstones the blobs do not know (say a WAL that started over left them
+    at higher seqs) become tombstones at the rebuilt version, so the new WAL's changes win over them."""
     newer = "s.wal_seq > t.wal_seq"
-    if plan.full:
-        newer += " OR (s.wal_seq = t.wal_seq AND (s.deleted <> t.deleted OR NOT (s.value <=> t.value)))"
+    differs = "s.deleted <> t.deleted OR NOT (s.value <=> t.value)"
+    if plan.rebuild:
+        newer = f"s.wal_seq <> t.wal_seq OR {differs}"
+    elif plan.full:
+        newer += f" OR (s.wal_seq = t.wal_seq AND ({differs}))"
     statement = (
         f"MERGE INTO {ident} t USING {source} s ON t.key = s.key "
         f"WHEN MATCHED AND ({newer}) THEN UPDATE SET "
@@ -131,8 +138,13 @@ def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
     )
     if plan.full:
         version = int(plan.to_version)
+        unknown = (
+            f"(NOT t.deleted OR t.wal_seq > {version})"
+            if plan.rebuild
+            else f"NOT t.deleted AND t.wal_seq <= {version}"
+        )
         statement += (
-            f" WHEN NOT MATCHED BY SOURCE AND NOT t.deleted AND t.wal_seq <= {version} THEN UPDATE SET "
+            f" WHEN NOT MATCHED BY SOURCE AND {unknown} THEN UPDATE SET "
             f"t.value = NULL, t.deleted = true, t.wal_seq = {version}, t.updated_at = current_timestamp()"
         )
     return statement

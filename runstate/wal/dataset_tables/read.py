@@ -14,7 +14,7 @@ from typing import Any
 from runstate.wal.changes import Key
 from runstate.wal.dataset_tables.errors import DatasetTableError, VersionNotFound
 from runstate.wal.dataset_tables.naming import table_ident
-from runstate.wal.dataset_tables.table import marker_version, spark_errors, table_exists
+from runstate.wal.dataset_tables.table import check_owner, marker_version, spark_errors, table_exists
 
 
 def live_rows_sql(ident: str, snapshot_id: int | None = None) -> str:
@@ -29,6 +29,7 @@ def read_table(spark: Any, dataset_id: str, version: int | None = None) -> tuple
         raise DatasetTableError(
             f"dataset {dataset_id!r}: table {ident} does not exist; run `runstate wal merge` first"
         )
+    check_owner(spark, dataset_id, ident)
     with spark_errors(dataset_id, ident, "read"):
         snapshot_id = None
         if version is None:

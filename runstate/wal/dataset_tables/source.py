@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from runstate.wal.blobs import Manifest, get_verified_blob, read_manifest
+from runstate.wal.blobs import BlobStore, Manifest
 from runstate.wal.changes import DELETE
+from runstate.wal.dataset_tables.errors import DatasetTableError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,8 +47,11 @@ class BlobLocation:
             region_name=self.region,
         ).client("s3", endpoint_url=self.endpoint_url)
 
+    def blob_store(self, s3: Any = None) -> BlobStore:
+        return BlobStore(s3 or self.client(), self.bucket, self.prefix)
+
     def manifest(self, s3: Any, dataset_id: str) -> Manifest:
-        return read_manifest(s3, self.bucket, self.prefix, dataset_id)
+        return self.blob_store(s3).read_manifest(dataset_id)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class MergePlan:
     to_version: int
     reads: tuple[BlobRead, ...]
     full: bool  # snapshot + every delta: keys absent from them are deleted in the table
+    rebuild: bool = False  # full, and the table is made equal to the blobs, whatever it held
 
 
 def plan_merge(manifest: Manifest, table_version: int, rebuild: bool = False) -> MergePlan:
@@ -77,9 +82,18 @@ def plan_merge(manifest: Manifest, table_version: int, rebuild: bool = False) ->
 
     Incremental when the deltas after the table's version are all still in the manifest; a full read
     (snapshot + every delta) when asked to rebuild, or when compaction has folded deltas the table has
-    not seen into the snapshot.
+    not seen into the snapshot. A table ahead of the manifest is refused: manifests only grow, so its
+    dataset's blobs started over (moto and fakesnow keep everything in memory) and only a rebuild
+    can say which of its rows are still true.
     """
     dataset_id, version = manifest.dataset_id, manifest.version
+    if table_version > version and not rebuild:
+        raise DatasetTableError(
+            f"dataset {dataset_id!r}: its table is at version {table_version}, ahead of the dataset's "
+            f"manifest (version {version}): the WAL and its blobs started over (an emulator restart?) or "
+            f"are not the ones the table was merged from; run `runstate wal merge --dataset {dataset_id} "
+            "--rebuild` to make the table equal to the blobs"
+        )
     snapshot = manifest.snapshot
     full = rebuild or (snapshot is not None and table_version < snapshot.last_seq)
     if not full and table_version >= version:
@@ -91,7 +105,7 @@ def plan_merge(manifest: Manifest, table_version: int, rebuild: bool = False) ->
     for ref in manifest.deltas:
         if ref.last_seq > after:
             reads.append(BlobRead(dataset_id, ref.key, ref.sha256, DELTA, after, version))
-    return MergePlan(dataset_id, table_version, version, tuple(reads), full)
+    return MergePlan(dataset_id, table_version, version, tuple(reads), full, rebuild)
 
 
 def blob_reads_frame(spark: Any, reads: tuple[BlobRead, ...]) -> Any:
@@ -109,19 +123,19 @@ def change_reader(location: BlobLocation) -> Callable[[Batches], Batches]:
     """The `mapInArrow` function: blob-read rows in, change rows out (checksums verified in the task)."""
 
     def read_partition(batches: Batches) -> Batches:
-        s3 = _client(location)
+        blobs = _blob_store(location)
         for batch in batches:
             for read in batch.to_pylist():
-                data = get_verified_blob(s3, location.bucket, read["dataset_id"], read["key"], read["sha256"])
+                data = blobs.get_verified(read["dataset_id"], read["key"], read["sha256"])
                 yield from _change_batches(data, read)
 
     return read_partition
 
 
 @lru_cache(maxsize=8)
-def _client(location: BlobLocation) -> Any:
+def _blob_store(location: BlobLocation) -> BlobStore:
     """One client per location in each (reused) Python worker: creating one costs more than a small blob."""
-    return location.client()
+    return location.blob_store()
 
 
 def _change_batches(data: bytes, read: dict[str, Any]) -> Batches:
@@ -161,18 +175,14 @@ def publish_delta(s3: Any, location: BlobLocation, dataset_id: str, rows: list[t
     """Write (seq, changes) rows as the dataset's next delta blob and commit it to the manifest, with the
     WAL's own encoder and conditional manifest put. For loads that do not come through DynamoDB (the
     benchmark's millions of changes); returns the new version."""
-    from runstate.wal.blobs import BlobRef, delta_key, encode_delta, put_blob, write_manifest
-    from runstate.wal.changes import sha256_hex
     from runstate.wal.errors import WalContentionError
 
-    manifest = location.manifest(s3, dataset_id)
-    first, last = rows[0][0], rows[-1][0]
-    data, changes = encode_delta(rows)
-    key = delta_key(location.prefix, dataset_id, first, last)
-    put_blob(s3, location.bucket, key, data)
-    updated = manifest.with_delta(BlobRef(key, sha256_hex(data), len(data), first, last, changes))
-    if not write_manifest(s3, location.bucket, location.prefix, updated, manifest.etag):
+    blobs = location.blob_store(s3)
+    manifest = blobs.read_manifest(dataset_id)
+    ref = blobs.put_delta(dataset_id, rows)
+    updated = manifest.with_delta(ref)
+    if not blobs.write_manifest(updated, manifest.etag):
         raise WalContentionError(
-            f"dataset {dataset_id!r}: the manifest moved while delta {key} was published"
+            f"dataset {dataset_id!r}: the manifest moved while delta {ref.key} was published"
         )
     return updated.version

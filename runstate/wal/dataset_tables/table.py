@@ -42,7 +42,11 @@ def _properties_sql(properties: dict[str, str]) -> str:
 
 
 def ensure_table(spark: Any, dataset_id: str) -> str:
-    """Create `lake.datasets.<name>` (and the namespace) unless it exists; returns its identifier."""
+    """Create `lake.datasets.<name>` (and the namespace) unless it exists; returns its identifier.
+
+    The CREATE records the dataset id in the table's properties, atomically with the table itself: of
+    two ids whose names collide, the first to create the table owns it, and the other is refused here
+    before it writes anything (the catalog commits one creation, so a race has one winner too)."""
     ident = table_ident(dataset_id)
     properties = {**TABLE_PROPERTIES, DATASET_PROPERTY: dataset_id, VERSION_PROPERTY: "0"}
     with spark_errors(dataset_id, ident, "create"):
@@ -56,7 +60,21 @@ def ensure_table(spark: Any, dataset_id: str) -> str:
             # Two runs creating the same table at once: the loser's IF NOT EXISTS check came too early.
             if "already exists" not in str(error).lower():
                 raise
+    check_owner(spark, dataset_id, ident)
     return ident
+
+
+def check_owner(spark: Any, dataset_id: str, ident: str) -> None:
+    """DatasetTableError unless the table records `dataset_id` as the dataset it belongs to."""
+    with spark_errors(dataset_id, ident, "look up"):
+        owner = table_properties(spark, ident).get(DATASET_PROPERTY)
+    if owner == dataset_id:
+        return
+    whose = f"belongs to dataset {owner!r}" if owner else f"has no {DATASET_PROPERTY} property"
+    raise DatasetTableError(
+        f"dataset {dataset_id!r}: table {ident} {whose}, so it is not this dataset's table; "
+        "nothing was written (drop or rename that table if it is not a dataset table)"
+    )
 
 
 def table_exists(spark: Any, dataset_id: str) -> bool:

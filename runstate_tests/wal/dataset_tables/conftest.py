@@ -9,12 +9,11 @@ from typing import Any
 
 import pytest
 
-from runstate.wal import DatasetReader, WalProducer, flush_batch
+from runstate.wal import DatasetReader, WalProducer, flush_dataset
 from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
 from runstate.wal.dataset_tables import BlobLocation
 from runstate.wal.dataset_tables.naming import NAMESPACE, table_name
-from runstate.wal.table import WalTable
 from runstate_tests.conftest import drop_iceberg_table
 
 
@@ -51,11 +50,9 @@ class Feed:
         return seq
 
     def flush(self, dataset_id: str) -> int:
-        rows = WalTable(self.wal.dynamodb, self.wal.table).query_rows(dataset_id)
+        rows = self.wal.wal_table().query_rows(dataset_id)
         seqs = [int(item[t.SEQ_NO]["N"]) for item in rows]
-        result = flush_batch(
-            self.wal.dynamodb, self.wal.s3, dataset_id=dataset_id, seqs=seqs, **self.wal.target()
-        )
+        result = flush_dataset(*self.wal.owners(), dataset_id, seqs)
         return result.version or result.last_seq
 
     def fold(self, dataset_id: str, version: int) -> dict:

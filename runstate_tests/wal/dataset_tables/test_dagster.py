@@ -163,3 +163,51 @@ def test_reading_a_dataset_that_was_never_merged_is_one_clear_error(spark, cli, 
 
     assert result.exit_code == 1
     assert "does not exist; run `runstate wal merge` first" in result.output
+
+
+def test_a_dataset_whose_version_went_back_is_requested_not_reported_current(
+    wal, feed, instance, resource, dataset_ids
+):
+    dataset_id = dataset_ids()
+    _flushed(feed, [dataset_id])  # version 1, where the cursor remembers 11 (the WAL started over)
+
+    plan = evaluate_merge_tick(instance, MergeCursor({dataset_id: 11}), resource)
+
+    assert [
+        request.run_config["ops"]["merge_datasets"]["config"]["dataset_ids"] for request in plan.requests
+    ] == [[dataset_id]]
+
+
+def test_wal_merge_prints_every_dataset_it_merged_even_those_already_current(spark, cli, feed, dataset_ids):
+    behind, current = sorted(dataset_ids() for _ in range(2))
+    _flushed(feed, [behind, current])
+    by_name = cli.invoke(main, ["wal", "merge", "--dataset", current])  # the sensor's cursor does not know
+
+    merged = cli.invoke(main, ["wal", "merge"])
+
+    assert by_name.exit_code == 0 and merged.exit_code == 0, merged.output
+    assert f"{behind}: lake.datasets.{behind} at version 1\n" in merged.output
+    assert f"{current}: lake.datasets.{current} at version 1 (already current)" in merged.output
+
+
+def test_wal_merge_rebuild_with_a_missing_blob_names_the_blob(spark, wal, cli, feed, dataset_ids):
+    dataset_id = dataset_ids()
+    _flushed(feed, [dataset_id])
+    delta = feed.reader(dataset_id).manifest().deltas[-1].key
+    wal.s3.delete_object(Bucket=wal.bucket, Key=delta)
+
+    result = cli.invoke(main, ["wal", "merge", "--dataset", dataset_id, "--rebuild"])
+
+    last_line = result.output.strip().splitlines()[-1]  # Dagster's own log lines come before it
+    assert result.exit_code == 1
+    assert f"blob {delta} is missing" in last_line and "max_retries" not in last_line
+
+
+def test_wal_merge_of_an_unknown_dataset_is_refused_and_makes_no_table(spark, cli, dataset_ids):
+    dataset_id = dataset_ids("nosuch")
+
+    result = cli.invoke(main, ["wal", "merge", "--dataset", dataset_id])
+
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: dataset {dataset_id!r} is unknown: it has no WAL rows"
+    assert not spark.catalog.tableExists(f"lake.datasets.{dataset_id}")

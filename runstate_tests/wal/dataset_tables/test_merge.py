@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runstate.wal import BlobIntegrityError, compact_dataset
+from runstate.wal import BlobIntegrityError, compact
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import (
     MAINTENANCE_ENABLED_PROPERTY,
@@ -87,7 +87,7 @@ def test_deltas_folded_by_compaction_are_read_from_the_snapshot(spark, wal, feed
     merge_dataset(spark, location, dataset_id)
     feed.append(dataset_id, [Change.delete(7), Change.upsert("c", 3)])
     feed.flush(dataset_id)
-    compact_dataset(wal.dynamodb, wal.s3, dataset_id=dataset_id, retention_days=30, **wal.target())
+    compact(*wal.owners(), dataset_id, retention_days=30)
 
     result = merge_dataset(spark, location, dataset_id)
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from runstate.wal import compact_dataset
+from runstate.wal import compact
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import merge_dataset, read_table, table_ident
 from runstate.wal.dataset_tables.merge import apply_plan
@@ -105,7 +105,7 @@ def test_tables_equal_the_reader_and_the_fold_after_kills_repeats_and_stale_retr
         dataset_id = rng.choice(ids)
         stale.append((dataset_id, feed.reader(dataset_id).manifest()))
         if rng.random() < 0.3:
-            compact_dataset(wal.dynamodb, wal.s3, dataset_id=dataset_id, retention_days=30, **wal.target())
+            compact(*wal.owners(), dataset_id, retention_days=30)
         if round_ % 4 == 1 and kills < 2:
             _kill_mid_merge(spark, wal, feed, spark_settings, dataset_id, rng, stall=kills == 0)
             kills += 1

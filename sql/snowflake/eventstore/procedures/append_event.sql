@@ -4,7 +4,7 @@
 --   * the MAX(RUN_SEQ)+1 read and the INSERT run inside one explicit transaction that first
 --     touches the run's RUN_STREAMS row, so concurrent callers for one run serialise;
 --   * the insert is `INSERT ... SELECT ... PARSE_JSON(..)`: Snowflake rejects PARSE_JSON in VALUES;
---   * it assumes the RUN_STREAMS / RUN_EVENTS tables of sql/snowflake/001_eventstore.sql.
+--   * it assumes the RUN_STREAMS / RUN_EVENTS tables of sql/snowflake/eventstore/001_eventstore.sql.
 -- SnowflakeEventStore does the same work application-side (see runstate/eventstore/snowflake.py).
 CREATE OR REPLACE PROCEDURE APPEND_EVENT(
   P_RUN_ID STRING,

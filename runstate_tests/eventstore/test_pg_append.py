@@ -1,0 +1,89 @@
+"""The Postgres append: one round trip in the common case, and a wrong guess never stored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+from psycopg import pq
+
+from runstate.eventstore import EventType, PostgresEventStore, RunSnapshot, fold
+from runstate_tests.eventstore.conftest import ev
+
+
+def _round_trips(trace: Path) -> int:
+    """Client waits in a libpq trace: each run of backend messages after frontend ones."""
+    trips, previous = 0, "B"
+    for line in trace.read_text().splitlines():
+        side = line.split("\t", 1)[0]
+        trips += side == "B" and previous == "F"
+        previous = side
+    return trips
+
+
+def _traced_appends(store: PostgresEventStore, trace: Path, appends: list) -> None:
+    with open(trace, "w") as out:
+        with store._connection() as conn:  # pool_size=1: the connection every append takes
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            for run_id, events in appends:
+                store.append_batch(run_id, events)
+        finally:
+            with store._connection() as conn:
+                conn.pgconn.untrace()  # flushes libpq's buffer into the file
+
+
+def test_an_append_is_one_round_trip_with_or_without_its_snapshot(pg_database, pg_schema, tmp_path):
+    store = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1, snapshot_interval=4)
+    store.ensure_schema()
+    batch = lambda run, start: [ev(run, "Tick", start + i, key=f"{run}-{start + i}") for i in range(2)]  # noqa: E731
+    for n in range(12):  # the statements are prepared by now, with and without a snapshot
+        store.append_batch("warm", batch("warm", 2 * n))
+    appends = [(f"run-{r}", batch(f"run-{r}", 2 * n)) for n in range(4) for r in range(3)]
+
+    _traced_appends(store, tmp_path / "trace", appends)
+
+    assert _round_trips(tmp_path / "trace") == len(appends)
+    assert store.metrics.written == 6 + 6  # every second batch crosses a multiple of 4, warm-up included
+    store.close()
+
+
+def test_a_run_written_by_two_stores_keeps_true_snapshots(pg_database, pg_schema):
+    """Each store's guess of where the run stands goes stale when the other writes; the database
+    refuses the stale guess and the append is made the slow way, so every stored snapshot is the
+    projection of the run's events up to its seq."""
+    stores = [PostgresEventStore(pg_database, schema=pg_schema, snapshot_interval=5) for _ in range(2)]
+    stores[0].ensure_schema()
+    for n in range(12):
+        events = [ev("shared", EventType.STEP_STARTED, 3 * n + i, step_id=f"s{n}-{i}") for i in range(3)]
+        results = stores[n % 2].append_batch("shared", events)
+        assert [r.run_seq for r in results] == [3 * n + 1, 3 * n + 2, 3 * n + 3]
+
+    events = stores[0].fetch("shared", limit=100)
+    with psycopg.connect(pg_database, autocommit=True) as conn:
+        snapshots = conn.execute(
+            f'SELECT seq, payload FROM "{pg_schema}".run_state_snapshots WHERE run_id = %s ORDER BY seq',
+            ("shared",),
+        ).fetchall()
+    assert [seq for seq, _ in snapshots] == [27, 30, 36]  # the latest three of 6, 12, 15, 21, 27, 30, 36
+    for seq, payload in snapshots:
+        expected = fold(RunSnapshot.empty("shared"), [e for e in events if e.run_seq <= seq])
+        assert json.loads(bytes(payload)) == expected.to_dict()
+    for store in stores:
+        store.close()
+
+
+def test_a_retried_append_returns_the_stored_seqs_and_writes_nothing(pg_store, pg_database, pg_schema):
+    events = [ev("r", "Tick", i, key=f"k{i}") for i in range(3)]
+    first = pg_store.append_batch("r", events)
+
+    other = PostgresEventStore(pg_database, schema=pg_schema)  # no hint of the run: guesses it is new
+    again = other.append_batch("r", events)
+    mixed = pg_store.append_batch("r", [events[1], ev("r", "Tick", 9, key="k9")])
+
+    assert [(r.run_seq, r.idempotent) for r in again] == [(r.run_seq, True) for r in first]
+    assert [(r.run_seq, r.idempotent, r.persisted) for r in mixed] == [(2, True, False), (4, False, True)]
+    assert [e.run_seq for e in pg_store.fetch("r")] == [1, 2, 3, 4]
+    other.close()
