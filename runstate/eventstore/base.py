@@ -7,6 +7,7 @@ transaction (`_run`), the reads the projection needs, the append itself and `clo
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -33,7 +34,9 @@ from runstate.eventstore.snapshots import (
     EncodedSnapshot,
     SnapshotMetrics,
     SnapshotPolicy,
+    StoredSnapshot,
     canonical_json,
+    choose_valid,
     encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent, validate_batch
@@ -41,6 +44,7 @@ from runstate.eventstore.validation import ValidEvent, validate_batch
 log = logging.getLogger("runstate.eventstore")
 
 _PAGE = 10_000
+_MAX_PROJECTION_ATTEMPTS = 20
 _RECENT_RUNS = 4096
 
 _S = TypeVar("_S", bound="_EventStoreBase")
@@ -115,12 +119,6 @@ class _EventStoreBase(ABC):
         self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
         """Write a validated, non-empty batch in one transaction (see `append_batch`)."""
-
-    @abstractmethod
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
-
-    @abstractmethod
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
 
     @abstractmethod
     def close(self) -> None: ...
@@ -261,6 +259,28 @@ class _EventStoreBase(ABC):
             runs_projected=runs, runs_changed=changed, events_applied=applied, failed=tuple(failed)
         )
 
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("project", self._project_once, run_id)
+
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("rebuild", self._rebuild_once, run_id)
+
+    def _until_saved(
+        self,
+        what: str,
+        attempt: Callable[[Any, str], tuple[RunSnapshot, bool, int] | None],
+        run_id: str,
+    ) -> tuple[RunSnapshot, bool, int]:
+        """Retry a compare-and-set projection step on a fresh read until it wins (both backends)."""
+        for tries in range(_MAX_PROJECTION_ATTEMPTS):
+            done = self._run(
+                f"{what} run {run_id!r}", lambda conn: attempt(conn, run_id), transactional=False
+            )
+            if done is not None:
+                return done
+            time.sleep(min(0.2, 0.002 * 2**tries) * random.random())  # another projector won: let it finish
+        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
+
     def _project_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
         """One optimistic projection attempt; None when another projector moved the version."""
         stored = self._stored_projection(conn, run_id)
@@ -285,6 +305,23 @@ class _EventStoreBase(ABC):
         if not self._save_projection(conn, run_id, fresh, stored):
             return None
         return fresh.with_version((stored.version if stored else 0) + 1), True, len(events)
+
+    @abstractmethod
+    def _snapshots(self, conn: Any, run_id: str) -> list[StoredSnapshot]:
+        """The run's state snapshots, newest first."""
+
+    def resume(self, run_id: str) -> Resume:
+        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
+        started = time.perf_counter()
+
+        def work(conn: Any) -> Resume:
+            chosen = choose_valid(run_id, self._snapshots(conn, run_id), self.metrics)
+            events = self._fetch_run(conn, run_id, chosen.seq)
+            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
+
+        return self._record_resume(
+            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
+        )
 
     def _record_resume(self, run_id: str, result: Resume, started: float) -> Resume:
         """Count the resume (and a missing snapshot when the full replay was long) in the metrics."""

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from runstate.eventstore.contract import (
-    ConcurrencyConflict,
     InvalidEvent,
     RunSnapshot,
     StoredEvent,
 )
 from runstate.eventstore.pg_feed import _PgFeed
-from runstate.eventstore.pg_snapshots import SNAPSHOT_COLUMNS, _stored_snapshot
 from runstate.eventstore.pg_sql import EVENT_COLUMNS
-from runstate.eventstore.resume import Resume
 from runstate.eventstore.rows import row_to_event
-from runstate.eventstore.snapshots import choose_valid
 
-_MAX_PROJECTION_ATTEMPTS = 20
 # A run's events, wherever they are: an archived run is read from run_events_archive, and events
 # appended after the archive are in run_events (an event is in exactly one of the two).
 _FETCH = (
@@ -110,27 +103,6 @@ class _PgReads(_PgFeed):
 
     # -- projection ---------------------------------------------------------------------------
 
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        return self._until_saved("project", self._project_once, run_id)
-
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        return self._until_saved("rebuild", self._rebuild_once, run_id)
-
-    def _until_saved(
-        self,
-        what: str,
-        attempt: Callable[[psycopg.Connection, str], tuple[RunSnapshot, bool, int] | None],
-        run_id: str,
-    ) -> tuple[RunSnapshot, bool, int]:
-        """Retry a compare-and-set projection step on a fresh read until it wins."""
-        for _ in range(_MAX_PROJECTION_ATTEMPTS):
-            done = self._run(
-                f"{what} run {run_id!r}", lambda conn: attempt(conn, run_id), transactional=False
-            )
-            if done is not None:
-                return done
-        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
-
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
         row = conn.execute(
             "SELECT snapshot_data, version FROM run_snapshots WHERE run_id = %s", (run_id,)
@@ -170,21 +142,4 @@ class _PgReads(_PgFeed):
                 {**params, "version": stored.version},
             ).rowcount
             == 1
-        )
-
-    def resume(self, run_id: str) -> Resume:
-        """The latest valid state snapshot plus the events after it (older / full replay on corruption)."""
-        started = time.perf_counter()
-
-        def work(conn: psycopg.Connection) -> Resume:
-            rows = conn.execute(
-                f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots WHERE run_id = %s ORDER BY seq DESC",
-                (run_id,),
-            ).fetchall()
-            chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
-            events = self._fetch_run(conn, run_id, chosen.seq)
-            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
-
-        return self._record_resume(
-            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
         )

@@ -73,6 +73,13 @@ class _PgSnapshots:
         )
         return projection, encoded
 
+    def _snapshots(self, conn: psycopg.Connection, run_id: str) -> list[StoredSnapshot]:
+        rows = conn.execute(
+            f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots WHERE run_id = %s ORDER BY seq DESC",
+            (run_id,),
+        ).fetchall()
+        return [_stored_snapshot(r) for r in rows]
+
     def _projection_in_tx(
         self,
         conn: psycopg.Connection,

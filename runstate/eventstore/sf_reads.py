@@ -10,9 +10,7 @@ from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.resume import Resume
-from runstate.eventstore.sf_sql import COLUMNS, Retry, from_json, iso, row_to_event
-from runstate.eventstore.snapshots import choose_valid
+from runstate.eventstore.sf_sql import COLUMNS, from_json, iso, row_to_event
 
 
 class _SfReads:
@@ -121,24 +119,6 @@ class _SfReads:
         row = cur.fetchone()
         return RunSnapshot.from_dict(from_json(row[0]), version=int(row[1])) if row else None
 
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            done = self._project_once(cur, run_id)
-            if done is None:
-                raise Retry("projection version moved")
-            return done
-
-        return self._run(f"project run {run_id!r}", work, transactional=False)
-
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            done = self._rebuild_once(cur, run_id)
-            if done is None:
-                raise Retry("projection version moved")
-            return done
-
-        return self._run(f"rebuild run {run_id!r}", work, transactional=False)
-
     def _save_projection(self, cur: Any, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None) -> bool:
         data = json.dumps(snap.to_dict())
         if stored is None:
@@ -180,15 +160,3 @@ class _SfReads:
             ),
         )
         return cur.rowcount == 1
-
-    def resume(self, run_id: str) -> Resume:
-        started = time.perf_counter()
-
-        def work(cur: Any) -> Resume:
-            chosen = choose_valid(run_id, self._snapshots(cur, run_id), self.metrics)
-            events = self._fetch_run(cur, run_id, chosen.seq)
-            return Resume(chosen.state, chosen.seq, events, chosen.kind, chosen.fallbacks)
-
-        return self._record_resume(
-            run_id, self._run(f"resume run {run_id!r}", work, transactional=False), started
-        )

@@ -68,8 +68,9 @@ def spark_home() -> Path:
     return home
 
 
-def daemon_env(default_cores: int) -> dict[str, str]:
-    """The caller's environment without AWS or Spark settings, plus loopback and the daemons' options."""
+def daemon_env(default_cores: int | None = None) -> dict[str, str]:
+    """The caller's environment without AWS or Spark settings, plus loopback and the daemons' options
+    (`default_cores`: the master's cores per application)."""
     dropped = ("AWS_", "SPARK_", "PYSPARK_")
     env = {key: value for key, value in os.environ.items() if not key.startswith(dropped)}
     env.update(
@@ -77,10 +78,11 @@ def daemon_env(default_cores: int) -> dict[str, str]:
             "SPARK_HOME": str(spark_home()),
             "SPARK_LOCAL_IP": LOOPBACK,
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-            "SPARK_MASTER_OPTS": f"-Dspark.deploy.defaultCores={default_cores}",
             "SPARK_WORKER_OPTS": WORKER_OPTS,
         }
     )
+    if default_cores is not None:
+        env["SPARK_MASTER_OPTS"] = f"-Dspark.deploy.defaultCores={default_cores}"
     return env
 
 
@@ -205,7 +207,7 @@ class StandaloneCluster:
             *("--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(work_dir)),
         )
         log = self.base_dir / "logs" / f"{name}.log"
-        process = spawn_detached(argv, log_path=log, env=daemon_env(1))
+        process = spawn_detached(argv, log_path=log, env=daemon_env())
         self.workers[name] = _record(name, f"spark://{LOOPBACK}:{port}", port, process, log, {})
         return name, process
 

@@ -6,8 +6,10 @@ must get the endpoint and credentials from the configuration. The session has it
 port, so the tests can read each executor's task count from the executors REST endpoint.
 
 PySpark allows one SparkContext per process, and the other Spark tests share a `local[2]` session per
-test worker: these tests are one xdist group and are collected first, so their worker runs them before
-any other Spark test (and their session is stopped at the end of the module).
+test worker: these tests are one xdist group, and xdist (`--dist loadgroup`) hands each worker the
+largest groups first (this one is collected first, so a tie goes its way), so with no more than one
+larger group their worker runs them before any other Spark test; the session stops with the module.
+If that ever fails, the `spark` fixture below says so instead of running on the wrong master.
 """
 
 from __future__ import annotations
