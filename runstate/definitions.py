@@ -4,6 +4,7 @@ import dagster as dg
 
 from runstate.defs import dataset_tables, eventstore, maintenance, runs, wal
 from runstate.defs.resources import wal_resource
+from runstate.defs.runs.beating import beating
 from runstate.defs.shared import shared_definitions
 
 
@@ -22,6 +23,8 @@ def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
             dataset_tables.build_defs(),
             maintenance.build_defs(),
             runs.defs,
+            # Every run of a job without an executor of its own beats (runstate.defs.runs.liveness).
+            dg.Definitions(executor=beating(dg.multi_or_in_process_executor)),
         )
     )
 

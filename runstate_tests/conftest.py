@@ -58,6 +58,16 @@ def drop_database(name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist hands out its groups largest first unless told not to; the collection order below is the plan.
+
+    A group of more tests would otherwise go before the Spark-cluster group, whose session must be the
+    first of its worker's process (runstate_tests/cluster/conftest.py).
+    """
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest tests first, and xdist groups honoured (the deployment tests share one `runstate dev`).

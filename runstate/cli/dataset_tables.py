@@ -97,6 +97,7 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
     from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
     from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
     from runstate.defs.tags import MERGE_SHARD_TAG
+    from runstate.defs.ticking import execute_run
     from runstate.wal import WalInputError
     from runstate.wal.shards import shard_of
 
@@ -106,11 +107,11 @@ def _merge_one(defs: Any, dataset_id: str, rebuild: bool) -> Any:
         raise WalInputError(f"dataset {dataset_id!r} is unknown: it has no WAL rows")
     if table.meta(dataset_id).last_applied_seq == 0:
         raise WalInputError(f"dataset {dataset_id!r} has nothing flushed yet; run `runstate wal tick` first")
-    return defs.resolve_job_def(MERGE_JOB).execute_in_process(
+    return execute_run(
+        defs.resolve_job_def(MERGE_JOB),
+        _merge_instance(),
         run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id], "rebuild": rebuild}}}},
-        instance=_merge_instance(),
         tags={MERGE_SHARD_TAG: str(shard)},
-        raise_on_error=False,
     )
 
 

@@ -136,3 +136,8 @@ COMMANDS = [wal]
 from runstate.cli import dataset_tables  # noqa: E402
 
 dataset_tables.install(wal)
+
+# `wal flush`: flush now, in-process, fenced against live shard runs.
+from runstate.cli import wal_flush  # noqa: E402
+
+wal_flush.install(wal)

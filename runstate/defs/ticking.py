@@ -1,7 +1,12 @@
 """Drive one sensor or schedule tick in-process, as the daemon would, for the CLI and tests.
 
-A tick evaluates the sensor once with its stored cursor, skips run requests whose run_key already
-has a run (the daemon's rule), executes the rest in-process and stores the new cursor.
+A tick evaluates the sensor once with its stored cursor, stores the new cursor, skips run requests
+whose run_key already has a run (the daemon's rule) and executes the rest in-process. The cursor is
+stored before the runs execute, as the daemon commits it with the runs it submits: a tick killed
+mid-run must not leave the next one asking for the same run keys again.
+
+Every in-process run beats (`runstate.defs.runs.liveness`) and carries a `dagster/max_runtime`, so a
+run whose process is killed is ended by whoever looks next, like a daemon run.
 """
 
 from __future__ import annotations
@@ -12,11 +17,16 @@ from datetime import UTC, datetime
 
 import dagster as dg
 from dagster import DagsterInstance, RunsFilter
+from dagster._core.utils import make_new_run_id
 
 from runstate.config import settings
+from runstate.defs.runs.liveness import heartbeat
+from runstate.defs.tags import MAX_RUNTIME_TAG
 from runstate.services.dev import dagster_home
 
 CURSOR_KEY = "runstate.tick_cursor.{}"
+# The backstop for an in-process run that beats but never ends (a hung worker): run monitoring fails it.
+IN_PROCESS_MAX_RUNTIME_S = 4 * 3600
 
 
 @dataclass
@@ -60,6 +70,28 @@ def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_
     return bool(runs)
 
 
+def execute_run(
+    job: dg.JobDefinition,
+    instance: DagsterInstance,
+    *,
+    run_config: dict | None = None,
+    tags: dict[str, str] | None = None,
+    partition_key: str | None = None,
+) -> dg.ExecuteInProcessResult:
+    """Execute `job` in this process as one run that beats while it executes and has a max runtime."""
+    run_id = make_new_run_id()
+    tags = {MAX_RUNTIME_TAG: str(IN_PROCESS_MAX_RUNTIME_S), **(tags or {})}
+    with heartbeat(instance, run_id, ends_run=True):
+        return job.execute_in_process(
+            run_config=run_config,
+            instance=instance,
+            tags=tags,
+            partition_key=partition_key,
+            run_id=run_id,
+            raise_on_error=False,
+        )
+
+
 def _execute(
     defs: dg.Definitions,
     instance: DagsterInstance,
@@ -83,13 +115,7 @@ def _execute(
         if run_log_level:
             run_config["loggers"] = {"console": {"config": {"log_level": run_log_level}}}
         result.results.append(
-            job.execute_in_process(
-                run_config=run_config,
-                instance=instance,
-                tags=tags,
-                partition_key=request.partition_key,
-                raise_on_error=False,
-            )
+            execute_run(job, instance, run_config=run_config, tags=tags, partition_key=request.partition_key)
         )
 
 
@@ -124,6 +150,8 @@ def tick_sensor(
     _apply_dynamic_partitions_requests(
         instance, list(getattr(data, "dynamic_partitions_requests", None) or [])
     )
+    if data.cursor is not None:
+        instance.run_storage.set_cursor_values({key: data.cursor})
     default_job = sensor.job_name if sensor.has_jobs else None
     _execute(
         defs,
@@ -135,8 +163,6 @@ def tick_sensor(
         result,
         run_log_level,
     )
-    if data.cursor is not None:
-        instance.run_storage.set_cursor_values({key: data.cursor})
     return result
 
 

@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from runstate.defs.runs.liveness import beat
 from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
@@ -185,9 +187,9 @@ def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everyth
     _kill_when_ready(child)
     lost_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
     assert len(lost_runs) >= 1  # the killed runs never reported anything
-    # The killed runs stay STARTED; Dagster's run monitoring would fail them (dagster/max_runtime). Here
-    # stale_run_seconds=0 says "a run still STARTED at the next tick is dead".
-    defs = world.defs(world.resource(stale_run_seconds=0))
+    for run in lost_runs:  # the clock moves on: the killed worker's last heartbeat is a minute old
+        beat(instance, run.run_id, now=time.time() - 60)
+    defs = world.defs()
 
     tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
@@ -200,22 +202,25 @@ def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everyth
         assert covered == list(range(1, 11))  # every seq in exactly one blob: applied once
 
 
-def test_a_lost_run_holds_its_shard_until_run_monitoring_fails_it(
+def test_a_lost_run_holds_its_shard_while_it_beats_and_is_failed_once_its_heartbeat_is_stale(
     world: WalWorld, instance: dg.DagsterInstance
 ) -> None:
     for i in range(10):
         world.append("orders", f"k{i}", i)
     _kill_when_ready(_start_crash_child(world, "after_delta_put"))
-    defs = world.defs()  # stale_run_seconds = 900: the lost run still counts as running
+    defs = world.defs()
     world.append("orders", "late", 1)  # new work for the same shard must wait too
+    [lost] = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
+    beat(instance, lost.run_id)  # as if its worker had just beaten: it counts as alive
 
     held = tick_sensor("wal_sensor", defs=defs, instance=instance)
     statuses_while_held = set(world.statuses("orders").values())
-    [lost] = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
-    instance.report_run_failed(lost, "run worker died (as Dagster's run monitoring reports it)")
+    beat(instance, lost.run_id, now=time.time() - 60)  # a minute later, no beat since
     recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
-    assert held.requested == 0 and "running" in held.skip_reason and statuses_while_held == {PENDING}
+    assert held.requested == 0 and f"held by run {lost.run_id}" in held.skip_reason
+    assert statuses_while_held == {PENDING}
+    assert instance.get_run_by_id(lost.run_id).status == dg.DagsterRunStatus.FAILURE
     assert (recovered.requested, recovered.succeeded) == (1, 1)
     assert all_applied(world, "orders") and reader_state(world, "orders")[0] == 11
 

@@ -7,9 +7,10 @@ many deltas go into one merge, a dataset is merged at most once per tick, and ne
 MERGE_SHARDS merge runs (and JVMs) exist at once, however many datasets there are.
 
 Failures: while a shard's latest run is alive (queued, running, or the daemon's retry of it) the
-shard is held and its datasets wait. When that run is dead (failed or canceled), its datasets are
-requested again. A lost cursor only requests every dataset once more, and a merge of a table that is
-already current writes nothing.
+shard is held and its datasets wait. When that run is dead (failed, canceled, or in progress without a
+heartbeat: `runstate.defs.runs.liveness` reports it failed), its datasets are requested again. A lost
+cursor only requests every dataset once more, and a merge of a table that is already current writes
+nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
+from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
@@ -29,14 +31,6 @@ from runstate.wal.shards import shard_of
 MERGE_INTERVAL_S = 60
 MERGE_SHARDS = 4
 CURSOR_VERSION = 1
-DEAD_STATUSES = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-ALIVE_STATUSES = {
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-}
 
 
 @dataclass
@@ -68,18 +62,28 @@ class MergeCursor:
 class MergeTick:
     requests: list[dg.RunRequest]
     cursor: MergeCursor
-    held_shards: list[int]
+    holders: dict[int, RunLiveness] = field(default_factory=dict)  # shard -> its live merge run
+
+    @property
+    def held_shards(self) -> list[int]:
+        return sorted(self.holders)
 
     @property
     def skip_reason(self) -> str:
-        if self.held_shards:
-            return f"merge shard(s) {self.held_shards} still have a run in progress"
+        if self.holders:
+            return "; ".join(
+                f"merge shard {shard} is held by {holder.describe()}"
+                for shard, holder in sorted(self.holders.items())
+            )
         return "every dataset table is at its dataset's version"
 
 
-def _latest_run(instance: dg.DagsterInstance, shard: int) -> Any:
+def _latest_run(instance: dg.DagsterInstance, shard: int) -> tuple[Any, RunLiveness | None]:
+    """The shard's latest run and its liveness (a run found dead is reported failed first)."""
     records = instance.get_run_records(filters=dg.RunsFilter(tags={MERGE_SHARD_TAG: str(shard)}), limit=1)
-    return records[0].dagster_run if records else None
+    if not records:
+        return None, None
+    return records[0].dagster_run, check_runs(instance, records)[0]
 
 
 def _run_datasets(run: Any) -> list[str]:
@@ -101,12 +105,12 @@ def evaluate_merge_tick(
 ) -> MergeTick:
     """Which shards get a merge run now, and the cursor after it (a pure decision: no claim, no write)."""
     requested = dict(cursor.requested)
-    held = []
+    holders: dict[int, RunLiveness] = {}
     for shard in range(shards):
-        run = _latest_run(instance, shard)
-        if run is not None and run.status in ALIVE_STATUSES:
-            held.append(shard)
-        elif run is not None and run.status in DEAD_STATUSES:
+        run, verdict = _latest_run(instance, shard)
+        if verdict is not None and verdict.alive:
+            holders[shard] = verdict
+        elif verdict is not None and verdict.dead:
             for dataset_id in _run_datasets(run):
                 requested.pop(dataset_id, None)
     applied = last_applied_seqs(wal.wal_table())
@@ -115,13 +119,13 @@ def evaluate_merge_tick(
         shard = shard_of(dataset_id, shards)
         # LastAppliedSeq only grows, unless the WAL started over (moto keeps it in memory): a dataset
         # behind its last request is due too, and its merge reports the table ahead of its blobs.
-        if version != requested.get(dataset_id, 0) and shard not in held:
+        if version != requested.get(dataset_id, 0) and shard not in holders:
             due.setdefault(shard, {})[dataset_id] = version
     tick = cursor.ticks + 1
     requests = [merge_run_request(shard, list(versions), tick) for shard, versions in sorted(due.items())]
     for versions in due.values():
         requested.update(versions)
-    return MergeTick(requests, MergeCursor(requested, tick), held)
+    return MergeTick(requests, MergeCursor(requested, tick), holders)
 
 
 @dg.sensor(

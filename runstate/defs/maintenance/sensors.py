@@ -1,8 +1,10 @@
 """`maintenance_queue_sensor`: keeps up to W `iceberg_maintenance` worker runs alive while jobs are queued.
 
 A worker run claims its jobs itself, one after another on one Spark session, so the sensor claims
-nothing: it reads the queue depth and the instance's in-progress worker runs, and requests the
-difference. Run keys come from the cursor's request counter, so a re-evaluated tick never doubles them.
+nothing: it reads the queue depth and the instance's live worker runs, and requests the difference.
+A worker run in progress without a heartbeat is reported failed first (`runstate.defs.runs.liveness`):
+its Spark slot is freed and the jobs it held are taken over once their lease ends. Run keys come from
+the cursor's request counter, so a re-evaluated tick never doubles them.
 """
 
 import json
@@ -11,6 +13,7 @@ import dagster as dg
 
 from runstate.defs.maintenance.jobs import iceberg_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 
 IN_PROGRESS = [
@@ -18,7 +21,14 @@ IN_PROGRESS = [
     dg.DagsterRunStatus.NOT_STARTED,
     dg.DagsterRunStatus.STARTING,
     dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
 ]
+
+
+def live_workers(instance: dg.DagsterInstance) -> list[RunLiveness]:
+    """The worker runs alive now; those found in progress without a heartbeat are reported failed."""
+    records = instance.get_run_records(dg.RunsFilter(job_name=iceberg_maintenance.name, statuses=IN_PROGRESS))
+    return [verdict for verdict in check_runs(instance, records) if verdict.alive]
 
 
 @dg.sensor(
@@ -28,15 +38,16 @@ IN_PROGRESS = [
     description="Keep up to W iceberg_maintenance worker runs alive while maintenance jobs are queued.",
 )
 def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: MaintenanceResource):
+    alive = live_workers(context.instance)  # first: a dead worker's Spark slot is freed even when idle
     ready, _ = maintenance.get_store().queue_depth()
     if not ready:
         return dg.SkipReason("no ready maintenance jobs")
-    alive = context.instance.get_runs_count(
-        dg.RunsFilter(job_name=iceberg_maintenance.name, statuses=IN_PROGRESS)
-    )
-    wanted = min(maintenance.max_worker_runs - alive, ready)
+    wanted = min(maintenance.max_worker_runs - len(alive), ready)
     if wanted <= 0:
-        return dg.SkipReason(f"{alive} worker run(s) alive, the limit is {maintenance.max_worker_runs}")
+        return dg.SkipReason(
+            f"{len(alive)} worker run(s) alive, the limit is {maintenance.max_worker_runs}: "
+            + "; ".join(worker.describe() for worker in alive)
+        )
     requested = _requests_so_far(context.cursor)
     return dg.SensorResult(
         run_requests=[

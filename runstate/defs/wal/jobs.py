@@ -6,6 +6,7 @@ from collections.abc import Iterable
 import dagster as dg
 from pydantic import Field
 
+from runstate.defs.runs.beating import beating
 from runstate.defs.tags import PRIORITY_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
@@ -154,7 +155,7 @@ def build_flush_job(
     # One op: running it in the run worker itself saves a second process (and code-location load) per run.
     @dg.job(
         name=name,
-        executor_def=dg.in_process_executor,
+        executor_def=beating(dg.in_process_executor),  # beats: its shard is held while it lives
         # Freshness first: the queue starts a flush before a waiting Spark run.
         tags={PRIORITY_TAG: "10"},
         description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",

@@ -10,21 +10,22 @@ run of the shard lingers for new rows (`flush_linger_s`), so a held shard's rows
 Run keys and failures. The daemon never launches a run_key that already has a run, yet a plan whose
 run failed must be flushed again once the fault clears. So a run_key is `<plan key>-g<generation>`:
 the plan key is deterministic over (shard, batches), and the generation counts the runs of that plan
-(found by the `runstate/wal_batch` tag) that are dead (FAILURE, CANCELED, or STARTED for longer than
-`stale_run_seconds`: a worker killed outright never reports failure; Dagster's run monitoring fails it
-at the same moment through the run's `dagster/max_runtime` tag) or succeeded (a dataset that failed
-inside a successful run is planned again, and may give the same plan). While a flush run of the shard
-is alive, including the daemon's auto-retry of a failed one, the shard gets nothing new. A duplicate
-run is harmless: the flush skips rows already Applied.
+(found by the `runstate/wal_batch` tag) that are dead or succeeded (a dataset that failed inside a
+successful run is planned again, and may give the same plan). Whether a run is alive comes from its
+heartbeat (`runstate.defs.runs.liveness`): a run whose worker was killed outright never reports, so
+the tick that finds its heartbeat stale reports it failed, within seconds. While a flush run of the
+shard is alive, including the daemon's auto-retry of a failed one, the shard gets nothing new. A
+duplicate run is harmless: the flush skips rows already Applied.
 """
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import dagster as dg
 
+from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.tags import MAX_RUNTIME_TAG, WAL_BATCH_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
@@ -34,7 +35,6 @@ from runstate.wal.shards import ShardPlan, plan_shards
 SENSOR_INTERVAL_S = 5
 FLUSH_JOB = "flush_wal"
 CURSOR_VERSION = 1
-DEAD_STATUSES = {dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 # Enough to see a shard's live run and its latest request: a shard has at most one live flush at a time.
 RECENT_SHARD_RUNS = 20
 
@@ -78,41 +78,34 @@ class WalSensorCursor:
 class BatchRuns:
     """What the instance knows about the runs of one plan."""
 
-    dead: int  # FAILURE, CANCELED, or STARTED longer than stale_run_seconds
-    alive: int  # queued, starting or running (and not stale), e.g. a daemon auto-retry of a failed run
+    dead: int  # FAILURE or CANCELED (a run found without a heartbeat is reported failed first)
+    alive: int  # queued, starting or running, e.g. a daemon auto-retry of a failed run
     succeeded: int
 
 
-def _is_dead(record: Any, stale_run_seconds: float, now: float) -> bool:
-    status = record.dagster_run.status
-    if status in DEAD_STATUSES:
-        return True
-    started = record.start_time
-    return (
-        status == dg.DagsterRunStatus.STARTED and started is not None and now - started >= stale_run_seconds
-    )
+def _count(verdicts: list[RunLiveness]) -> BatchRuns:
+    dead = sum(1 for verdict in verdicts if verdict.dead)
+    succeeded = sum(1 for verdict in verdicts if verdict.status == dg.DagsterRunStatus.SUCCESS)
+    return BatchRuns(dead=dead, alive=len(verdicts) - dead - succeeded, succeeded=succeeded)
 
 
-def _count(records: list[Any], stale_run_seconds: float, now: float) -> BatchRuns:
-    dead = sum(1 for record in records if _is_dead(record, stale_run_seconds, now))
-    succeeded = sum(1 for record in records if record.dagster_run.status == dg.DagsterRunStatus.SUCCESS)
-    return BatchRuns(dead=dead, alive=len(records) - dead - succeeded, succeeded=succeeded)
-
-
-def batch_runs(
-    instance: dg.DagsterInstance, plan_key: str, stale_run_seconds: float, now: float
-) -> BatchRuns:
+def batch_runs(instance: dg.DagsterInstance, plan_key: str) -> BatchRuns:
     records = instance.get_run_records(filters=dg.RunsFilter(tags={WAL_BATCH_TAG: plan_key}))
-    return _count(list(records), stale_run_seconds, now)
+    return _count(check_runs(instance, records))
 
 
 @dataclass(frozen=True)
 class ShardRuns:
-    alive: bool
+    holder: RunLiveness | None  # the shard's live flush run, if any
     last_requested: float | None  # epoch seconds of the newest flush run of the shard
 
+    @property
+    def alive(self) -> bool:
+        return self.holder is not None
 
-def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: float, now: float) -> ShardRuns:
+
+def shard_runs(instance: dg.DagsterInstance, shard: int) -> ShardRuns:
+    """The shard's live flush run (runs found dead are reported failed first), and its latest request."""
     records = list(
         instance.get_run_records(
             filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={WAL_SHARD_TAG: str(shard)}),
@@ -120,7 +113,8 @@ def shard_runs(instance: dg.DagsterInstance, shard: int, stale_run_seconds: floa
         )
     )
     last = records[0].create_timestamp.timestamp() if records else None
-    return ShardRuns(alive=_count(records, stale_run_seconds, now).alive > 0, last_requested=last)
+    live = [verdict for verdict in check_runs(instance, records) if verdict.alive]
+    return ShardRuns(holder=live[0] if live else None, last_requested=last)
 
 
 def flush_run_request(plan: ShardPlan, generation: int, wal: WalResource) -> dg.RunRequest:
@@ -142,17 +136,23 @@ class TickPlan:
     new_datasets: list[str]
     cursor: WalSensorCursor
     batches: int
-    held: int  # shards left alone because a flush run of theirs is alive
-    waiting: int = 0  # shards whose last run was requested less than min_run_interval_s ago
+    holders: dict[int, RunLiveness] = field(default_factory=dict)  # shard -> its live flush run
+    waiting: dict[int, float] = field(default_factory=dict)  # shard -> seconds since its last request
+
+    @property
+    def held(self) -> int:
+        return len(self.holders)
 
     @property
     def skip_reason(self) -> str:
-        if self.held or self.waiting:
-            return (
-                f"{self.held} shard(s) already have a running flush, "
-                f"{self.waiting} shard(s) flushed less than the run interval ago"
-            )
-        return "no pending WAL rows"
+        reasons = [
+            f"shard {shard} is held by {holder.describe()}" for shard, holder in sorted(self.holders.items())
+        ]
+        reasons += [
+            f"shard {shard} got a run {age:.0f} s ago (at most one per run interval)"
+            for shard, age in sorted(self.waiting.items())
+        ]
+        return "; ".join(reasons) or "no pending WAL rows"
 
 
 def evaluate_wal_tick(
@@ -170,15 +170,17 @@ def evaluate_wal_tick(
     fresh = [key for key in streamed if key.seq_no > applied.get(key.dataset_id, 0)]
     batches = plan_batches([*fresh, *swept], max_batch_size=wal.max_batch_size)
     now = time.time() if now is None else now
-    requests, held, waiting = [], 0, 0
+    requests: list[dg.RunRequest] = []
+    holders: dict[int, RunLiveness] = {}
+    waiting: dict[int, float] = {}
     for plan in plan_shards(batches, wal.flush_shards):
-        shard = shard_runs(instance, plan.shard, wal.stale_run_seconds, now)
-        if shard.alive:  # that run (or the daemon's retry of it) flushes; new rows wait for the next one
-            held += 1
+        shard = shard_runs(instance, plan.shard)
+        if shard.holder is not None:  # it (or the daemon's retry of it) flushes; new rows wait for the next
+            holders[plan.shard] = shard.holder
         elif shard.last_requested is not None and now - shard.last_requested < wal.min_run_interval_s:
-            waiting += 1
+            waiting[plan.shard] = now - shard.last_requested
         else:
-            runs = batch_runs(instance, plan.key, wal.stale_run_seconds, now)
+            runs = batch_runs(instance, plan.key)
             requests.append(flush_run_request(plan, runs.dead + runs.succeeded, wal))
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
     new_datasets = sorted(({batch.dataset_id for batch in batches} | set(applied)) - known)
@@ -187,7 +189,9 @@ def evaluate_wal_tick(
         ticks=cursor.ticks + 1,
         planned_rows=cursor.planned_rows + sum(len(batch.seqs) for batch in batches),
     )
-    return TickPlan(requests, new_datasets, next_cursor, batches=len(batches), held=held, waiting=waiting)
+    return TickPlan(
+        requests, new_datasets, next_cursor, batches=len(batches), holders=holders, waiting=waiting
+    )
 
 
 @dg.sensor(

@@ -1,0 +1,88 @@
+"""Every CLI verb exits 0, 1 or 2, never by a signal: read verbs run many times as real processes.
+
+`wal read` once died with SIGABRT at interpreter exit, after printing its answer, about one run in two:
+pyarrow's default allocator (mimalloc) tearing down under a live thread. The loop is what catches it;
+the subprocesses run a few at a time so the test stays short.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from runstate.eventstore import EventType, NewEvent, PostgresEventStore
+from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate.wal import BlobStore, WalTable, flush_dataset
+from runstate_tests.wal.shell import WalWorld
+
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+RUNS_PER_VERB = 50
+PARALLEL = 4
+CLEAN_EXITS = {0, 1, 2}
+
+
+@pytest.fixture
+def env(world: WalWorld, pg_database: str, pg_schema: str) -> dict[str, str]:
+    """Real data behind each verb: a dataset of several flushed batches, a live and an archived run, a job."""
+    table, blobs = WalTable(world.dynamodb, world.table), BlobStore(world.s3, world.bucket, world.prefix)
+    for batch in range(4):
+        seqs = [world.append("orders", f"k{batch}-{i}", {"batch": batch, "i": i}) for i in range(20)]
+        flush_dataset(table, blobs, "orders", seqs)
+    with PostgresEventStore(pg_database, schema=pg_schema) as store:
+        store.ensure_schema()
+        long_ago = datetime.now(UTC) - timedelta(days=200)
+        store.append_batch(
+            "old-run",
+            [
+                NewEvent("old-run", EventType.RUN_STARTED, long_ago),
+                NewEvent("old-run", EventType.RUN_COMPLETED, long_ago + timedelta(minutes=1)),
+            ],
+        )
+        store.append(NewEvent("live-run", EventType.RUN_STARTED, datetime.now(UTC)))
+        assert store.archive(90) == 1
+    with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
+        maintenance.ensure_schema()
+        maintenance.replace_table_cache([CachedTable("db", "orders", True, {})])
+        maintenance.submit("db", "orders", ["rewrite_manifests"])
+    return {
+        **os.environ,
+        "RUNSTATE_PG_URL": pg_database,
+        "RUNSTATE_SCHEMA": pg_schema,
+        "RUNSTATE_EVENTSTORE": "postgres",
+        "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint,
+        "RUNSTATE_WAL_TABLE": world.table,
+        "RUNSTATE_BLOB_BUCKET": world.bucket,
+        "RUNSTATE_BLOB_PREFIX": world.prefix,
+    }
+
+
+VERBS = {
+    "wal read": ["wal", "read", "--dataset", "orders"],
+    "wal status": ["wal", "status"],
+    "events show (live)": ["events", "show", "live-run"],
+    "events show (archived)": ["events", "show", "old-run"],
+    "maintenance status": ["maintenance", "status"],
+    "db status": ["db", "status"],
+}
+
+
+def test_read_verbs_never_end_by_a_signal(env: dict[str, str]) -> None:
+    def once(verb: str) -> tuple[str, int, str]:
+        done = subprocess.run([RUNSTATE, *VERBS[verb]], env=env, capture_output=True, text=True, timeout=300)
+        return verb, done.returncode, done.stderr[-300:]
+
+    jobs = [verb for _ in range(RUNS_PER_VERB) for verb in VERBS]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        outcomes = list(pool.map(once, jobs))
+
+    statuses = Counter((verb, code) for verb, code, _ in outcomes)
+    unclean = [(verb, code, err) for verb, code, err in outcomes if code not in CLEAN_EXITS]
+    assert not unclean, f"exit statuses {dict(statuses)}; first: {unclean[0]}"
+    assert all(code == 0 for _, code, _ in outcomes), dict(statuses)  # real data: every call succeeds

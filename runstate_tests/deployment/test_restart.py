@@ -1,0 +1,169 @@
+"""`runstate dev` stopped mid-linger (SIGKILL, then SIGTERM, to its whole process group) and started again.
+
+Its flush runs were alive when it stopped. After each restart a row appended is visible within 60 s
+(the dead runs are known dead from their stale heartbeat, not after `dagster/max_runtime`), and every
+row is applied exactly once. One server pair of its own (home, databases, moto) serves both signals,
+so the test can kill it without disturbing the shared deployment of the other tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runstate.wal import DatasetReader, WalProducer, wal_status
+from runstate.wal.changes import Change, fold
+from runstate.wal.layout import APPLIED_PREFIX
+from runstate_tests.conftest import create_database, drop_database, unique
+from runstate_tests.deployment.conftest import STRIPPED, Deployment, _location_loaded, deployment_dagster_yaml
+from runstate_tests.deployment.gate import GatedMotoServer
+from runstate_tests.devserver import RUNSTATE, free_port, launch_dev, poll, wait_for_graphql
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
+
+STARTUP_S = 300
+FIRST_FLUSH_S = 400  # the first run worker of a fresh server, on a loaded machine
+VISIBLE_AFTER_RESTART_S = 60  # issue 19: the bound this test is about
+DATASET = "restart"
+RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
+  runId status } } } }"""
+
+
+class Server:
+    """One `runstate dev` that the test can stop by signal and start again on the same databases."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.deployment.port = free_port()
+        self.process = launch_dev(
+            self.deployment.port, self.deployment.env, self.deployment.log, start_new_session=True
+        )
+        assert wait_for_graphql(self.deployment.port, self.process, timeout=STARTUP_S), (
+            self.deployment.log_tail()
+        )
+        poll(
+            lambda: _location_loaded(self.deployment), timeout=STARTUP_S, every=1, what="code location loaded"
+        )
+
+    def stop(self, sig: int) -> None:
+        """`sig` to the whole process group (as a reboot or a deploy does), then wait for it to be empty."""
+        assert self.process is not None
+        os.killpg(self.process.pid, sig)
+        try:
+            self.process.wait(timeout=120)
+        finally:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # whatever outlived a SIGTERM
+            except ProcessLookupError:
+                pass
+        self.process = None
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    home = Path(tempfile.mkdtemp(prefix="runstate-restart-"))
+    databases = [unique("rs_restart"), unique("rs_restart_dagster")]
+    pg_url, dagster_url = (create_database(name) for name in databases)
+    moto = GatedMotoServer()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
+    env.update(
+        RUNSTATE_HOME=str(home),
+        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
+        RUNSTATE_PG_URL=pg_url,
+        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        DAGSTER_TELEMETRY_ENABLED="false",
+        # Long enough that the flush runs are still lingering when the server is stopped.
+        RUNSTATE_WAL_FLUSH_LINGER_S="120",
+    )
+    server = Server(Deployment(0, env, home, pg_url, moto, home / "dev.log"))
+    try:
+        yield server
+    finally:
+        if server.process is not None:
+            server.stop(signal.SIGKILL)
+        subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
+        moto.stop()
+        for name in databases:
+            drop_database(name)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def lingering_runs(deployment: Deployment) -> list[str]:
+    runs = deployment.graphql(RUNS, {"filter": {"statuses": ["STARTED"], "pipelineName": "flush_wal"}})
+    return [run["runId"] for run in runs["runsOrError"]["results"]]
+
+
+def visible_at(deployment: Deployment, version: int) -> bool:
+    reader = DatasetReader(deployment.aws("s3"), "runstate-blobs", "datasets/", DATASET)
+    rows = [r for r in wal_status(deployment.aws("dynamodb"), "runstate_wal") if r.dataset_id == DATASET]
+    return reader.version >= version and bool(rows) and rows[0].pending_count == 0
+
+
+def append(deployment: Deployment, key: str, value: int) -> int:
+    return WalProducer(deployment.aws("dynamodb"), "runstate_wal").append(
+        DATASET, [Change.upsert(key, value)]
+    )
+
+
+def applied_once(deployment: Deployment, changes: list[Change]) -> None:
+    """Every seq Applied, in exactly one blob, and the reader's state is the fold of the changes."""
+    reader = DatasetReader(deployment.aws("s3"), "runstate-blobs", "datasets/", DATASET)
+    covered = [seq for ref in reader.manifest().blobs() for seq in range(ref.first_seq, ref.last_seq + 1)]
+    statuses = [
+        item["StatusIdx"]["S"]
+        for item in deployment.aws("dynamodb").query(
+            TableName="runstate_wal",
+            KeyConditionExpression="DatasetId = :d AND SeqNo > :z",
+            ExpressionAttributeValues={":d": {"S": DATASET}, ":z": {"N": "0"}},
+        )["Items"]
+    ]
+    assert covered == list(range(1, len(changes) + 1))
+    assert len(statuses) == len(changes) and all(s.startswith(APPLIED_PREFIX) for s in statuses)
+    assert reader.read() == (len(changes), fold({}, changes))
+
+
+def restart_then_append(server: Server, sig: int, changes: list[Change]) -> float:
+    """Stop mid-linger by `sig`, start again, append; returns the seconds from append to visible."""
+    assert lingering_runs(server.deployment), "no flush run was lingering when the server was stopped"
+    server.stop(sig)
+    server.start()
+    change = Change.upsert(f"after-{signal.Signals(sig).name}", len(changes) + 1)
+    changes.append(change)
+    appended = time.monotonic()
+    seq = append(server.deployment, change.key, change.value)
+    poll(
+        lambda: visible_at(server.deployment, seq),
+        timeout=VISIBLE_AFTER_RESTART_S,
+        every=0.5,
+        what=f"row {seq} visible after a restart by {signal.Signals(sig).name}",
+    )
+    return time.monotonic() - appended
+
+
+def test_a_restart_mid_linger_applies_new_rows_within_a_minute_and_every_row_once(server: Server):
+    server.start()
+    changes = [Change.upsert("before", 0)]
+    seq = append(server.deployment, "before", 0)
+    poll(lambda: visible_at(server.deployment, seq), timeout=FIRST_FLUSH_S, every=1, what="the first flush")
+
+    after_kill = restart_then_append(server, signal.SIGKILL, changes)
+    after_term = restart_then_append(server, signal.SIGTERM, changes)
+
+    applied_once(server.deployment, changes)
+    print(f"append-to-visible after restart: SIGKILL {after_kill:.1f} s, SIGTERM {after_term:.1f} s")
+    assert "terminate called" not in server.deployment.log.read_text(errors="replace")
