@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import create_database, drop_database, load_end, load_start, timed_threads  # noqa: E402  (bench/ is the script's folder)
 from drain import drain_through_dev  # noqa: E402
 
+from runstate.maintenance.models import CachedTable  # noqa: E402
 from runstate.maintenance.runner import run_job  # noqa: E402
-from runstate.maintenance.store import CachedTable, MaintenanceStore  # noqa: E402
+from runstate.maintenance.store import MaintenanceStore  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCHEMA = "bench"

@@ -7,6 +7,7 @@ transaction (`_run`), the reads the projection needs, the append itself and `clo
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -43,6 +44,7 @@ from runstate.eventstore.validation import ValidEvent, validate_batch
 log = logging.getLogger("runstate.eventstore")
 
 _PAGE = 10_000
+_MAX_PROJECTION_ATTEMPTS = 20
 _RECENT_RUNS = 4096
 
 _S = TypeVar("_S", bound="_EventStoreBase")
@@ -117,12 +119,6 @@ class _EventStoreBase(ABC):
         self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
         """Write a validated, non-empty batch in one transaction (see `append_batch`)."""
-
-    @abstractmethod
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
-
-    @abstractmethod
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]: ...
 
     @abstractmethod
     def close(self) -> None: ...
@@ -262,6 +258,28 @@ class _EventStoreBase(ABC):
         return ProjectionReport(
             runs_projected=runs, runs_changed=changed, events_applied=applied, failed=tuple(failed)
         )
+
+    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("project", self._project_once, run_id)
+
+    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
+        return self._until_saved("rebuild", self._rebuild_once, run_id)
+
+    def _until_saved(
+        self,
+        what: str,
+        attempt: Callable[[Any, str], tuple[RunSnapshot, bool, int] | None],
+        run_id: str,
+    ) -> tuple[RunSnapshot, bool, int]:
+        """Retry a compare-and-set projection step on a fresh read until it wins (both backends)."""
+        for tries in range(_MAX_PROJECTION_ATTEMPTS):
+            done = self._run(
+                f"{what} run {run_id!r}", lambda conn: attempt(conn, run_id), transactional=False
+            )
+            if done is not None:
+                return done
+            time.sleep(min(0.2, 0.002 * 2**tries) * random.random())  # another projector won: let it finish
+        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
 
     def _project_once(self, conn: Any, run_id: str) -> tuple[RunSnapshot, bool, int] | None:
         """One optimistic projection attempt; None when another projector moved the version."""

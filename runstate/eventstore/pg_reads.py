@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
 from runstate.eventstore.contract import (
-    ConcurrencyConflict,
     InvalidEvent,
     RunSnapshot,
     StoredEvent,
@@ -19,7 +17,6 @@ from runstate.eventstore.pg_feed import _PgFeed
 from runstate.eventstore.pg_sql import EVENT_COLUMNS
 from runstate.eventstore.rows import row_to_event
 
-_MAX_PROJECTION_ATTEMPTS = 20
 # A run's events, wherever they are: an archived run is read from run_events_archive, and events
 # appended after the archive are in run_events (an event is in exactly one of the two).
 _FETCH = (
@@ -105,27 +102,6 @@ class _PgReads(_PgFeed):
         return [r[0] for r in rows]
 
     # -- projection ---------------------------------------------------------------------------
-
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        return self._until_saved("project", self._project_once, run_id)
-
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        return self._until_saved("rebuild", self._rebuild_once, run_id)
-
-    def _until_saved(
-        self,
-        what: str,
-        attempt: Callable[[psycopg.Connection, str], tuple[RunSnapshot, bool, int] | None],
-        run_id: str,
-    ) -> tuple[RunSnapshot, bool, int]:
-        """Retry a compare-and-set projection step on a fresh read until it wins."""
-        for _ in range(_MAX_PROJECTION_ATTEMPTS):
-            done = self._run(
-                f"{what} run {run_id!r}", lambda conn: attempt(conn, run_id), transactional=False
-            )
-            if done is not None:
-                return done
-        raise ConcurrencyConflict(f"{what} run {run_id!r}: the stored snapshot kept changing")
 
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
         row = conn.execute(

@@ -10,7 +10,7 @@ from typing import Any
 
 from runstate.eventstore.contract import InvalidEvent, RunSnapshot, StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.sf_sql import COLUMNS, Retry, from_json, iso, row_to_event
+from runstate.eventstore.sf_sql import COLUMNS, from_json, iso, row_to_event
 
 
 class _SfReads:
@@ -118,24 +118,6 @@ class _SfReads:
         )
         row = cur.fetchone()
         return RunSnapshot.from_dict(from_json(row[0]), version=int(row[1])) if row else None
-
-    def _project(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            done = self._project_once(cur, run_id)
-            if done is None:
-                raise Retry("projection version moved")
-            return done
-
-        return self._run(f"project run {run_id!r}", work, transactional=False)
-
-    def _rebuild(self, run_id: str) -> tuple[RunSnapshot, bool, int]:
-        def work(cur: Any) -> tuple[RunSnapshot, bool, int]:
-            done = self._rebuild_once(cur, run_id)
-            if done is None:
-                raise Retry("projection version moved")
-            return done
-
-        return self._run(f"rebuild run {run_id!r}", work, transactional=False)
 
     def _save_projection(self, cur: Any, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None) -> bool:
         data = json.dumps(snap.to_dict())

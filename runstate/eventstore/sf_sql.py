@@ -77,17 +77,3 @@ def b64(value: Any) -> bytes:
 def row_to_event(row: Sequence[Any]) -> StoredEvent:
     # The connector returns VARIANT columns as JSON text.
     return rows.row_to_event(row, decode_json=from_json)
-
-
-def rollback_quietly(cur: Any) -> None:
-    try:
-        cur.execute("ROLLBACK")
-    except Exception:  # the connection is already unusable; the pool drops it
-        pass
-
-
-def close_quietly(conn: Any) -> None:
-    try:
-        conn.close()
-    except Exception:
-        pass

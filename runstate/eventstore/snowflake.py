@@ -28,7 +28,6 @@ when appenders do not overlap (what the tests check); Postgres is the backend fo
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -38,6 +37,7 @@ from typing import Any, TypeVar
 
 from runstate import migrations
 from runstate.datastore import SnowflakeDatastore, check_schema_name
+from runstate.datastore.snowflake import rollback_quietly
 from runstate.eventstore.base import _EventStoreBase
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -53,9 +53,7 @@ from runstate.eventstore.sf_reads import _SfReads
 from runstate.eventstore.sf_snapshots import _SfSnapshots
 from runstate.eventstore.sf_sql import (
     Retry,
-    close_quietly,
     retryable,
-    rollback_quietly,
 )
 from runstate.eventstore.validation import ValidEvent
 
@@ -80,28 +78,24 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
         pool_size: int = 8,
         large_snapshot_bytes: int = 100 * 1024,
         merge_in_transactions: bool | None = None,
+        datastore: SnowflakeDatastore | None = None,
     ):
-        if (connection_factory is None) == (connect_kwargs is None):
-            raise ValueError("give exactly one of connection_factory or connect_kwargs")
         self.schema = check_schema_name(schema).upper()
-        if connection_factory is None:
-            kwargs = dict(connect_kwargs or {})
-
-            def connection_factory() -> Any:
-                import snowflake.connector
-
-                return snowflake.connector.connect(**kwargs)
-
-        self._factory = connection_factory
+        if datastore is not None and (
+            connect_kwargs is not None or connection_factory is not None or datastore.schema != self.schema
+        ):
+            raise ValueError("give a datastore of this schema, or connect_kwargs / connection_factory")
+        # The one owner of the connections (runstate.datastore): a bounded LIFO pool, since Snowflake
+        # connections are few and slow to open; USE SCHEMA once per connection.
+        self._store = datastore or SnowflakeDatastore(
+            connect_kwargs, connection_factory=connection_factory, schema=self.schema, pool_size=pool_size
+        )
         self._init_policy(
             max_event_bytes=max_event_bytes,
             snapshot_interval=snapshot_interval,
             keep_snapshots=keep_snapshots,
             large_snapshot_bytes=large_snapshot_bytes,
         )
-        # Snowflake connections are few and slow to open: a LIFO queue keeps the warmest ones.
-        self._pool: queue.LifoQueue[Any] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(max(1, int(pool_size)))
         self._closed = False
         self._merge_in_tx = merge_in_transactions
         self._probe_lock = threading.Lock()
@@ -116,29 +110,8 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
     def _cursor(self) -> Iterator[Any]:
         if self._closed:
             raise EventStoreError("the event store is closed")
-        self._slots.acquire()
-        from snowflake.connector import errors as sf_errors
-
-        conn = None
-        healthy = True
-        try:
-            try:
-                conn = self._pool.get_nowait()
-            except queue.Empty:
-                conn = self._factory()
-                # fakesnow's MERGE needs a current schema (real Snowflake is fine with qualified names).
-                conn.cursor().execute(f"USE SCHEMA {self.schema}")
-            yield conn.cursor()
-        except (sf_errors.OperationalError, sf_errors.InterfaceError):
-            healthy = False  # the session itself is gone; a statement error leaves it usable
-            raise
-        finally:
-            if conn is not None:
-                if healthy and not getattr(conn, "is_closed", lambda: False)():
-                    self._pool.put(conn)
-                else:
-                    close_quietly(conn)
-            self._slots.release()
+        with self._store.cursor() as cur:
+            yield cur
 
     def _run(self, what: str, work: Callable[[Any], T], *, transactional: bool = True) -> T:
         """Run `work` (in BEGIN..COMMIT when transactional); on any driver error roll back and retry."""
@@ -171,24 +144,17 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
 
     def close(self) -> None:
         self._closed = True
-        while True:
-            try:
-                close_quietly(self._pool.get_nowait())
-            except queue.Empty:
-                return
+        self._store.close()
 
     # -- schema -------------------------------------------------------------------------------
 
     def ensure_schema(self) -> None:
         from snowflake.connector import errors as sf_errors
 
-        store = SnowflakeDatastore(connection_factory=self._factory, schema=self.schema, pool_size=1)
         try:
-            migrations.upgrade(store, "eventstore")
+            migrations.upgrade(self._store, "eventstore")
         except (sf_errors.Error, migrations.MigrationError) as exc:
             raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
-        finally:
-            store.close()
 
     def _merge_usable(self) -> bool:
         """Can MERGE run inside an explicit transaction? Real Snowflake: yes. fakesnow: no (its MERGE

@@ -7,14 +7,6 @@ here imports pyspark either until a Spark session is used. The status constants 
 (health.HEALTHY is a health status, orchestrator.HEALTHY a decision).
 """
 
-from runstate.maintenance.actions import (
-    ActionSettings,
-    JobOutcome,
-    TableLocked,
-    claim_ready,
-    resume_claim,
-    run_job,
-)
 from runstate.maintenance.catalog import CatalogListing, CatalogTable, list_tables
 from runstate.maintenance.errors import (
     InvalidActionOption,
@@ -25,6 +17,7 @@ from runstate.maintenance.errors import (
     MaintenanceError,
     StoreError,
     StoreUnavailable,
+    TableLocked,
     TableNotCached,
     TableNotFound,
     UnknownAction,
@@ -39,8 +32,9 @@ from runstate.maintenance.identifiers import (
     validate_identifier,
 )
 from runstate.maintenance.models import ActionRecord, CachedTable, Claim, HealthSnapshot, Job, OrchestratorRun
+from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator, OrchestratorReport, OrchestratorSettings
-from runstate.maintenance.runner import WorkerReport, work_queue
+from runstate.maintenance.runner import JobOutcome, WorkerReport, run_job, work_queue
 from runstate.maintenance.store import MaintenanceStore
 
 __all__ = [
@@ -77,10 +71,8 @@ __all__ = [
     "TableRef",
     "UnknownAction",
     "WorkerReport",
-    "claim_ready",
     "list_tables",
     "parse_table_ref",
-    "resume_claim",
     "run_job",
     "validate_actions",
     "validate_identifier",

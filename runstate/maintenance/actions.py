@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from runstate.maintenance.errors import InvalidActionOption, TableLocked, UnknownAction
+from runstate.maintenance.errors import UnknownAction
 from runstate.maintenance.figures import table_figures
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.options import (
-    MIN_ORPHAN_AGE_HOURS,
-    STRATEGIES,
     ActionSettings,
     sort_order_sql,
     timestamp_literal,
@@ -114,9 +112,7 @@ class ActionRunner:
             "partial-progress.max-commits": PARTIAL_PROGRESS_MAX_COMMITS,
         }
         if s.delete_file_threshold is not None:
-            options.update(
-                {"delete-file-threshold": int(s.delete_file_threshold), "remove-dangling-deletes": "true"}
-            )
+            options["delete-file-threshold"] = int(s.delete_file_threshold)
         pairs = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
         arguments.append(f"options => map({pairs})")
         figures = _sum_rows(self._call("rewrite_data_files", *arguments))
@@ -167,7 +163,10 @@ class ActionRunner:
                 "would_rewrite_bytes_count": int(row["b"]),
             }
             return _figures_message(figures, "dry run: "), figures
-        figures = _sum_rows(self._call("rewrite_position_delete_files"))
+        # After a rewrite that applied deletes, the old delete files point at files that are gone; Iceberg
+        # keeps them (their sequence numbers still cover the new file) unless every one is rewritten.
+        arguments = ["options => map('rewrite-all', 'true')"] if self.settings.delete_file_threshold else []
+        figures = _sum_rows(self._call("rewrite_position_delete_files", *arguments))
         return _figures_message(figures), figures
 
     def rewrite_manifests(self, dry_run: bool) -> tuple[str, dict]:
@@ -259,36 +258,3 @@ def _describe(exc: BaseException) -> str:
 def _lost_commit_race(exc: BaseException) -> bool:
     """Iceberg's CommitFailedException (a concurrent commit won) reaches Python only as text."""
     return "CommitFailedException" in str(exc) or "CommitFailedException" in type(exc).__name__
-
-
-# The job runner moved to runner.py; these names stay importable from here. (At the bottom: runner
-# imports ActionRunner from this module.)
-from runstate.maintenance.runner import (  # noqa: E402
-    JobOutcome,
-    JobStore,
-    LeaseKeeper,
-    claim_ready,
-    resume_claim,
-    run_job,
-)
-
-__all__ = [
-    "ACTIONS",
-    "CATALOG",
-    "MIN_ORPHAN_AGE_HOURS",
-    "STRATEGIES",
-    "ActionResult",
-    "ActionRunner",
-    "ActionSettings",
-    "InvalidActionOption",
-    "JobOutcome",
-    "JobStore",
-    "LeaseKeeper",
-    "TableLocked",
-    "claim_ready",
-    "resume_claim",
-    "run_job",
-    "sort_order_sql",
-    "table_figures",
-    "timestamp_literal",
-]

@@ -57,10 +57,10 @@ def recommend(health: HealthSnapshot, thresholds: HealthThresholds) -> list[str]
     if health.small_file_count >= max(thresholds.min_small_files, 1):
         wanted.add("rewrite_data_files")
     if health.total_delete_files > thresholds.max_delete_files:
-        # Applied, not just rewritten: rewrite_position_delete_files only combines delete files (it
-        # changed nothing on a table with 2 of them), while rewrite_data_files with a delete-file
-        # threshold rewrites the data files they point at and drops them (see Orchestrator._plan).
-        wanted.add("rewrite_data_files")
+        # Applied, not just combined: rewrite_position_delete_files alone changed nothing on a table with
+        # 2 delete files. rewrite_data_files with a delete-file threshold rewrites the data files they
+        # point at, then rewriting every delete file drops the positions left dangling (Orchestrator._plan).
+        wanted.update(("rewrite_data_files", "rewrite_position_delete_files"))
     if health.manifest_count > thresholds.max_manifests:
         wanted.add("rewrite_manifests")
     if (

@@ -40,7 +40,8 @@ class ActionSettings:
     retain_last: int = 10
     orphan_older_than_hours: float = 72.0
     # rewrite_data_files also rewrites every data file with at least this many delete files (applying
-    # them; the deletes left dangling are dropped in the same commit). None: Iceberg's default.
+    # them), and rewrite_position_delete_files then rewrites every delete file (dropping the positions
+    # of data files that are gone, and the delete files left empty). None: Iceberg's defaults.
     delete_file_threshold: int | None = None
     # Time a full scan's planning before and after each action (a Spark planning pass each time).
     canary_planning: bool = False

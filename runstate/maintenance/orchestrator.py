@@ -212,7 +212,8 @@ class Orchestrator:
         wanted = set(health.recommended_actions)
         options: dict[str, Any] = {}
         if health.total_delete_files and "rewrite_data_files" in wanted:
-            # Every data file with a delete file is rewritten with its deletes applied.
+            # Every data file with a delete file is rewritten with its deletes applied, then every delete
+            # file is rewritten, which drops those left pointing at removed files.
             options["delete_file_threshold"] = 1
         # A table's own retention decides when and what to expire; otherwise the thresholds decide when
         # and the default retention what. Either way only when the oldest snapshot would go: a job

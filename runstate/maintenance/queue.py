@@ -1,6 +1,7 @@
 """The job queue and its fences: submit, claim, heartbeat, record_action, complete, cancel, reads.
 
 - `jobs` is the durable record; `job_queue` holds a row only while a job is in flight.
+- Its SQL is sql/postgres/maintenance/queue.sql, named queries loaded by name.
 - A claim is one `dequeue_with_claim` statement: it picks a visible row with FOR UPDATE SKIP LOCKED,
   writes a fresh attempt_id fence on both rows, bumps attempt_count and sets the lease
   (`visible_at = now() + lease`).
@@ -21,7 +22,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runstate.maintenance import queue_sql as q
+from runstate import sqlfiles
 from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
 from runstate.maintenance.identifiers import TableRef, parse_table_ref, validate_actions
@@ -37,6 +38,11 @@ from runstate.maintenance.models import (
 from runstate.maintenance.validation import flag, free_text, json_object, non_empty_text, seconds
 
 _CLAIM_ROUNDS = 16
+
+
+def _sql(name: str) -> str:
+    """A named query of sql/postgres/maintenance/queue.sql (the file is parsed once per process)."""
+    return sqlfiles.queries("postgres", "maintenance", "queue.sql")[name]
 
 
 class JobQueue:
@@ -68,22 +74,22 @@ class JobQueue:
         with self.db.transaction() as cur:
             # Serialises submits for one table, so "one active job per table" holds under concurrency.
             cur.execute(
-                q.SUBMIT_LOCK_SQL, (_advisory_key("runstate.maintenance.submit", self.db.schema, ref.key),)
+                _sql("submit_lock"), (_advisory_key("runstate.maintenance.submit", self.db.schema, ref.key),)
             )
-            cur.execute(q.TABLE_IS_CACHED_SQL, (ref.database, ref.table))
+            cur.execute(_sql("table_is_cached"), (ref.database, ref.table))
             if cur.fetchone() is None:
                 raise TableNotCached(
                     f"table {ref.key!r} is not in the catalog cache (table_cache_entries in schema "
                     f"{self.db.schema!r}); materialize table_inventory (or run `runstate maintenance sync`)"
                 )
-            cur.execute(q.ACTIVE_JOB_ID_SQL, (ref.database, ref.table))
+            cur.execute(_sql("active_job_id"), (ref.database, ref.table))
             existing = cur.fetchone()
             if existing is not None:
                 return existing[0]
             job_id = str(uuid.uuid4())
             row = (job_id, ref.database, ref.table, list(ordered_actions), dry_run, Jsonb(job_options))
-            cur.execute(q.INSERT_JOB_SQL, row)
-            cur.execute(q.ENQUEUE_JOB_SQL, (job_id,))
+            cur.execute(_sql("insert_job"), row)
+            cur.execute(_sql("enqueue_job"), (job_id,))
         return job_id
 
     # -- claim and the fenced writes ---------------------------------------------------------------
@@ -123,25 +129,25 @@ class JobQueue:
     def _claim_row(self, params: dict[str, Any]) -> Sequence[Any] | None:
         with self.db.connection() as conn:
             for _ in range(_CLAIM_ROUNDS):
-                *job, picked = conn.execute(q.DEQUEUE_WITH_CLAIM_SQL, params).fetchone()
+                *job, picked = conn.execute(_sql("dequeue_with_claim"), params).fetchone()
                 if job[0] is not None:
                     return job
                 if not picked:
                     return None
                 # The row picked belonged to a job that must not run again (out of attempts, cancelled
                 # with a dead worker): finish it now, so it fails the moment a claim meets it; look again.
-                conn.execute(q.SWEEP_STALE_CLAIMS_SQL, {"max_attempts": self.max_attempts})
+                conn.execute(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
         return None  # only rows that must not run in every round: leave them to the sweep schedule
 
     def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool:
         """Extend the lease; False when the claim is fenced out or its lease already ran out (stop work)."""
         lease = seconds(lease_seconds if lease_seconds is not None else claim.lease_seconds, "lease_seconds")
         params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id, "lease_seconds": lease}
-        return self.db.rowcount(q.HEARTBEAT_SQL, params) == 1
+        return self.db.rowcount(_sql("heartbeat"), params) == 1
 
     def holds_fence(self, claim: Claim) -> bool:
         params = {"job_id": claim.job_id, "attempt_id": claim.attempt_id}
-        return self.db.fetchone(q.FENCE_HOLDS_SQL, params) is not None
+        return self.db.fetchone(_sql("fence_holds"), params) is not None
 
     def record_action(
         self,
@@ -173,9 +179,9 @@ class JobQueue:
             "after": Jsonb(json_object(after, "after figures")),
         }
         with self.db.connection() as conn:
-            if conn.execute(q.RECORD_ACTION_SQL, params).fetchone() is not None:
+            if conn.execute(_sql("record_action"), params).fetchone() is not None:
                 return True
-            return conn.execute(q.FENCE_HOLDS_SQL, params).fetchone() is not None
+            return conn.execute(_sql("fence_holds"), params).fetchone() is not None
 
     def complete(self, claim: Claim, status: str, error: str | None = None) -> bool:
         """Finish the job under the claim's fence: drop its queue row, set the terminal status.
@@ -194,21 +200,21 @@ class JobQueue:
             "error": free_text(error),
         }
         with self.db.connection() as conn:
-            if conn.execute(q.COMPLETE_SQL, params).fetchone() is not None:
+            if conn.execute(_sql("complete"), params).fetchone() is not None:
                 return True
-            return conn.execute(q.COMPLETED_BY_ATTEMPT_SQL, params).fetchone() is not None
+            return conn.execute(_sql("completed_by_attempt"), params).fetchone() is not None
 
     def fail(self, claim: Claim, error: str) -> bool:
         """complete(claim, "failed", error)."""
         return self.complete(claim, "failed", error)
 
     def is_cancel_requested(self, claim: Claim) -> bool:
-        row = self.db.fetchone(q.CANCEL_STATUS_SQL, (claim.job_id,))
+        row = self.db.fetchone(_sql("cancel_status"), (claim.job_id,))
         return row is not None and row[0] == "cancelled"
 
     def sweep_stale_claims(self) -> int:
         """Expired leases back to pending (fence cleared); out of attempts -> failed. Returns rows changed."""
-        row = self.db.fetchone(q.SWEEP_STALE_CLAIMS_SQL, {"max_attempts": self.max_attempts})
+        row = self.db.fetchone(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
         return int(row[0])
 
     # -- cancel / delete ---------------------------------------------------------------------------
@@ -219,9 +225,9 @@ class JobQueue:
         job_id = _job_id(job_id)
         with self.db.transaction() as cur:
             # Queue row first, then job row: the same order as complete(), so the two never deadlock.
-            cur.execute(q.LOCK_QUEUE_ROW_SQL, (job_id,))
+            cur.execute(_sql("lock_queue_row"), (job_id,))
             queue_row = cur.fetchone()
-            cur.execute(q.LOCK_JOB_ROW_SQL, (job_id,))
+            cur.execute(_sql("lock_job_row"), (job_id,))
             job_row = cur.fetchone()
             if job_row is None:
                 raise JobNotFound(f"maintenance job {job_id!r} does not exist in schema {self.db.schema!r}")
@@ -231,22 +237,22 @@ class JobQueue:
             if status not in ACTIVE_STATUSES:
                 return status
             if status == "running" and queue_row and queue_row[0]:
-                cur.execute(q.REQUEST_CANCEL_SQL, (job_id,))
+                cur.execute(_sql("request_cancel"), (job_id,))
                 return "cancel_requested"
-            cur.execute(q.DEQUEUE_SQL, (job_id,))
-            cur.execute(q.CANCEL_NOW_SQL, (job_id,))
+            cur.execute(_sql("dequeue"), (job_id,))
+            cur.execute(_sql("cancel_now"), (job_id,))
             return "cancelled"
 
     def soft_delete(self, job_id: str) -> bool:
         """Tombstone a job (hidden from live_jobs), cancelling it first if active; False if already gone."""
         self.cancel(job_id)
-        return self.db.rowcount(q.SOFT_DELETE_SQL, (job_id,)) == 1
+        return self.db.rowcount(_sql("soft_delete"), (job_id,)) == 1
 
     # -- reads -------------------------------------------------------------------------------------
 
     def get_job(self, job_id: str) -> Job | None:
         """The job, soft-deleted or not; None when unknown."""
-        row = self.db.fetchone(q.GET_JOB_SQL, (_job_id(job_id),))
+        row = self.db.fetchone(_sql("get_job"), (_job_id(job_id),))
         return _job(row) if row else None
 
     def list_jobs(
@@ -268,28 +274,28 @@ class JobQueue:
             "table": ref.table if ref else None,
             "limit": limit,
         }
-        query = q.LIST_ALL_JOBS_SQL if include_deleted else q.LIST_LIVE_JOBS_SQL
+        query = _sql("list_all_jobs") if include_deleted else _sql("list_live_jobs")
         return [_job(row) for row in self.db.fetchall(query, params)]
 
     def active_job(self, table_key: str) -> Job | None:
         """The pending or running job of a table, if any."""
         ref = parse_table_ref(table_key)
-        row = self.db.fetchone(q.ACTIVE_JOB_ID_SQL, (ref.database, ref.table))
+        row = self.db.fetchone(_sql("active_job_id"), (ref.database, ref.table))
         return self.get_job(row[0]) if row else None
 
     def last_action_at(self, table_key: str, action: str) -> datetime | None:
         """When `action` last succeeded on the table for real (dry runs do not count), or None."""
         ref = parse_table_ref(table_key)
-        row = self.db.fetchone(q.LAST_ACTION_SQL, (ref.database, ref.table, validate_actions([action])[0]))
+        row = self.db.fetchone(_sql("last_action"), (ref.database, ref.table, validate_actions([action])[0]))
         return row[0] if row else None
 
     def job_actions(self, job_id: str) -> list[ActionRecord]:
-        rows = self.db.fetchall(q.JOB_ACTIONS_SQL, (_job_id(job_id),))
+        rows = self.db.fetchall(_sql("job_actions"), (_job_id(job_id),))
         return [ActionRecord(*row[:8], before=row[8] or {}, after=row[9] or {}) for row in rows]
 
     def queue_depth(self) -> tuple[int, int]:
         """(claimable now, all in flight)."""
-        ready, total = self.db.fetchone(q.QUEUE_DEPTH_SQL)
+        ready, total = self.db.fetchone(_sql("queue_depth"))
         return int(ready), int(total)
 
 

@@ -215,43 +215,6 @@ def _run_actions(
     return "completed"
 
 
-# -- the queue side of a worker ---------------------------------------------------------------
-
-
-def claim_ready(store: Any, worker: str, lease_seconds: float, concurrency_limit: int) -> list[Claim]:
-    """Claim ready jobs while fewer than `concurrency_limit` hold a live lease."""
-    ready, in_flight = store.queue_depth()
-    running = in_flight - ready
-    claims: list[Claim] = []
-    for _ in range(max(0, concurrency_limit - running)):
-        claim = store.claim(worker, lease_seconds)
-        if claim is None:
-            break
-        claims.append(claim)
-    return claims
-
-
-def resume_claim(store: Any, job_id: str, attempt_id: str, lease_seconds: float) -> Claim | None:
-    """The Claim a worker process received by id (a Dagster run's config); None when its fence is gone."""
-    job = store.get_job(job_id)
-    if job is None or job.attempt_id != attempt_id:
-        return None
-    if not (job.status == "running" or job.cancel_requested):
-        return None
-    return Claim(
-        job_id=job.job_id,
-        attempt_id=attempt_id,
-        database=job.database,
-        table=job.table,
-        actions=tuple(job.actions),
-        dry_run=job.dry_run,
-        options=dict(job.options or {}),
-        attempt_count=job.attempt_count or 0,
-        worker=job.claimed_by or "",
-        lease_seconds=lease_seconds,
-    )
-
-
 @dataclass
 class WorkerReport:
     """What one worker run did: one entry per claimed job (TableLocked ones included)."""

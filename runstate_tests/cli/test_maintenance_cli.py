@@ -10,7 +10,8 @@ from click.testing import CliRunner, Result
 from runstate.cli import main
 from runstate.config import settings
 from runstate.maintenance.identifiers import TableRef
-from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate.maintenance.models import CachedTable
+from runstate.maintenance.store import MaintenanceStore
 
 
 @pytest.fixture

@@ -66,7 +66,8 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
         1,
     )
     job = store.active_job(ref.key)
-    assert job.actions == ("rewrite_data_files",) and job.options == {"delete_file_threshold": 1}
+    assert job.actions == ("rewrite_data_files", "rewrite_position_delete_files")
+    assert job.options == {"delete_file_threshold": 1}
     unhealthy = store.latest_health(ref.key)
     assert (unhealthy.total_data_files, unhealthy.total_delete_files) == (30, 30)
     assert unhealthy.needs_maintenance and unhealthy.health_status == "NeedsMaintenance"
@@ -78,7 +79,10 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     maintenance_run = ticked.results[0].dagster_run
     assert maintenance_run.tags[MAINTENANCE_WORKER_TAG] == "true"
     actions = store.job_actions(job.job_id)
-    assert [(a.action, a.success) for a in actions] == [("rewrite_data_files", True)]
+    assert [(a.action, a.success) for a in actions] == [
+        ("rewrite_data_files", True),
+        ("rewrite_position_delete_files", True),
+    ]
     # What the job achieved, in job_actions and in the run's metadata.
     assert (actions[0].before["data_files"], actions[-1].after["data_files"]) == (30, 1)
     assert (actions[0].before["delete_files"], actions[-1].after["delete_files"]) == (30, 0)

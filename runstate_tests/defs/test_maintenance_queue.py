@@ -10,7 +10,7 @@ from runstate.defs.maintenance.jobs import submit_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
-from runstate.maintenance.store import CachedTable
+from runstate.maintenance.models import CachedTable
 
 
 @pytest.fixture

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from runstate.maintenance.actions import ActionRunner, ActionSettings, InvalidActionOption, timestamp_literal
+from runstate.maintenance.actions import ActionRunner
+from runstate.maintenance.errors import InvalidActionOption
 from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.options import ActionSettings, timestamp_literal
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark

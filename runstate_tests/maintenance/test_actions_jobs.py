@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from runstate.maintenance.actions import TableLocked, run_job
 from runstate.maintenance.catalog import list_tables
+from runstate.maintenance.errors import TableLocked
 from runstate.maintenance.identifiers import TableRef
-from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate.maintenance.models import CachedTable
+from runstate.maintenance.runner import run_job
+from runstate.maintenance.store import MaintenanceStore
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark

@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from runstate.maintenance.actions import ActionRunner, ActionSettings
+from runstate.maintenance.actions import ActionRunner
 from runstate.maintenance.figures import current_snapshot, table_figures
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.options import ActionSettings
 from runstate_tests.maintenance.conftest import make_table
 
 pytestmark = pytest.mark.spark

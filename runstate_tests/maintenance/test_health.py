@@ -18,7 +18,8 @@ from runstate.maintenance.health import (
     apply_verdict,
 )
 from runstate.maintenance.identifiers import TableRef
-from runstate.maintenance.store import HealthSnapshot, MaintenanceStore
+from runstate.maintenance.models import HealthSnapshot
+from runstate.maintenance.store import MaintenanceStore
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
 
 MB = 1024 * 1024
@@ -58,8 +59,6 @@ def test_a_table_under_every_threshold_is_healthy():
     "changes, action",
     [
         ({"small_file_count": 5}, "rewrite_data_files"),
-        # Deletes are applied by rewriting their data files: rewrite_position_delete_files only combines them.
-        ({"total_delete_files": 1}, "rewrite_data_files"),
         ({"manifest_count": 101}, "rewrite_manifests"),
         ({"snapshot_count": 101}, "expire_snapshots"),
         ({"oldest_snapshot_age_hours": 7 * 24 + 1}, "expire_snapshots"),
@@ -88,7 +87,12 @@ def test_recommendations_come_in_execution_order():
     health = verdict(
         healthy_metrics(snapshot_count=500, manifest_count=500, total_delete_files=3, small_file_count=9)
     )
-    assert health.recommended_actions == ["rewrite_data_files", "rewrite_manifests", "expire_snapshots"]
+    assert health.recommended_actions == [
+        "rewrite_data_files",
+        "rewrite_position_delete_files",
+        "rewrite_manifests",
+        "expire_snapshots",
+    ]
 
 
 def test_thresholds_are_configurable():
@@ -130,7 +134,7 @@ def test_the_analyzer_fills_every_column_and_the_row_round_trips(
     assert health.manifest_count == 2  # one data manifest, one delete manifest
     assert 0 <= health.hours_since_last_snapshot <= health.oldest_snapshot_age_hours < 1
     assert (health.maintenance_enabled, health.maintenance_cadence_hours) == (True, 6)
-    assert health.recommended_actions == ["rewrite_data_files"]
+    assert health.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
     assert (
         health.health_status == NEEDS_MAINTENANCE and health.error is None and health.checked_at is not None
     )
@@ -206,3 +210,9 @@ def test_a_broken_manifest_is_recorded_in_error_and_the_rest_is_still_measured(s
     assert health.error and "files: " in health.error
     assert health.snapshot_count == 1 and health.manifest_count == 1
     assert health.health_status == UNKNOWN
+
+
+def test_delete_files_recommend_applying_them_then_dropping_the_dangling_ones():
+    # rewrite_position_delete_files alone only combines delete files: on 2 of them it changed nothing.
+    health = verdict(healthy_metrics(total_delete_files=1))
+    assert health.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]

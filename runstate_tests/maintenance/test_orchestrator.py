@@ -8,6 +8,7 @@ import pytest
 
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.models import CachedTable
 from runstate.maintenance.orchestrator import (
     ADVISED,
     HEALTHY,
@@ -20,7 +21,6 @@ from runstate.maintenance.orchestrator import (
     OrchestratorSettings,
 )
 from runstate.maintenance.runner import run_job
-from runstate.maintenance.store import CachedTable
 
 
 def must_not_analyze(ref: TableRef):
@@ -129,7 +129,7 @@ def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_name
         f"{iceberg_namespace}.dropped_since_sync": SKIPPED_MISSING,
     }
     advice = next(d for d in report.decisions if d.table_key == sick.key)
-    assert advice.recommended_actions == ["rewrite_data_files"]
+    assert advice.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
     assert store.list_jobs() == []  # advisory only
     assert store.latest_health(sick.key).needs_maintenance  # the assessment is kept
     run = store.orchestrator_runs(limit=1)[0]
@@ -161,11 +161,12 @@ def test_deletes_are_applied_by_rewriting_their_data_files(spark, iceberg_namesp
     ).run()
 
     [decision] = [d for d in report.decisions if d.table_key == ref.key]
-    assert decision.decision == SUBMITTED and decision.recommended_actions == ["rewrite_data_files"]
+    assert decision.decision == SUBMITTED
+    assert decision.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
     claim = store.claim("w", 60)
     outcome = run_job(spark, store, claim)
     assert outcome.status == "completed", outcome.error
-    [record] = store.job_actions(claim.job_id)
-    assert record.before["delete_files"] > 0 and record.after["delete_files"] == 0
-    assert record.after["snapshot_id"] != record.before["snapshot_id"]
+    applied, dropped = store.job_actions(claim.job_id)
+    assert applied.before["delete_files"] > 0 and dropped.after["delete_files"] == 0
+    assert applied.after["snapshot_id"] != applied.before["snapshot_id"]
     assert [r.id for r in spark.sql(f"SELECT id FROM lake.{ref.quoted} WHERE id < 3").collect()] == [0]

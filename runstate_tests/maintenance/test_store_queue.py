@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from runstate.datastore.postgres import CHECK_AFTER_IDLE_SECONDS
 from runstate.maintenance import (
     CachedTable,
     Claim,
@@ -30,7 +31,6 @@ from runstate.maintenance import (
     TableNotCached,
     UnknownAction,
 )
-from runstate.maintenance.db import CHECK_AFTER_IDLE_SECONDS
 from runstate_tests.maintenance.conftest import store_sql as _sql
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -592,7 +592,9 @@ def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: Mainten
 
 
 def test_claim_plan_probes_the_seed_indexes_instead_of_sorting_the_queue(store: MaintenanceStore) -> None:
-    from runstate.maintenance.store import DEQUEUE_WITH_CLAIM_SQL
+    from runstate.sqlfiles import queries
+
+    dequeue_with_claim = queries("postgres", "maintenance", "queue.sql")["dequeue_with_claim"]
 
     _sql(
         store,
@@ -605,7 +607,7 @@ def test_claim_plan_probes_the_seed_indexes_instead_of_sorting_the_queue(store: 
     _sql(store, "ANALYZE job_queue")
     params = {"worker": "w", "lease_seconds": 30.0, "attempt_id": "a", "max_attempts": 3}
     with psycopg.connect(store.dsn, options=f"-c search_path={store.schema}") as conn:
-        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + DEQUEUE_WITH_CLAIM_SQL, params))
+        plan = "\n".join(row[0] for row in conn.execute("EXPLAIN " + dequeue_with_claim, params))
     assert "idx_job_queue_ready" in plan and "idx_job_queue_claimed" in plan, plan
     assert "Seq Scan on job_queue" not in plan and "Sort" not in plan, plan
 
@@ -643,7 +645,7 @@ def test_a_connection_is_back_in_the_pool_when_the_call_returns(store: Maintenan
     # Returned inline, not handed to a pool thread (psycopg_pool does that when a `reset` callback is
     # set): then a caller's next call found the pool empty, waited for the handoff, and the pool grew
     # to its maximum; that halved the queue's throughput with 4 workers.
-    pool = store.db._get_pool()
+    pool = store.db.datastore._get_pool()
     pool.wait()  # its first connection is made in the background
     for _ in range(20):
         assert store.queue_depth() == (0, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 
 from runstate.maintenance.health import HEALTHY
-from runstate.maintenance.store import HealthSnapshot
+from runstate.maintenance.models import HealthSnapshot
 
 TABLE_IS_HEALTHY = dg.AssetCheckSpec(
     name="table_is_healthy",

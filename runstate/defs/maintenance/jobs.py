@@ -135,6 +135,12 @@ class SubmitMaintenanceConfig(dg.Config):
     expire_older_than_hours: float | None = Field(default=None, description="expire_snapshots older_than.")
     retain_last: int | None = Field(default=None, description="expire_snapshots retain_last.")
     orphan_older_than_hours: float | None = Field(default=None, description="remove_orphan_files older_than.")
+    delete_file_threshold: int | None = Field(
+        default=None, description="rewrite_data_files: rewrite data files with this many delete files."
+    )
+    canary_planning: bool | None = Field(
+        default=None, description="Time a full scan's planning around each action."
+    )
 
     def options(self) -> dict:
         return {

@@ -10,8 +10,8 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from runstate.config import DEFAULT_PG_URL
-from runstate.maintenance.actions import ActionSettings
 from runstate.maintenance.health import MB, HealthThresholds
+from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import OrchestratorSettings
 from runstate.maintenance.store import MaintenanceStore
 
