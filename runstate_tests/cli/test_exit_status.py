@@ -1,8 +1,9 @@
 """Every CLI verb exits 0, 1 or 2, never by a signal: read verbs run many times as real processes.
 
-`wal read` once died with SIGABRT at interpreter exit, after printing its answer, about one run in two:
-pyarrow's default allocator (mimalloc) tearing down under a live thread. The loop is what catches it;
-the subprocesses run a few at a time so the test stays short.
+`wal read` died with SIGABRT at interpreter exit, after printing its answer, a few runs in a hundred:
+pyarrow's native teardown racing a thread still alive, with every pyarrow wheel and allocator tried.
+The console script now exits past the native destructors (`runstate.cli.entry`). The loop is what
+catches a regression; the subprocesses run a few at a time so the test stays short.
 """
 
 from __future__ import annotations
@@ -73,10 +74,6 @@ VERBS = {
 }
 
 
-# Still open (issue 25.3): `wal read` aborts at exit in a few runs of a hundred with every pyarrow
-# wheel tried (18.1.0, 21.0.0, 24.0.0, 26.0.1) and with the system allocator too. Not strict: the loop
-# passes by chance about one time in five.
-@pytest.mark.xfail(reason="issue 25.3: pyarrow aborts at interpreter exit (SIGABRT) in ~3% of processes")
 def test_read_verbs_never_end_by_a_signal(env: dict[str, str]) -> None:
     def once(verb: str) -> tuple[str, int, str]:
         done = subprocess.run([RUNSTATE, *VERBS[verb]], env=env, capture_output=True, text=True, timeout=300)
