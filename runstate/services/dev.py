@@ -8,6 +8,7 @@ kill the process group when it overstays the grace period or a second signal arr
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -63,9 +64,22 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
         cwd=home,
         env=env,
         start_new_session=True,
-        preexec_fn=default_signal_dispositions,
+        preexec_fn=_child_setup,
     )
     return supervise(child)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _child_setup() -> None:
+    """In the child before exec: default dispositions, and SIGTERM when its supervisor dies.
+
+    `runstate dev` killed outright (SIGKILL, OOM) would otherwise leave `dagster dev` running in its own
+    session, a deployment nobody can see; with the death signal it shuts down as on a Ctrl-C.
+    """
+    default_signal_dispositions()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def supervise(child: subprocess.Popen) -> int:

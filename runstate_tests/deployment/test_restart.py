@@ -1,4 +1,4 @@
-"""`runstate dev` stopped mid-linger (SIGKILL, then SIGTERM, to its whole process group) and started again.
+"""`runstate dev` stopped mid-linger (SIGKILL, then SIGTERM, to every process of it) and started again.
 
 Its flush runs were alive when it stopped. After each restart a row appended is visible within 60 s
 (the dead runs are known dead from their stale heartbeat, not after `dagster/max_runtime`), and every
@@ -8,6 +8,7 @@ so the test can kill it without disturbing the shared deployment of the other te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -57,20 +58,45 @@ class Server:
         )
 
     def stop(self, sig: int) -> None:
-        """`sig` to the whole process group (as a reboot or a deploy does), then wait for it to be empty."""
+        """`sig` to every process of the deployment at once, as a reboot or a deploy's cgroup kill does:
+        `runstate dev`, the `dagster dev` in its own session, the webserver, daemon, code server and run
+        workers. Then wait until none is left."""
         assert self.process is not None
-        try:
-            os.killpg(self.process.pid, sig)
-        except ProcessLookupError:  # it had already exited
-            pass
-        try:
-            self.process.wait(timeout=120)
-        finally:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)  # whatever outlived a SIGTERM
-            except ProcessLookupError:
-                pass
+        tree = [self.process.pid, *descendants(self.process.pid)]
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 120
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in tree:  # whatever outlived a SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
         self.process = None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, whatever its session (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -27,10 +28,10 @@ FAKE_DAGSTER_DEV = textwrap.dedent("""
 
 SUPERVISOR = textwrap.dedent("""
     import subprocess, sys
-    from runstate.services.dev import supervise
-    from runstate.services.state import default_signal_dispositions
+    from runstate.services.dev import _child_setup, supervise
     child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], start_new_session=True,
-                             preexec_fn=default_signal_dispositions)
+                             preexec_fn=_child_setup)
+    print(child.pid, flush=True)
     sys.exit(supervise(child))
 """)
 
@@ -58,6 +59,7 @@ def test_a_signal_is_forwarded_and_the_process_group_is_swept(sig, tmp_path: Pat
         preexec_fn=_ignore_int_and_term,
     )
     try:
+        supervisor.stdout.readline()  # the child's pid
         grandchild = int(supervisor.stdout.readline())
         assert process_start_time(grandchild) is not None
         deadline = time.monotonic() + 300  # generous: a loaded machine, not a slow supervisor, sets the pace
@@ -74,3 +76,24 @@ def test_a_signal_is_forwarded_and_the_process_group_is_swept(sig, tmp_path: Pat
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
+
+
+def test_dagster_dev_stops_when_its_supervisor_is_killed_outright():
+    """SIGKILL to `runstate dev` alone must not leave `dagster dev` running in its own session."""
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, FAKE_DAGSTER_DEV], stdout=subprocess.PIPE, text=True
+    )
+    child = int(supervisor.stdout.readline())
+    grandchild = int(supervisor.stdout.readline())  # printed once the child runs its own code
+    try:
+        supervisor.kill()
+        supervisor.wait(timeout=60)
+
+        deadline = time.monotonic() + 60
+        while process_start_time(child) is not None:
+            assert time.monotonic() < deadline, "dagster dev outlived its killed supervisor"
+            time.sleep(0.1)
+    finally:
+        for pid in (child, grandchild):  # the fake leaves its grandchild, as it does on any signal
+            if process_start_time(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
