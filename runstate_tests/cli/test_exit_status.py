@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from runstate.eventstore import EventType, NewEvent, PostgresEventStore
-from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal import BlobStore, WalTable, flush_dataset
 from runstate_tests.wal.shell import WalWorld
 

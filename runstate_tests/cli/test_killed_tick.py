@@ -24,7 +24,7 @@ from runstate.config import settings
 from runstate.defs.runs.liveness import beat, last_beats
 from runstate.defs.tags import SPARK_TAG
 from runstate.defs.ticking import CURSOR_KEY
-from runstate.maintenance.store import CachedTable, MaintenanceStore
+from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate_tests.devserver import poll
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")

@@ -146,10 +146,11 @@ def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_tab
         access_key_id=os.environ["AWS_ACCESS_KEY_ID"],
         secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
     )
-    merge_dataset(spark, location, dataset_id)  # the table exists, at version 0
+    _appended(feed, dataset_id, rounds=1)
+    merge_dataset(spark, location, dataset_id)  # the table exists (a dataset never flushed gets none)
     ident = table_ident(dataset_id)
     snapshots_before = spark.table(f"{ident}.snapshots").count()
-    version = _appended(feed, dataset_id, rounds=4)
+    version = _appended(feed, dataset_id, rounds=4, start=1)
     blob_reads = f"/{wal.prefix}{dataset_id}/delta/"
     gated_moto.gate.arm(
         lambda environ, _: environ["REQUEST_METHOD"] == "GET" and blob_reads in environ["PATH_INFO"]

@@ -249,8 +249,16 @@ class Heartbeat:
 
 
 @contextmanager
-def heartbeat(instance: dg.DagsterInstance, run_id: str, *, ends_run: bool) -> Iterator[Heartbeat]:
-    """Beat for `run_id` while the block runs; `ends_run`: the run's end is stored when the block ends."""
+def heartbeat(instance: dg.DagsterInstance, run_id: str, *, ends_run: bool) -> Iterator[Heartbeat | None]:
+    """Beat for `run_id` while the block runs; `ends_run`: the run's end is stored when the block ends.
+
+    An ephemeral instance (in-memory SQLite, one process) gets no beats: no other process can judge its
+    runs, and a beat's write there locked the tables under the run's own writes ("database table is
+    locked").
+    """
+    if instance.is_ephemeral:
+        yield None
+        return
     beating = Heartbeat(instance, run_id).start()
     try:
         yield beating
