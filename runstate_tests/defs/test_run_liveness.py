@@ -81,6 +81,14 @@ def test_a_run_that_never_beat_gets_the_start_grace(instance):
     assert judge(record(instance, run), None, started + 61, POLICY).dead
 
 
+def test_a_run_still_launching_is_left_to_dagsters_start_timeout(instance):
+    """Its worker loads the code location before it beats: a slow start is not a dead worker."""
+    run = instance.create_run_for_job(tiny)  # NOT_STARTED: launched, its worker not yet running
+    created = record(instance, run).create_timestamp.timestamp()
+
+    assert judge(record(instance, run), None, created + 600, POLICY).alive
+
+
 def test_a_finished_run_is_neither_alive_nor_reaped_and_its_last_beat_is_dropped(instance):
     done = tiny.execute_in_process(instance=instance).dagster_run
     beat(instance, done.run_id, now=time.time() - 600)  # the last beat of a worker that ended

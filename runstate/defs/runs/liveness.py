@@ -8,8 +8,9 @@ key-value store (`run_storage.set_cursor_values`, the table sensor cursors live 
 schema of ours to migrate, and it lives in the same database as the run it speaks for.
 
 A run is dead when it is FAILURE or CANCELED, or when it is in progress (STARTING, STARTED, CANCELING,
-NOT_STARTED) and its last beat is older than `dead_after_s`; a run that never beat gets `start_grace_s`
-from its start (or its creation) first. Whoever looks next (a sensor tick, a CLI tick, the daemon's run
+NOT_STARTED) and its last beat is older than `dead_after_s`; a STARTED run that never beat gets
+`start_grace_s` from its start first, and a run still launching (NOT_STARTED, STARTING) is left to
+Dagster's own start timeout. Whoever looks next (a sensor tick, a CLI tick, the daemon's run
 monitoring through `HeartbeatRunLauncher`) reports such a run failed, which frees its concurrency
 slots. A run that is alive is never declared dead while it beats: the run-key and tag fences stay.
 """
@@ -36,6 +37,7 @@ DEFAULT_DEAD_AFTER_S = 20.0
 DEFAULT_START_GRACE_S = 60.0
 DEAD_STATUSES = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
 QUEUED_STATUSES = frozenset({dg.DagsterRunStatus.QUEUED})
+LAUNCHING_STATUSES = frozenset({dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING})
 IN_PROGRESS_STATUSES = frozenset(
     {
         dg.DagsterRunStatus.NOT_STARTED,
@@ -147,6 +149,11 @@ def judge(record: Any, last_beat: float | None, now: float, policy: LivenessPoli
     if run.status in IN_PROGRESS_STATUSES:
         if age is not None:
             alive = age < policy.dead_after_s
+        elif run.status in LAUNCHING_STATUSES:
+            # Its worker is still loading the code location (a minute and more on a loaded machine)
+            # and beats only once it executes: Dagster's run monitoring judges a launch that never
+            # starts (`start_timeout_seconds`). Reaping it here failed runs that went on to flush.
+            alive = True
         else:
             alive = started is None or now - started < policy.start_grace_s
     else:  # queued runs wait for the coordinator; finished runs are neither alive nor to be reaped
