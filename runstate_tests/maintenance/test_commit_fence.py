@@ -40,8 +40,10 @@ from runstate_tests.maintenance.conftest import (
 # A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_group("commit_fence")]
 # Short, so the tests wait little for it to run out; long enough that a loaded machine never misses
-# three heartbeats in a row (one every third of a lease) while the worker is running.
-LEASE_SECONDS = 10.0
+# three heartbeats in a row (one every third of a lease) while the worker is running, and that the worker
+# takes the table lock before its lease runs out (10 s once ran out between claim and lock in a full
+# suite: the attempt was fenced out before its commit, and the test waited for a hold that never came).
+LEASE_SECONDS = 30.0
 REACH_COMMIT_SECONDS = 900.0  # a worker JVM starting on a shared, loaded machine
 
 
