@@ -36,7 +36,7 @@ from runstate.services.state import (
     ServiceRecord,
     free_port,
     is_running,
-    process_start_time,
+    service_record,
     spawn_detached,
     wait_until,
 )
@@ -208,7 +208,7 @@ class StandaloneCluster:
         )
         log = self.base_dir / "logs" / f"{name}.log"
         process = spawn_detached(argv, log_path=log, env=daemon_env())
-        self.workers[name] = _record(name, f"spark://{LOOPBACK}:{port}", port, process, log, {})
+        self.workers[name] = service_record(name, f"spark://{LOOPBACK}:{port}", port, process, log, {})
         return name, process
 
     def _await_worker(self, name: str, process: Any) -> ServiceRecord:
@@ -273,20 +273,7 @@ def start_master(base_dir: Path, *, default_cores: int) -> ServiceRecord:
         what=MASTER,
         log=log,
     )
-    return _record(MASTER, f"spark://{LOOPBACK}:{port}", port, process, log, {"webui": webui})
-
-
-def _record(name: str, url: str, port: int, process: Any, log: Path, extra: dict[str, str]) -> ServiceRecord:
-    return ServiceRecord(
-        name,
-        EMBEDDED,
-        url,
-        port=port,
-        pid=process.pid,
-        pid_start=process_start_time(process.pid),
-        log=str(log),
-        extra=extra,
-    )
+    return service_record(MASTER, f"spark://{LOOPBACK}:{port}", port, process, log, {"webui": webui})
 
 
 def _worker_index(name: str) -> int:

@@ -367,6 +367,13 @@ def started_record(
 ) -> ServiceRecord:
     """Wait until the server just started answers at `url`, then the record that finds it again."""
     wait_until(lambda: healthy(url), timeout=60, process=process, what=name, log=log)
+    return service_record(name, url, port, process, log, extra)
+
+
+def service_record(
+    name: str, url: str, port: int, process: subprocess.Popen, log: Path, extra: dict[str, str] | None = None
+) -> ServiceRecord:
+    """The record of an embedded service that answers: enough to find the very same process again."""
     return ServiceRecord(
         name,
         EMBEDDED,
