@@ -68,7 +68,7 @@ class _PgFeed:
         """Follow the feed from `after_position` until `stop()` is true (for ever without it)."""
         check_position(after_position, 1)
         check_poll_seconds(poll_seconds)
-        listener = _Listener(self._conninfo, self.schema)
+        listener = _Listener(self._store.conninfo, self.schema)
         try:
             yield from follow(self.fetch_all, listener.wait, after_position, poll_seconds, stop)
         finally:

@@ -16,22 +16,19 @@
   outcome was lost reports those events as `idempotent=True, persisted=False`: the log itself
   holds each key once either way (at-least-once reporting, exactly-once storage). Every other
   driver error leaves as an EventStoreError naming what failed.
-- Connections come from psycopg_pool, opened on first use.
+- Connections come from a PostgresDatastore (runstate.datastore), the one owner of a process's
+  Postgres pool: given (shared with the maintenance queue, say) or built from the DSN.
 """
 
 from __future__ import annotations
 
 import random
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TypeVar
 
 import psycopg
 from psycopg import errors
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg_pool import ConnectionPool
 
 from runstate import migrations
 from runstate.datastore import PostgresDatastore, check_schema_name
@@ -55,11 +52,11 @@ _MAX_ATTEMPTS = 20
 
 
 class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
-    """The event store on Postgres; thread-safe (a psycopg_pool ConnectionPool of `pool_size`)."""
+    """The event store on Postgres; thread-safe (the datastore's pool of `pool_size` connections)."""
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None = None,
         *,
         schema: str = "runstate",
         snapshot_interval: int = 100,
@@ -69,7 +66,12 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
         pool_size: int = 8,
         large_snapshot_bytes: int = 100 * 1024,
         connect_timeout: float = 10.0,
+        datastore: PostgresDatastore | None = None,
     ):
+        if (datastore is None) == (dsn is None):
+            raise ValueError("give a dsn or a datastore, not both")
+        if datastore is not None and datastore.schema != check_schema_name(schema):
+            raise ValueError(f"the datastore is for schema {datastore.schema!r}, not {schema!r}")
         self.schema = check_schema_name(schema)
         if int(partitions) < 0 or int(partitions) > 1024:
             raise ValueError(f"partitions must be between 0 and 1024, got {partitions!r}")
@@ -82,39 +84,16 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
             keep_snapshots=keep_snapshots,
             large_snapshot_bytes=large_snapshot_bytes,
         )
-        self._dsn = dsn
-        self._conninfo = _add_options(dsn, f"-c search_path={self.schema},public")
-        self._pool_size = max(1, int(pool_size))
-        self._connect_timeout = float(connect_timeout)
-        self._pool: ConnectionPool | None = None
-        self._pool_lock = threading.Lock()
+        self._owns_store = datastore is None
+        self._store = datastore or PostgresDatastore(
+            dsn, schema=self.schema, pool_size=pool_size, connect_timeout=connect_timeout
+        )
         self._closed = False
         self.hints = RunHints()
 
-    # -- connections --------------------------------------------------------------------------
-
-    def _open_pool(self) -> ConnectionPool:
-        with self._pool_lock:
-            if self._closed:
-                raise EventStoreError("the event store is closed")
-            if self._pool is None:
-                self._pool = ConnectionPool(
-                    self._conninfo,
-                    min_size=0,
-                    max_size=self._pool_size,
-                    kwargs={"autocommit": True},
-                    timeout=self._connect_timeout,
-                    name=f"runstate-{self.schema}",
-                    open=True,
-                )
-            return self._pool
-
-    @contextmanager
-    def _connection(self) -> Iterator[psycopg.Connection]:
-        """A pooled autocommit connection; the pool discards it when it comes back broken."""
-        pool = self._pool if self._pool is not None and not self._closed else self._open_pool()
-        with pool.connection() as conn:
-            yield conn
+    @property
+    def datastore(self) -> PostgresDatastore:
+        return self._store
 
     def _run(
         self,
@@ -130,14 +109,13 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
         and the COMMIT leaves with the statements before it."""
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                with self._connection() as conn:
-                    if not transactional:
+                if self._closed:
+                    raise EventStoreError("the event store is closed")
+                if not transactional:
+                    with self._store.connection() as conn:
                         return work(conn)
-                    if not pipeline:
-                        with conn.transaction():
-                            return work(conn)
-                    with conn.pipeline(), conn.transaction():
-                        return work(conn)
+                with self._store.transaction(pipeline=pipeline) as conn:
+                    return work(conn)
             except _RETRYABLE as exc:
                 if attempt == _MAX_ATTEMPTS:
                     raise ConcurrencyConflict(f"{what}: gave up after {attempt} attempts ({exc})") from exc
@@ -153,25 +131,21 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
         raise AssertionError("unreachable")
 
     def close(self) -> None:
-        with self._pool_lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.close()
+        """Close the store; the datastore too when the store built it (a given one is its owner's)."""
+        self._closed = True
+        if self._owns_store:
+            self._store.close()
 
     # -- schema -------------------------------------------------------------------------------
 
     def ensure_schema(self) -> None:
         """Apply the versioned migrations into `schema`; idempotent and safe to race."""
-        store = PostgresDatastore(self._dsn, schema=self.schema, connect_timeout=self._connect_timeout)
         try:
             migrations.upgrade(
-                store, "eventstore", session_settings={"runstate.event_partitions": str(self.partitions)}
+                self._store, "eventstore", session_settings={"runstate.event_partitions": str(self.partitions)}
             )
         except (psycopg.Error, migrations.MigrationError) as exc:
             raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
-        finally:
-            store.close()
         if self.partitions:
             self._check_partitions()
 
@@ -189,11 +163,6 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
                 f"schema {self.schema!r}: run_events already exists with {found} hash partitions, "
                 f"not {self.partitions}; partitioning is chosen when the table is first created"
             )
-
-
-def _add_options(dsn: str, options: str) -> str:
-    existing = conninfo_to_dict(dsn).get("options")
-    return make_conninfo(dsn, options=f"{existing} {options}" if existing else options)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -75,7 +75,7 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
     """Every committed event reaches a subscriber exactly once, in position order, none skipped,
     although one transaction stays open for seconds while the others commit past it."""
     store = pg_store
-    conninfo = store._conninfo
+    conninfo = store.datastore.conninfo
     committed: set[str] = set()
     lock = threading.Lock()
     long_started, others_done = threading.Event(), threading.Event()

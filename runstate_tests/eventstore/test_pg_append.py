@@ -24,14 +24,14 @@ def _round_trips(trace: Path) -> int:
 
 def _traced_appends(store: PostgresEventStore, trace: Path, appends: list) -> None:
     with open(trace, "w") as out:
-        with store._connection() as conn:  # pool_size=1: the connection every append takes
+        with store.datastore.connection() as conn:  # pool_size=1: the connection every append takes
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
         try:
             for run_id, events in appends:
                 store.append_batch(run_id, events)
         finally:
-            with store._connection() as conn:
+            with store.datastore.connection() as conn:
                 conn.pgconn.untrace()  # flushes libpq's buffer into the file
 
 
