@@ -67,14 +67,17 @@ def test_a_killed_maintenance_tick_is_ended_by_the_next_tick_which_reuses_no_run
         store.ensure_schema()
         store.replace_table_cache([CachedTable("db", "orders", True, {})])
         job_id = store.submit("db", "orders", ["rewrite_manifests"])
-        child = subprocess.Popen(
-            [RUNSTATE, "maintenance", "tick"],
-            env=cli_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its Spark JVM dies with it
-        )
+        # The instance's SQLite storage is created here, before the child opens it: two processes
+        # creating it at once can both stamp its alembic version ("more than one head present").
         with dg.DagsterInstance.get() as instance:
+            instance.get_runs_count()
+            child = subprocess.Popen(
+                [RUNSTATE, "maintenance", "tick"],
+                env=cli_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # its Spark JVM dies with it
+            )
             try:
                 killed = poll(
                     lambda: _worker_started(instance, store, job_id), timeout=180, what="a worker run"

@@ -137,6 +137,25 @@ def lingering_runs(deployment: Deployment) -> list[str]:
     return [run["runId"] for run in runs["runsOrError"]["results"]]
 
 
+def flush_runs(deployment: Deployment) -> list[tuple[str, str]]:
+    runs = deployment.graphql(RUNS, {"filter": {"pipelineName": "flush_wal"}})
+    return [(run["runId"][:8], run["status"]) for run in runs["runsOrError"]["results"]]
+
+
+@contextlib.contextmanager
+def explained(server: Server) -> Iterator[None]:
+    """A failed wait says what the deployment did: its flush runs, its liveness verdicts, its log's end."""
+    try:
+        yield
+    except AssertionError as exc:
+        log = server.deployment.log.read_text(errors="replace")
+        verdicts = [line for line in log.splitlines() if "heartbeat" in line][-10:]
+        raise AssertionError(
+            f"{exc}\nflush runs: {flush_runs(server.deployment)}\nliveness: {verdicts}\n"
+            f"log tail:\n{server.deployment.log_tail(3000)}"
+        ) from None
+
+
 def visible_at(deployment: Deployment, version: int) -> bool:
     reader = DatasetReader(deployment.aws("s3"), "runstate-blobs", "datasets/", DATASET)
     rows = [
@@ -177,12 +196,22 @@ def a_run_lingering(server: Server, changes: list[Change]) -> None:
     change = Change.upsert(f"nudge-{len(changes)}", len(changes) + 1)
     changes.append(change)
     seq = append(server.deployment, change.key, change.value)
-    poll(
-        lambda: visible_at(server.deployment, seq) and bool(lingering_runs(server.deployment)),
-        timeout=FIRST_FLUSH_S,
-        every=1,
-        what="a flush run lingering after a new row",
-    )
+    seen: list[tuple[bool, bool]] = []
+
+    def visible_and_lingering() -> bool:
+        seen.append((visible_at(server.deployment, seq), bool(lingering_runs(server.deployment))))
+        return seen[-1] == (True, True)
+
+    try:
+        with explained(server):
+            poll(
+                visible_and_lingering,
+                timeout=FIRST_FLUSH_S,
+                every=1,
+                what=f"a flush run lingering after row {seq}",
+            )
+    except AssertionError as exc:
+        raise AssertionError(f"(visible, lingering) last seen: {seen[-3:]}\n{exc}") from None
 
 
 def restart_then_append(server: Server, sig: int, changes: list[Change]) -> float:

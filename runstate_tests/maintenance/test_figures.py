@@ -43,6 +43,25 @@ def test_figures_match_the_metadata_tables_and_name_their_snapshot(spark, iceber
     assert figures["delete_files"] > 0 and "canary_planning_ms" not in figures
 
 
+def test_a_table_without_delete_files_is_figured_from_its_snapshot_summary_without_a_spark_job(
+    spark, iceberg_namespace
+):
+    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
+    name = ref.in_catalog("lake")
+    spark.sql(f"CALL lake.system.rewrite_data_files(table => '{ref.key}')").collect()  # a second snapshot
+    expected = metadata_figures(spark, name)
+    tracker = spark.sparkContext.statusTracker()
+
+    spark.sparkContext.setJobGroup("figures", "table_figures from the summary")
+    try:
+        figures = table_figures(spark, ref)
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+
+    assert {key: figures[key] for key in expected} == expected and expected["data_files"] == 1
+    assert list(tracker.getJobIdsForGroup("figures")) == []
+
+
 def test_an_empty_table_has_zero_figures(spark, iceberg_namespace):
     spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.`empty` (id BIGINT) USING iceberg")
     figures = table_figures(spark, TableRef(iceberg_namespace, "empty"))
