@@ -2,7 +2,7 @@
 
 Every test asserts that its work ran as tasks on both executors (other JVMs and other Python workers
 than the driver's): the blob reads in `mapInArrow` with the endpoint and credentials from the
-configuration, the Iceberg jar shipped with `spark.jars` and the JDBC catalog.
+configuration, the Iceberg jar shipped with `spark.jars`, the JDBC catalog and the commit fence.
 The tests run in file order on one worker (an xdist group); the last two take the cluster down.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import threading
 import time
 from pathlib import Path
@@ -19,23 +21,32 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
+from runstate.maintenance.commit_fence import attempt_tag
 from runstate.maintenance.runner import run_job
 from runstate.services import spark_cluster
+from runstate.services.state import free_port
 from runstate.wal import DatasetReader
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, read_table, table_ident
+from runstate_tests.cluster.conftest import Executors
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.maintenance.conftest import (
+    WorkerProcess,
     cache,
     make_table,
     rows,
+    snapshot_operations,
     wait_for,
 )
 from runstate_tests.maintenance.test_actions import table_location
+from runstate_tests.maintenance.test_commit_fence import REACH_COMMIT_SECONDS, _lease_expired
 from runstate_tests.wal.dataset_tables.conftest import Feed
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
 
+# Longer than the commit-fence module's 10 s: on a loaded machine a zombie whose executors start slowly
+# must not lose its lease before its rewrite begins (it would then never reach the held commit).
+ZOMBIE_LEASE_SECONDS = 30.0
 ACTIONS = [
     "rewrite_data_files",
     "rewrite_position_delete_files",
@@ -134,6 +145,47 @@ def test_one_maintenance_job_runs_every_action_on_the_executors(spark, iceberg_n
     assert rows(spark, ref) == before_rows
 
 
+def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
+    cluster, spark, spark_settings, store, rewrite_job, commit_hold, pg_database, pg_schema
+):
+    ref, before, job_id = rewrite_job
+    ui_port = free_port()
+    ui = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
+    zombie_spark = {"master": cluster.url, "extra_conf": ui}
+    zombie = WorkerProcess(pg_database, spark_settings.warehouse_dir, zombie_spark)
+    try:
+        claim_a = zombie.claim(pg_schema, ZOMBIE_LEASE_SECONDS)
+        assert claim_a["job_id"] == job_id
+        tag_a = attempt_tag(pg_schema, claim_a["attempt_id"])
+        wait_for(
+            lambda: commit_hold.waiting(tag_a) or _has_output(zombie),
+            "the zombie to reach its commit",
+            REACH_COMMIT_SECONDS,
+        )
+        assert not _has_output(zombie), f"the zombie's job ended before its commit: {zombie.outcome()}"
+        # Its rewrite (read 6 files, write 1) ran as tasks on the cluster's executors, not in its driver.
+        zombie_tasks = Executors(ui=f"http://127.0.0.1:{ui_port}").counts()
+        assert zombie_tasks and all(n > 0 for n in zombie_tasks.values()), zombie_tasks
+        zombie.signal(signal.SIGSTOP)
+        wait_for(lambda: _lease_expired(store, job_id), "the zombie's lease to run out")
+        claim_b = store.claim("worker-b", lease_seconds=300)
+        assert claim_b is not None and claim_b.job_id == job_id
+        commit_hold.let_through(attempt_tag(store.schema, claim_b.attempt_id))
+
+        # The zombie resumes while B holds the fence but before B commits: only the commit fence stops it.
+        commit_hold.release()
+        zombie.signal(signal.SIGCONT)
+        outcome_a = zombie.outcome()
+        outcome_b = run_job(spark, store, claim_b)
+    finally:
+        zombie.stop()
+
+    assert outcome_a["status"] == "fenced_out"
+    assert outcome_b.status == "completed", outcome_b.error
+    assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
+    assert rows(spark, ref) == before
+
+
 def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_table(
     cluster, spark, wal, feed, dataset_ids, gated_moto
 ):
@@ -177,6 +229,11 @@ def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_tab
         DatasetReader(wal.s3, wal.bucket, wal.prefix, dataset_id).state(),
     )
     assert spark.table(f"{ident}.snapshots").count() == snapshots_before + 1  # one commit: all or nothing
+
+
+def _has_output(worker: WorkerProcess) -> bool:
+    """Whether the worker printed a line not read yet (its job's outcome)."""
+    return bool(select.select([worker.proc.stdout.fileno()], [], [], 0)[0])
 
 
 def _merge_into(outcome: dict[str, object], spark, location: BlobLocation, dataset_id: str) -> None:
