@@ -60,6 +60,29 @@ def test_rewrite_data_files_compacts_and_keeps_the_rows(spark, iceberg_namespace
     assert contents(spark, ref) == before
 
 
+def replace_commits(spark, ref: TableRef) -> int:
+    return spark.table(f"lake.{ref.quoted}.snapshots").where("operation = 'replace'").count()
+
+
+def test_a_partitioned_table_commits_its_file_groups_as_they_finish_and_a_plain_one_commits_once(
+    spark, iceberg_namespace
+):
+    plain = make_table(spark, iceberg_namespace, "plain", deletes=False)
+    parted = TableRef(iceberg_namespace, "parted")
+    spark.sql(f"CREATE TABLE lake.{parted.quoted} (id BIGINT, p INT) USING iceberg PARTITIONED BY (p)")
+    for _ in range(6):  # a file per partition per append: 6 small files in each of 3 partitions
+        spark.range(30).selectExpr("id", "CAST(id % 3 AS INT) AS p").writeTo(f"lake.{parted.quoted}").append()
+
+    # The plain table is one file group: no commit service (about 0.1 s of a small compaction).
+    assert [ActionRunner(spark, ref)._several_file_groups() for ref in (plain, parted)] == [False, True]
+    for ref in (plain, parted):
+        result = ActionRunner(spark, ref).run("rewrite_data_files")
+        assert result.success, result.error
+
+    # Partial progress: one commit per partition's group; without it, one commit for the table.
+    assert (replace_commits(spark, plain), replace_commits(spark, parted)) == (1, 3)
+
+
 def test_rewrite_position_delete_files_drops_deletes_made_dangling_by_compaction(spark, iceberg_namespace):
     ref = make_table(spark, iceberg_namespace, files=8, rows=800)
     before = contents(spark, ref)
