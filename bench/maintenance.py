@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000, help="queue jobs per measurement")
     parser.add_argument("--files", type=int, default=500, help="small files in each rewrite table")
-    parser.add_argument("--repeats", type=int, default=2, help="rewrite rounds (median reported)")
+    parser.add_argument("--repeats", type=int, default=3, help="rewrite rounds (median reported)")
     parser.add_argument("--skip-spark", action="store_true", help="queue figures only")
     parser.add_argument("--admin-url", default=ADMIN_URL)
     parser.add_argument("--drain", type=int, metavar="N", help="drain N jobs through `runstate dev` instead")
