@@ -94,9 +94,8 @@ def attempt_session(spark: SparkSession, catalog: str, tag: str) -> Iterator[Spa
         return
     session = spark.newSession()
     session.conf.set(f"spark.sql.catalog.{catalog}.jdbc.ApplicationName", tag)
-    # The attempt's catalog is new, so its table cache starts empty: the first load is the table as it is
-    # now, and the figures, the procedures and the figures after them share that load (the procedure's
-    # commit refreshes it), where a cache-less catalog read the table's metadata again for each of them.
+    # No table cache: an attempt must plan against the table as it is now, not as the worker last saw it.
+    session.conf.set(f"spark.sql.catalog.{catalog}.cache-enabled", "false")
     # Load the attempt's catalog now, through a statement (Spark makes the session active for it). A
     # first load by a direct JVM call (Spark3Util.loadIcebergTable, as the figures do) reads the conf of
     # the thread's active session, the base one: the catalog came up untagged and cached, and the
