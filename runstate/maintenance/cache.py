@@ -8,28 +8,18 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from runstate import sqlfiles
 from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.validation import flag, json_object
 
-# SHARE ROW EXCLUSIVE: one replace at a time, while readers keep seeing the previous inventory.
-LOCK_CACHE_SQL = "LOCK TABLE table_cache_entries IN SHARE ROW EXCLUSIVE MODE"
-CLEAR_CACHE_SQL = "DELETE FROM table_cache_entries"
-INSERT_CACHE_SQL = (
-    "INSERT INTO table_cache_entries (database_name, table_name, maintenance_enabled, payload)"
-    " SELECT * FROM unnest(%s::text[], %s::text[], %s::bool[], %s::jsonb[])"
-)
-MARK_SYNCED_SQL = (
-    "INSERT INTO table_cache_meta (id, last_synced_at) VALUES (1, now())"
-    " ON CONFLICT (id) DO UPDATE SET last_synced_at = EXCLUDED.last_synced_at"
-)
-_CACHED_COLUMNS = "SELECT database_name, table_name, maintenance_enabled, payload FROM table_cache_entries"
-CACHED_TABLES_SQL = _CACHED_COLUMNS + " ORDER BY database_name, table_name"
-ENABLED_CACHED_TABLES_SQL = (
-    _CACHED_COLUMNS + " WHERE maintenance_enabled = TRUE ORDER BY database_name, table_name"
-)
-LAST_SYNCED_SQL = "SELECT last_synced_at FROM table_cache_meta WHERE id = 1"
+
+def _sql(name: str) -> str:
+    """A named query of sql/postgres/maintenance/cache.sql."""
+    return sqlfiles.queries("postgres", "maintenance", "cache.sql")[name]
+
+
 # Large inventories carry each table's properties; a megabyte per entry is far beyond any real one.
 MAX_PAYLOAD_BYTES = 1 << 20
 
@@ -58,19 +48,19 @@ class CatalogCache:
             payloads,
         )
         with self.db.transaction() as cur:
-            cur.execute(LOCK_CACHE_SQL)
-            cur.execute(CLEAR_CACHE_SQL)
+            cur.execute(_sql("lock_cache"))
+            cur.execute(_sql("clear_cache"))
             if checked:
-                cur.execute(INSERT_CACHE_SQL, columns)
-            cur.execute(MARK_SYNCED_SQL)
+                cur.execute(_sql("insert_cache"), columns)
+            cur.execute(_sql("mark_synced"))
         return len(checked)
 
     def cached_tables(self, enabled_only: bool = False) -> list[CachedTable]:
-        query = ENABLED_CACHED_TABLES_SQL if enabled_only else CACHED_TABLES_SQL
+        query = _sql("enabled_cached_tables") if enabled_only else _sql("cached_tables")
         return [_cached(row) for row in self.db.fetchall(query)]
 
     def last_synced_at(self) -> datetime | None:
-        row = self.db.fetchone(LAST_SYNCED_SQL)
+        row = self.db.fetchone(_sql("last_synced"))
         return row[0] if row else None
 
 

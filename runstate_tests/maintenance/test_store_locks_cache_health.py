@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import UTC, datetime, timedelta
 
@@ -267,3 +268,27 @@ def test_orchestrator_run_records_every_counter(store: MaintenanceStore) -> None
     assert [r.id for r in store.orchestrator_runs()] == [second, run_id]  # newest first, id breaks the tie
     with pytest.raises(ValueError):
         store.record_orchestrator_run(started_at=started, completed_at=started, status="")
+
+
+def test_the_history_queries_name_every_field_of_their_rows():
+    """history.sql spells its columns out; they must stay the fields of HealthSnapshot and OrchestratorRun."""
+    from dataclasses import fields
+
+    from runstate import sqlfiles
+    from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
+
+    queries = sqlfiles.queries("postgres", "maintenance", "history.sql")
+    health = {f.name for f in fields(HealthSnapshot)}
+    runs = {f.name for f in fields(OrchestratorRun)}
+
+    def parameters(name: str) -> set[str]:
+        return set(re.findall(r"%\((\w+)\)s", queries[name]))
+
+    def selected(name: str) -> set[str]:
+        columns = queries[name].split("SELECT", 1)[1].split("FROM", 1)[0].split(",")
+        return {column.split(" AS ")[-1].strip().strip('"') for column in columns}
+
+    assert parameters("insert_health") == health - {"id"}
+    assert selected("latest_health") == health
+    assert parameters("insert_orchestrator_run") == runs - {"id", "created_at"}
+    assert selected("orchestrator_runs") == runs
