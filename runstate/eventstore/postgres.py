@@ -142,7 +142,9 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventSt
         """Apply the versioned migrations into `schema`; idempotent and safe to race."""
         try:
             migrations.upgrade(
-                self._store, "eventstore", session_settings={"runstate.event_partitions": str(self.partitions)}
+                self._store,
+                "eventstore",
+                session_settings={"runstate.event_partitions": str(self.partitions)},
             )
         except (psycopg.Error, migrations.MigrationError) as exc:
             raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
