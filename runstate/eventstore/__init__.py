@@ -3,6 +3,7 @@
 from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
+from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
     DEFAULT_ARCHIVE_AFTER_DAYS,
@@ -10,7 +11,6 @@ from runstate.eventstore.contract import (
     TERMINAL_EVENT_TYPES,
     AppendResult,
     ConcurrencyConflict,
-    EventStore,
     EventStoreError,
     EventType,
     InvalidEvent,

@@ -1,7 +1,10 @@
-"""_EventStoreBase: the backend-independent parts shared by PostgresEventStore and SnowflakeEventStore.
+"""EventStore: the event store's contract, once, with the backend-independent half of it.
 
-A subclass supplies the storage specifics, declared below as abstract methods: a retried
-transaction (`_run`), the reads the projection needs, the append itself and `close`.
+Both backends (PostgresEventStore, SnowflakeEventStore) subclass it, and one contract test suite runs
+against each. It holds what does not touch SQL (validation, the snapshot policy and metrics, the
+projection loop and its retry, resume, the recent-projection cache); a backend supplies its SQL and
+its transaction through the abstract methods: the public reads and writes below, and the storage hooks
+(`_run`, a retried transaction; the reads the projection needs; the append itself).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -47,12 +50,14 @@ _PAGE = 10_000
 _MAX_PROJECTION_ATTEMPTS = 20
 _RECENT_RUNS = 4096
 
-_S = TypeVar("_S", bound="_EventStoreBase")
+_S = TypeVar("_S", bound="EventStore")
 
 
-class _EventStoreBase(ABC):
-    """Snapshot policy and metrics, the recent-projection cache, and the parts of
-    append/projection/resume/archive/import that do not touch SQL."""
+class EventStore(ABC):
+    """An append-only, idempotent log of workflow runs' events, with snapshots and projections.
+
+    Implemented here: append, append_batch, project, rebuild, project_runs, resume. A backend implements
+    the abstract methods below."""
 
     max_event_bytes: int
     policy: SnapshotPolicy
@@ -119,6 +124,62 @@ class _EventStoreBase(ABC):
         self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
         """Write a validated, non-empty batch in one transaction (see `append_batch`)."""
+
+    # -- the contract's backend half -----------------------------------------------------------
+
+    @abstractmethod
+    def ensure_schema(self) -> None:
+        """Apply the backend's migrations; idempotent and safe to race."""
+
+    @abstractmethod
+    def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """The run's events after `after_seq`, live and archived, in seq order."""
+
+    @abstractmethod
+    def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """The feed: every run's events after `after_position`, in position order."""
+
+    @abstractmethod
+    def subscribe(
+        self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
+    ) -> Iterator[StoredEvent]:
+        """Follow the feed from `after_position` until `stop()` is true."""
+
+    @abstractmethod
+    def checkpoint(self, run_id: str, state: Any = None) -> int:
+        """Write a snapshot at the run's last seq now; returns that seq."""
+
+    @abstractmethod
+    def archive(self, older_than_days: int, now: datetime | None = None) -> int:
+        """Move the events of runs finished more than `older_than_days` ago to the archive."""
+
+    @abstractmethod
+    def restore(self, run_id: str) -> int:
+        """Bring an archived run's events back; returns how many."""
+
+    @abstractmethod
+    def import_events(self, events: Iterable[StoredEvent]) -> int:
+        """Store events with their seqs (a migration's target side); idempotent per key."""
+
+    @abstractmethod
+    def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
+        """Run ids in order, after `after` (live and archived)."""
+
+    @abstractmethod
+    def max_seq(self, run_id: str) -> int:
+        """The run's highest seq, archived events included (0 for an unknown run)."""
+
+    @abstractmethod
+    def stale_runs(self, limit: int = 1000) -> list[str]:
+        """Runs whose stored projection is behind their events."""
+
+    @abstractmethod
+    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]:
+        """stale_runs with each run's start and event count."""
+
+    @abstractmethod
+    def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
+        """Runs whose start falls in [start, end)."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -7,18 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Protocol,
-    runtime_checkable,
-)
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # resume.py folds with projection.py, which imports this module
-    from runstate.eventstore.resume import Resume
+    pass
 
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
 DEFAULT_ARCHIVE_AFTER_DAYS = 90  # runs finished more than 90 days ago move to the archive
@@ -274,62 +269,6 @@ class MigrationReport:
     events_skipped: int
     verified: bool
     mismatches: list[str] = field(default_factory=list)
-
-
-@runtime_checkable
-class EventStore(Protocol):
-    """What both backends provide; one contract test suite runs against each."""
-
-    snapshot_interval: int
-
-    def ensure_schema(self) -> None: ...
-
-    def append(self, event: NewEvent, *, expected_last_seq: int | None = None) -> AppendResult: ...
-
-    def append_batch(
-        self,
-        run_id: str,
-        events: Sequence[NewEvent],
-        state: Any = None,
-        *,
-        expected_last_seq: int | None = None,
-    ) -> list[AppendResult]: ...
-
-    def fetch(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]: ...
-
-    def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]: ...
-
-    def subscribe(
-        self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
-    ) -> Iterator[StoredEvent]: ...
-
-    def project(self, run_id: str) -> RunSnapshot: ...
-
-    def rebuild(self, run_id: str) -> RunSnapshot: ...
-
-    def resume(self, run_id: str) -> Resume: ...
-
-    def checkpoint(self, run_id: str, state: Any = None) -> int: ...
-
-    def archive(self, older_than_days: int, now: datetime | None = None) -> int: ...
-
-    def restore(self, run_id: str) -> int: ...
-
-    def import_events(self, events: Iterable[StoredEvent]) -> int: ...
-
-    def run_ids(self, after: str = "", limit: int = 1000) -> list[str]: ...
-
-    def max_seq(self, run_id: str) -> int: ...
-
-    def stale_runs(self, limit: int = 1000) -> list[str]: ...
-
-    def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]: ...
-
-    def project_runs(self, run_ids: Iterable[str], *, rebuild: bool = False) -> ProjectionReport: ...
-
-    def runs_started_between(self, start: datetime, end: datetime) -> list[str]: ...
-
-    def close(self) -> None: ...
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -32,7 +32,7 @@ from psycopg import errors
 
 from runstate import migrations
 from runstate.datastore import PostgresDatastore, check_schema_name
-from runstate.eventstore.base import _EventStoreBase
+from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     ConcurrencyConflict,
@@ -51,7 +51,7 @@ _RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.Uniqu
 _MAX_ATTEMPTS = 20
 
 
-class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, _EventStoreBase):
+class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, EventStore):
     """The event store on Postgres; thread-safe (the datastore's pool of `pool_size` connections)."""
 
     def __init__(

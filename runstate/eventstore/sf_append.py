@@ -23,6 +23,7 @@ from runstate.eventstore.sf_sql import (
     chunks,
     iso,
 )
+from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
 log = logging.getLogger("runstate.eventstore.snowflake")
@@ -94,7 +95,7 @@ class _SfAppend:
         run_id: str,
         valid: list[ValidEvent],
         state: Any,
-        projected: list[RunSnapshot],
+        written: list[tuple[RunSnapshot | None, EncodedSnapshot | None]],
         expected: int | None,
         position_base: int,
     ) -> list[AppendResult]:
@@ -113,9 +114,7 @@ class _SfAppend:
         self._advance_stream(cur, run_id, next_seq, count + len(new), [e for _, e in new])
         reason = self.policy.reason(count, count + len(new), (e.event_type for _, e in new))
         if reason:
-            made = self._write_snapshot(cur, run_id, next_seq, state, reason, last_seq, new)
-            if made is not None:
-                projected.append(made)
+            written.append(self._write_snapshot(cur, run_id, next_seq, state, reason, last_seq, new))
         return results
 
     def _merge_events(

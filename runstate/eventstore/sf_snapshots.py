@@ -13,6 +13,7 @@ from runstate.eventstore.rows import as_stored
 from runstate.eventstore.sf_sql import b64
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
+    EncodedSnapshot,
     StoredSnapshot,
     canonical_json,
     choose_valid,
@@ -32,7 +33,10 @@ class _SfSnapshots:
         reason: str,
         stored_upto: int,
         pending: Sequence[tuple[int, ValidEvent]] = (),
-    ) -> RunSnapshot | None:
+    ) -> tuple[RunSnapshot | None, EncodedSnapshot | None]:
+        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N; returns the
+        projection (when that is what was written) and the encoded snapshot (None when one was already
+        stored at `seq`). The caller counts it in the metrics once the transaction committed."""
         kind, projection, encoded = self._encode_snapshot_in_tx(cur, run_id, seq, state, stored_upto, pending)
         cur.execute(
             f"INSERT INTO {self._t('RUN_STATE_SNAPSHOTS')}"
@@ -63,9 +67,7 @@ class _SfSnapshots:
                 f"DELETE FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ < %s",
                 (run_id, seqs[self.policy.keep - 1]),
             )
-        if inserted:
-            self.metrics.record_written(encoded)
-        return projection
+        return projection, encoded if inserted else None
 
     def _snapshots(
         self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None
@@ -116,15 +118,17 @@ class _SfSnapshots:
             canonical_json(run_id, state)
         self._merge_usable()
 
-        def work(cur: Any) -> tuple[int, RunSnapshot | None]:
+        def work(cur: Any) -> tuple[int, tuple[RunSnapshot | None, EncodedSnapshot | None]]:
             cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
             if not cur.fetchone()[0]:
-                return 0, None
+                return 0, (None, None)
             last_seq, _, _ = self._lock_stream(cur, run_id)
             if last_seq == 0:
-                return 0, None
+                return 0, (None, None)
             return last_seq, self._write_snapshot(cur, run_id, last_seq, state, "checkpoint", last_seq)
 
-        seq, made = self._run(f"checkpoint run {run_id!r}", work)
+        seq, (made, encoded) = self._run(f"checkpoint run {run_id!r}", work)
+        if encoded is not None:
+            self.metrics.record_written(encoded)
         self._remember(made)
         return seq

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from runstate import migrations
 from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.datastore.snowflake import rollback_quietly
-from runstate.eventstore.base import _EventStoreBase
+from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     AppendResult,
@@ -55,6 +55,7 @@ from runstate.eventstore.sf_sql import (
     Retry,
     retryable,
 )
+from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
 log = logging.getLogger("runstate.eventstore.snowflake")
@@ -63,7 +64,7 @@ T = TypeVar("T")
 _MAX_ATTEMPTS = 80
 
 
-class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventStoreBase):
+class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, EventStore):
     """The event store on Snowflake through snowflake-connector-python; thread-safe."""
 
     def __init__(
@@ -198,15 +199,18 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, _EventS
         self._create_stream(run_id)
         position_base = self._position_base()
         for _ in range(_MAX_ATTEMPTS):
-            projected: list[RunSnapshot] = []
+            written: list[tuple[RunSnapshot | None, EncodedSnapshot | None]] = []
 
             def work(cur: Any) -> list[AppendResult]:
-                projected.clear()
-                return self._append_tx(cur, run_id, valid, state, projected, expected_last_seq, position_base)
+                written.clear()
+                return self._append_tx(cur, run_id, valid, state, written, expected_last_seq, position_base)
 
             results = self._run(f"append to run {run_id!r}", work)
             if not any(r.persisted for r in results) or self._committed(run_id, valid, results):
-                self._remember(projected[-1] if projected else None)
+                for projection, encoded in written:  # at most one snapshot per append
+                    if encoded is not None:
+                        self.metrics.record_written(encoded)
+                    self._remember(projection)
                 return results
             # A failed COMMIT can look like success when the connector re-sends it (a second
             # COMMIT with no open transaction succeeds), so check; the retry is idempotent.
