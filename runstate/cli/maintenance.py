@@ -138,6 +138,15 @@ def cancel(job_id: str) -> None:
 
 
 @maintenance.command()
+@click.argument("job_id")
+def delete(job_id: str) -> None:
+    """Hide a job from `status` (cancelling it first when active); its row stays, marked deleted."""
+    if not _store().soft_delete(job_id):
+        raise click.ClickException(f"job {job_id} is already deleted")
+    click.echo(f"{job_id} deleted")
+
+
+@maintenance.command()
 def tick() -> None:
     """Evaluate maintenance_queue_sensor once and execute the worker runs it requests, in-process."""
     import dagster as dg

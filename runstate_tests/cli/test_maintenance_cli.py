@@ -61,6 +61,22 @@ def test_submit_status_cancel(store):
     assert store.get_job(job_id).status == "cancelled"
 
 
+def test_delete_hides_a_job_from_status_and_a_second_delete_is_an_error(store):
+    job_id = store.submit("db", "orders", ["rewrite_manifests"])
+
+    deleted = run("maintenance", "delete", job_id)
+    again = run("maintenance", "delete", job_id)
+    unknown = run("maintenance", "delete", "00000000-0000-0000-0000-000000000000")
+    listed = run("maintenance", "status")
+
+    assert (deleted.exit_code, deleted.output.strip()) == (0, f"{job_id} deleted")
+    assert again.exit_code == 1 and "already deleted" in again.output
+    assert unknown.exit_code == 1 and "does not exist" in unknown.output
+    assert job_id not in listed.output
+    job = store.get_job(job_id)
+    assert job.status == "cancelled" and job.deleted_at is not None
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
