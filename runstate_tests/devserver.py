@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -44,14 +46,50 @@ def graphql_version(port: int) -> str | None:
 
 
 def wait_for_graphql(port: int, process, timeout: float = 180) -> str | None:
-    """Poll until the webserver in another process answers (no tick to drive there), or it exits."""
+    """Poll until the webserver of `process` answers on `port` (no tick to drive there), or it exits.
+
+    None as well when another process listens on the port: `free_port()` can hand one port to two
+    callers at once, and a Dagster webserver of another test answering there looks healthy (seen twice:
+    a restart test that read another server's runs)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         version = graphql_version(port)
         if version is not None:
-            return version
+            return version if listening_pids(port) & {process.pid, *descendants(process.pid)} else None
         time.sleep(0.5)
     return None
+
+
+def listening_pids(port: int) -> set[int]:
+    """The processes holding a listening TCP socket on `port` (read from /proc: Linux, this machine)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    pids = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                pids.add(int(fd.parent.parent.name))
+    return pids
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, whatever its session (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 60) -> dict:

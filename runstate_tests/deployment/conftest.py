@@ -23,7 +23,15 @@ import yaml
 from runstate.services.http import http_answers
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.devserver import RUNSTATE, free_port, graphql, launch_dev, poll, wait_for_graphql
+from runstate_tests.devserver import (
+    RUNSTATE,
+    free_port,
+    graphql,
+    graphql_version,
+    launch_dev,
+    poll,
+    wait_for_graphql,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
@@ -104,12 +112,16 @@ def deployment() -> Iterator[Deployment]:
         AWS_DEFAULT_REGION="us-east-1",
         DAGSTER_TELEMETRY_ENABLED="false",
     )
-    port = free_port()
     log = home / "dev.log"
-    dev = launch_dev(port, env, log, start_new_session=True)
+    for _ in range(3):  # a port another process took before our webserver bound it: another port
+        port = free_port()
+        dev = launch_dev(port, env, log, start_new_session=True)
+        if wait_for_graphql(port, dev, timeout=STARTUP_S):
+            break
+        _stop(dev)
     deployment = Deployment(port, env, home, pg_url, moto, log)
     try:
-        assert wait_for_graphql(port, dev, timeout=STARTUP_S), deployment.log_tail()
+        assert dev.poll() is None and graphql_version(port), deployment.log_tail()
         poll(lambda: _location_loaded(deployment), timeout=STARTUP_S, every=2, what="code location loaded")
         yield deployment
     finally:

@@ -26,7 +26,7 @@ from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.deployment.conftest import STRIPPED, Deployment, _location_loaded, deployment_dagster_yaml
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.devserver import RUNSTATE, free_port, launch_dev, poll, wait_for_graphql
+from runstate_tests.devserver import RUNSTATE, descendants, free_port, launch_dev, poll, wait_for_graphql
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
@@ -46,13 +46,15 @@ class Server:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        self.deployment.port = free_port()
-        self.process = launch_dev(
-            self.deployment.port, self.deployment.env, self.deployment.log, start_new_session=True
-        )
-        assert wait_for_graphql(self.deployment.port, self.process, timeout=STARTUP_S), (
-            self.deployment.log_tail()
-        )
+        for _ in range(3):  # a port another process took before our webserver bound it: another port
+            self.deployment.port = free_port()
+            self.process = launch_dev(
+                self.deployment.port, self.deployment.env, self.deployment.log, start_new_session=True
+            )
+            if wait_for_graphql(self.deployment.port, self.process, timeout=STARTUP_S):
+                break
+            self.stop(signal.SIGKILL)
+        assert self.process is not None, self.deployment.log_tail()
         poll(
             lambda: _location_loaded(self.deployment), timeout=STARTUP_S, every=1, what="code location loaded"
         )
@@ -74,21 +76,6 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(timeout=60)
         self.process = None
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, whatever its session (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def alive(pid: int) -> bool:
