@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.errors import UnknownAction
-from runstate.maintenance.figures import table_figures
+from runstate.maintenance.figures import iceberg_table, table_figures
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
 from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.options import (
@@ -129,9 +129,7 @@ class ActionRunner:
 
     def _several_file_groups(self) -> bool:
         """Whether a rewrite may form more than one file group (read in the driver, no Spark job)."""
-        jvm = self.spark.sparkContext._jvm
-        name = self.ref.in_catalog(self.catalog)
-        table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(self.spark._jsparkSession, name)
+        table = iceberg_table(self.spark, self.ref.in_catalog(self.catalog))
         if not table.spec().isUnpartitioned():
             return True
         snapshot = table.currentSnapshot()

@@ -30,6 +30,20 @@ _FILES_FIGURES_SQL = (
 )
 
 
+# The snapshot summary's running totals, kept exact by Iceberg on every commit.
+_SUMMARY_TOTALS = {
+    "data_files": "total-data-files",
+    "delete_files": "total-delete-files",
+    "files_bytes": "total-files-size",
+}
+
+
+def iceberg_table(spark: SparkSession, name: str) -> Any:
+    """The Iceberg table (a JVM object) behind `name`, loaded in the driver: no Spark job."""
+    jvm = spark.sparkContext._jvm
+    return jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+
+
 def current_snapshot(spark: SparkSession, name: str) -> tuple[int | None, int]:
     """(current snapshot id, its manifest count) from the table's metadata and manifest list, read in
     the driver: no Spark job. (None, 0) for a table without a snapshot."""
@@ -40,8 +54,7 @@ def current_snapshot(spark: SparkSession, name: str) -> tuple[int | None, int]:
 def _snapshot(spark: SparkSession, name: str) -> tuple[int | None, int, dict[str, int] | None]:
     """current_snapshot's figures and the summary's file totals (None when the summary lacks one:
     a snapshot chain started by an engine that did not keep them)."""
-    jvm = spark.sparkContext._jvm
-    table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+    table = iceberg_table(spark, name)
     snapshot = table.currentSnapshot()
     if snapshot is None:
         return None, 0, None
@@ -49,13 +62,6 @@ def _snapshot(spark: SparkSession, name: str) -> tuple[int | None, int, dict[str
     totals = {key: summary.get(prop) for key, prop in _SUMMARY_TOTALS.items()}
     known = None if None in totals.values() else {key: int(value) for key, value in totals.items()}
     return int(snapshot.snapshotId()), int(snapshot.allManifests(table.io()).size()), known
-
-
-_SUMMARY_TOTALS = {
-    "data_files": "total-data-files",
-    "delete_files": "total-delete-files",
-    "files_bytes": "total-files-size",
-}
 
 
 def table_figures(
