@@ -92,12 +92,19 @@ class CatalogTable:
 @dataclass
 class CatalogListing:
     tables: list[CatalogTable]
-    skipped: list[str] = field(default_factory=list)  # names refused by the validator
+    # Names refused by the validator, and tables listed whose metadata cannot be read (each with why).
+    skipped: list[str] = field(default_factory=list)
 
 
 def table_properties(spark: SparkSession, ref: TableRef, catalog: str = CATALOG) -> dict[str, str]:
     rows = spark.sql(f"SHOW TBLPROPERTIES {ref.in_catalog(catalog)}").collect()
     return {row["key"]: row["value"] for row in rows}
+
+
+def _reason(exc: Exception) -> str:
+    """The JVM's own message (a Py4JJavaError's first line only names the py4j call)."""
+    java = getattr(exc, "java_exception", None)
+    return (str(java) if java is not None else str(exc)).splitlines()[0][:300]
 
 
 def list_namespaces(spark: SparkSession, catalog: str = CATALOG) -> list[str]:
@@ -107,6 +114,9 @@ def list_namespaces(spark: SparkSession, catalog: str = CATALOG) -> list[str]:
 
 def list_tables(spark: SparkSession, catalog: str = CATALOG) -> CatalogListing:
     """Every table in every top-level namespace, with its properties."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
+
     listing = CatalogListing(tables=[])
     for namespace in list_namespaces(spark, catalog):
         try:
@@ -121,12 +131,16 @@ def list_tables(spark: SparkSession, catalog: str = CATALOG) -> CatalogListing:
             except InvalidIdentifier:
                 listing.skipped.append(f"{namespace}.{name}")
                 continue
-            listing.tables.append(
-                CatalogTable(ref.database, ref.table, table_properties(spark, ref, catalog))
-            )
+            try:
+                properties = table_properties(spark, ref, catalog)
+            # Dropped meanwhile, or its metadata files are gone: named, and the rest is still listed.
+            except (CapturedException, Py4JJavaError) as exc:
+                listing.skipped.append(f"{ref} (unreadable: {_reason(exc)})")
+                continue
+            listing.tables.append(CatalogTable(ref.database, ref.table, properties))
     if listing.skipped:
         log.warning(
-            "catalog %s: %d table name(s) are not plain identifiers and were left out: %s",
+            "catalog %s: %d table(s) left out (not plain identifiers, or unreadable): %s",
             catalog,
             len(listing.skipped),
             ", ".join(listing.skipped),

@@ -11,8 +11,9 @@ each other) but runs moto itself under one lock: the request body is read before
 taken, and the response is produced in full before it is released, so one stalled or killed client
 never holds up the others. moto is CPU-bound under the GIL, so the lock costs little throughput.
 
-Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT`; tests start it in-process
-with `SerializedMotoServer`, which has the interface of moto's `ThreadedMotoServer`.
+Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT` (the tests do, one process per
+pytest worker); the benches start it in-process with `SerializedMotoServer`, which has the interface of
+moto's `ThreadedMotoServer`. moto keeps its tables in module globals: two servers in one process share them.
 
 Where moto is still kinder than AWS, and why the code does not lean on it:
 - Global secondary indexes are updated with the write here; on DynamoDB they lag (usually under a

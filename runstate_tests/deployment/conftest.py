@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from runstate.services.http import http_answers
-from runstate_tests.conftest import create_database, drop_database, unique
+from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.devserver import (
     RUNSTATE,
@@ -45,7 +45,7 @@ class Deployment:
     env: dict[str, str]
     home: Path
     pg_url: str
-    moto: GatedMotoServer
+    moto: GatedMotoServer | MotoProcess  # what the tests use of either: its url
     log: Path
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

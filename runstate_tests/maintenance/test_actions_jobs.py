@@ -141,3 +141,21 @@ def test_catalog_listing_reads_the_opt_in_and_cadence_properties(spark, iceberg_
     assert tables["plain"].maintenance_enabled is None
     assert tables["odd"].maintenance_enabled is None
     assert tables["events"].cached().payload["maintenance_cadence_hours"] == 6
+
+
+def test_catalog_listing_leaves_out_a_listed_table_it_cannot_read(spark, spark_settings, iceberg_namespace):
+    """A catalog entry whose metadata is gone (a table dropped by hand, a warehouse restored in part) is
+    named and left out; the rest of the catalog is still listed."""
+    make_table(spark, iceberg_namespace, files=1, rows=10)
+    spark.sql(f"CREATE TABLE lake.`{iceberg_namespace}`.broken (id BIGINT) USING iceberg")
+    broken = spark_settings.warehouse_dir / iceberg_namespace / "broken"
+    broken.rename(broken.with_name("aside"))  # moved back after the listing, so the teardown can drop it
+    spark.sql(f"REFRESH TABLE lake.`{iceberg_namespace}`.broken")  # out of this session's table cache
+    try:
+        listing = list_tables(spark)
+    finally:
+        broken.with_name("aside").rename(broken)
+
+    assert [t.table for t in listing.tables if t.database == iceberg_namespace] == ["events"]
+    [skipped] = [name for name in listing.skipped if name.startswith(f"{iceberg_namespace}.broken")]
+    assert "NotFoundException" in skipped, skipped
