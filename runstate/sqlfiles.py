@@ -20,7 +20,9 @@ Named-query files hold blocks introduced by a `-- name:` line, in the style of p
 A name is `[a-z_][a-z0-9_]*` and appears once per file. A query runs from the line after its comment
 lines to the next `-- name:` line; one trailing `;` is dropped, so the text can go straight to
 `cursor.execute`. Parameters stay in the driver's own style (`%s` / `%(name)s` for psycopg and the
-Snowflake connector): queries bind parameters, they are never formatted. Text before the first name
+Snowflake connector): queries bind parameters, they are never formatted with values. The one
+exception is a multi-row VALUES whose row count varies (Snowflake's batch insert): its `{rows}` is
+replaced by that many groups of placeholders, and the values are still bound. Text before the first name
 may only be comments. `queries(backend, domain)` returns the file's queries as a read-only mapping
 whose missing keys raise an error naming the file.
 """
@@ -28,7 +30,7 @@ whose missing keys raise an error naming the file.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -104,6 +106,17 @@ def queries(backend: str, domain: str, file: str = "queries.sql") -> Queries:
     if not resource.is_file():
         raise SqlFileError(f"{where}: no such file in the installed runstate")
     return Queries(where, parse_queries(resource.read_text(encoding="utf-8"), where))
+
+
+def named(backend: str, domain: str, file: str) -> Callable[[str], str]:
+    """A module's `_sql(name)`: one query of `sql/<backend>/<domain>/<file>`. The file is read on the
+    first lookup, not at import, and every lookup returns the same string (psycopg prepares statements
+    by their text)."""
+
+    def lookup(name: str) -> str:
+        return queries(backend, domain, file)[name]
+
+    return lookup
 
 
 def parse_queries(text: str, where: str) -> dict[str, str]:

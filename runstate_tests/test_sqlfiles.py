@@ -53,10 +53,14 @@ def test_queries_load_by_name_from_the_shipped_folder_and_a_missing_name_says_wh
     sqlfiles.queries.cache_clear()
     try:
         queries = sqlfiles.queries("postgres", "demo")
+        lookup = sqlfiles.named("postgres", "demo", "queries.sql")
 
         assert queries["count_jobs"] == "SELECT count(*) FROM jobs"
+        assert lookup("count_jobs") is lookup("count_jobs")  # one text per query: psycopg prepares by text
         with pytest.raises(KeyError, match="no query 'nope' in sql/postgres/demo/queries.sql"):
             queries["nope"]
+        with pytest.raises(KeyError, match="no query 'nope' in sql/postgres/demo/queries.sql"):
+            lookup("nope")
     finally:
         sqlfiles.queries.cache_clear()
 

@@ -7,7 +7,8 @@ from the store's hint of the run (hints.py) when the batch crosses a snapshot po
 checks every guess in that statement. When one was wrong (a key already stored: a retried append;
 an archived run; another writer moved the run; a stale `expected_last_seq`) the statement rolls
 back whole and the append runs the slow way: in a transaction, lock the stream row, look up the
-stored keys when needed, insert, snapshot, commit.
+stored keys when needed, insert, snapshot, commit. The statements are named queries in
+sql/postgres/eventstore/append.sql.
 """
 
 from __future__ import annotations
@@ -18,13 +19,11 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import AppendResult, EventType, RunSnapshot
 from runstate.eventstore.hints import RunHint, fold_new
 from runstate.eventstore.pg_sql import (
     GUESSED_WRONG_SQLSTATE,
-    INSERT_NEW,
-    ONE_STATEMENT_APPEND,
-    ONE_STATEMENT_APPEND_WITH_SNAPSHOT,
     Stream,
     batch_params,
     one_statement_params,
@@ -38,11 +37,7 @@ from runstate.eventstore.snapshots import (
 )
 from runstate.eventstore.validation import ValidEvent
 
-_LOCK_STREAM = (
-    "INSERT INTO run_streams (run_id) VALUES (%s)"
-    " ON CONFLICT (run_id) DO UPDATE SET updated_at = run_streams.updated_at"
-    " RETURNING last_seq, event_count, archived_at IS NOT NULL"
-)
+_sql = sqlfiles.named("postgres", "eventstore", "append.sql")
 
 
 class KeyTaken(Exception):
@@ -142,7 +137,7 @@ class _PgAppend:
 
     def _lock_stream(self, conn: psycopg.Connection, run_id: str) -> Stream:
         # The upsert takes the row lock that serialises this run's writers (and only them).
-        row = conn.execute(_LOCK_STREAM, (run_id,)).fetchone()
+        row = conn.execute(_sql("lock_stream"), (run_id,)).fetchone()
         return Stream(row[0], row[1], row[2])
 
     def _append_tx(
@@ -171,7 +166,7 @@ class _PgAppend:
         )
         # A stored key makes the insert raise RSK01 (only possible without the probe: the stream row
         # lock keeps racing writers out of this run), which rolls everything back.
-        conn.execute(INSERT_NEW, batch_params(run_id, new, next_seq))
+        conn.execute(_sql("insert_new"), batch_params(run_id, new, next_seq))
         if reason:
             written.append(self._write_snapshot(conn, run_id, next_seq, state, reason, stream.last_seq, new))
         if outcome is not None:
@@ -183,17 +178,8 @@ class _PgAppend:
     ) -> dict[str, int]:
         if stream.event_count == 0 and not stream.archived:
             return {}
-        # Probe the (run_id, idempotency_key) index once per key: `= ANY(array)` lets the planner
-        # scan the whole run and filter, which grows with the run's length.
-        query = (
-            "SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-            " JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key"
-        )
-        if stream.archived:
-            query += (
-                " UNION ALL SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)"
-                " JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key"
-            )
+        # Archived keys are in run_events_archive too (the insert's ON CONFLICT cannot see it).
+        query = _sql("existing_keys_with_archive" if stream.archived else "existing_keys")
         return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
 
@@ -231,9 +217,8 @@ def _one_statement(
         snapshot_seq=None,
         snapshot_count_before=None,
     )
-    query = ONE_STATEMENT_APPEND
+    query = _sql("append_one_statement" if snapshot is None else "append_one_statement_with_snapshot")
     if snapshot is not None:
-        query = ONE_STATEMENT_APPEND_WITH_SNAPSHOT
         encoded = snapshot.encoded
         params.update(
             snapshot_seq=snapshot.seq,

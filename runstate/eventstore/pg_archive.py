@@ -7,24 +7,13 @@ from datetime import datetime
 
 import psycopg
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import StoredEvent
-from runstate.eventstore.pg_sql import EVENT_COLUMNS, INSERT_IMPORTED, batch_params
+from runstate.eventstore.pg_sql import batch_params
 from runstate.eventstore.rows import validate_imported
 from runstate.eventstore.validation import ValidEvent, check_run_id
 
-# A restored run stays live for one archive age after its restore.
-_ARCHIVABLE = (
-    "SELECT run_id FROM run_streams WHERE completed_at < %(cutoff)s"
-    " AND (archived_at IS NULL OR updated_at > archived_at)"
-    " AND (restored_at IS NULL OR restored_at < %(cutoff)s)"
-    " ORDER BY run_id LIMIT %(limit)s FOR UPDATE"
-)
-# DELETE ... RETURNING feeding the INSERT: an event is in exactly one of the two tables, at any time.
-_MOVE = (
-    f"WITH moved AS (DELETE FROM {{source}} WHERE run_id = ANY(%s) RETURNING {EVENT_COLUMNS}),"
-    f" kept AS (INSERT INTO {{target}} ({EVENT_COLUMNS}) SELECT {EVENT_COLUMNS} FROM moved RETURNING 1)"
-    " SELECT count(*) FROM kept"
-)
+_sql = sqlfiles.named("postgres", "eventstore", "archive.sql")
 
 
 class _PgArchive:
@@ -37,15 +26,16 @@ class _PgArchive:
 
         def chunk(conn: psycopg.Connection) -> tuple[int, int]:
             runs = [
-                r[0] for r in conn.execute(_ARCHIVABLE, {"cutoff": cutoff, "limit": batch_runs}).fetchall()
+                r[0]
+                for r in conn.execute(
+                    _sql("archivable_runs"), {"cutoff": cutoff, "limit": batch_runs}
+                ).fetchall()
             ]
             if not runs:
                 return 0, 0
-            moved = conn.execute(
-                _MOVE.format(source="run_events", target="run_events_archive"), (runs,)
-            ).fetchone()[0]
-            conn.execute("DELETE FROM run_state_snapshots WHERE run_id = ANY(%s)", (runs,))
-            conn.execute("UPDATE run_streams SET archived_at = now() WHERE run_id = ANY(%s)", (runs,))
+            moved = conn.execute(_sql("archive_events"), (runs,)).fetchone()[0]
+            conn.execute(_sql("delete_snapshots_of_runs"), (runs,))
+            conn.execute(_sql("mark_archived"), (runs,))
             return len(runs), moved
 
         return self._archive_chunks(chunk, batch_runs)
@@ -56,17 +46,12 @@ class _PgArchive:
         check_run_id(run_id)
 
         def work(conn: psycopg.Connection) -> int:
-            row = conn.execute("SELECT 1 FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)).fetchone()
+            row = conn.execute(_sql("lock_stream_row"), (run_id,)).fetchone()
             if row is None:
                 return 0
-            moved = conn.execute(
-                _MOVE.format(source="run_events_archive", target="run_events"), ([run_id],)
-            ).fetchone()[0]
+            moved = conn.execute(_sql("restore_events"), ([run_id],)).fetchone()[0]
             if moved:
-                conn.execute(
-                    "UPDATE run_streams SET archived_at = NULL, restored_at = now() WHERE run_id = %s",
-                    (run_id,),
-                )
+                conn.execute(_sql("mark_restored"), (run_id,))
             return moved
 
         return self._run(f"restore run {run_id!r}", work)
@@ -84,15 +69,9 @@ class _PgArchive:
     def _import_tx(self, conn: psycopg.Connection, run_id: str, valid: list[tuple[int, ValidEvent]]) -> int:
         stream = self._lock_stream(conn, run_id)
         keys = self._existing_keys(conn, run_id, [v.idempotency_key for _, v in valid], stream)
-        taken = {
-            r[0]
-            for r in conn.execute(
-                "SELECT run_seq FROM run_events WHERE run_id = %s AND run_seq = ANY(%s)",
-                (run_id, [s for s, _ in valid]),
-            ).fetchall()
-        }
+        taken = {r[0] for r in conn.execute(_sql("taken_seqs"), (run_id, [s for s, _ in valid])).fetchall()}
         fresh = self._fresh_imports(run_id, valid, keys, taken)
         if fresh:
             top = max(stream.last_seq, max(seq for seq, _ in fresh))
-            conn.execute(INSERT_IMPORTED, batch_params(run_id, fresh, top))
+            conn.execute(_sql("insert_imported"), batch_params(run_id, fresh, top))
         return len(fresh)

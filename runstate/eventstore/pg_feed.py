@@ -1,4 +1,5 @@
-"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/eventstore/002_event_feed.sql).
+"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/eventstore/002_event_feed.sql;
+the query is feed.sql's `feed`).
 
 A read returns only events whose position is below (horizon << 20), the horizon being the oldest
 transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no
@@ -18,35 +19,18 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.pg_sql import EVENT_COLUMNS
 from runstate.eventstore.rows import row_to_event
 
 log = logging.getLogger("runstate.eventstore.postgres")
 
 FEED_CHANNEL = "runstate_feed"
 _MAX_BACKOFF_S = 30.0
-# The horizon: the snapshot's xmax, or its oldest in-progress xid that is not known to belong to
-# another database (pg_stat_activity gives 32-bit xids; one that ended meanwhile, or is hidden from
-# this role, is not known, so it still counts: that delays the reader by one poll, never skips).
-_HORIZON = (
-    "snap AS (SELECT pg_current_snapshot() AS s),"
-    " horizon AS (SELECT LEAST(pg_snapshot_xmax(snap.s), (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x"
-    "   WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname <> current_database()"
-    "     AND a.backend_xid::text::bigint = x::text::bigint %% 4294967296)))::text::bigint << 20 AS below"
-    "   FROM snap)"
-)
-_FEED = (
-    f"WITH {_HORIZON}"
-    f" SELECT * FROM ("
-    f"  SELECT {EVENT_COLUMNS} FROM run_events, horizon WHERE"
-    " position > %(after)s AND position < horizon.below"
-    f"  UNION ALL"
-    f"  SELECT {EVENT_COLUMNS} FROM run_events_archive, horizon"
-    f"  WHERE position > %(after)s AND position < horizon.below"
-    " ) AS feed ORDER BY position LIMIT %(limit)s"
-)
+
+
+_sql = sqlfiles.named("postgres", "eventstore", "feed.sql")
 
 
 class _PgFeed:
@@ -57,7 +41,7 @@ class _PgFeed:
         check_position(after_position, limit)
         rows = self._run(
             "read the feed",
-            lambda conn: conn.execute(_FEED, {"after": after_position, "limit": limit}).fetchall(),
+            lambda conn: conn.execute(_sql("feed"), {"after": after_position, "limit": limit}).fetchall(),
             transactional=False,
         )
         return [row_to_event(row) for row in rows]

@@ -8,33 +8,19 @@ from typing import Any
 
 import psycopg
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import (
     InvalidEvent,
     RunSnapshot,
     StoredEvent,
 )
 from runstate.eventstore.pg_feed import _PgFeed
-from runstate.eventstore.pg_sql import EVENT_COLUMNS
 from runstate.eventstore.rows import row_to_event
 
-# A run's events, wherever they are: an archived run is read from run_events_archive, and events
-# appended after the archive are in run_events (an event is in exactly one of the two).
-_FETCH = (
-    f"SELECT {EVENT_COLUMNS} FROM run_events WHERE run_id = %(run_id)s AND run_seq > %(after)s"
-    " AND run_seq <= %(upto)s"
-    f" UNION ALL SELECT {EVENT_COLUMNS} FROM run_events_archive"
-    " WHERE run_id = %(run_id)s AND run_seq > %(after)s"
-    " AND run_seq <= %(upto)s"
-    " ORDER BY run_seq LIMIT %(limit)s"
-)
 _NO_UPPER_BOUND = 2**62
-_STALE = (
-    "SELECT s.run_id, COALESCE(s.started_at, s.first_event_at), s.last_seq"
-    " FROM run_streams s LEFT JOIN run_snapshots p ON p.run_id = s.run_id"
-    " WHERE s.last_seq > COALESCE(p.last_event_seq, 0)"
-    "   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)"
-    " ORDER BY s.run_id LIMIT %s"
-)
+
+
+_sql = sqlfiles.named("postgres", "eventstore", "reads.sql")
 
 
 class _PgReads(_PgFeed):
@@ -59,28 +45,19 @@ class _PgReads(_PgFeed):
             "limit": limit,
             "upto": _NO_UPPER_BOUND if upto is None else upto,
         }
-        return [row_to_event(row) for row in conn.execute(_FETCH, params).fetchall()]
+        return [row_to_event(row) for row in conn.execute(_sql("fetch_run"), params).fetchall()]
 
     def _rows(self, what: str, query: str, params: tuple) -> list[tuple]:
         return self._run(what, lambda conn: conn.execute(query, params).fetchall(), transactional=False)
 
     def run_ids(self, after: str = "", limit: int = 1000) -> list[str]:
-        rows = self._rows(
-            "list runs",
-            "SELECT run_id FROM run_streams WHERE run_id > %s ORDER BY run_id LIMIT %s",
-            (after, limit),
-        )
+        rows = self._rows("list runs", _sql("run_ids"), (after, limit))
         return [r[0] for r in rows]
 
     def max_seq(self, run_id: str) -> int:
         """The highest run_seq stored for the run, live or archived (0 when none): the migration's
         resume point."""
-        rows = self._rows(
-            f"max seq of run {run_id!r}",
-            "SELECT GREATEST((SELECT max(run_seq) FROM run_events WHERE run_id = %s),"
-            " (SELECT max(run_seq) FROM run_events_archive WHERE run_id = %s))",
-            (run_id, run_id),
-        )
+        rows = self._rows(f"max seq of run {run_id!r}", _sql("max_seq"), (run_id, run_id))
         return rows[0][0] or 0
 
     def stale_runs(self, limit: int = 1000) -> list[str]:
@@ -90,23 +67,16 @@ class _PgReads(_PgFeed):
     def stale_runs_with_start(self, limit: int = 1000) -> list[tuple[str, datetime | None, int]]:
         """(run_id, start, last_seq) of runs with events newer than their stored projection; the start
         is the RunStarted event's emitted_at, else the first event's."""
-        return [(r[0], r[1], r[2]) for r in self._rows("list stale runs", _STALE, (limit,))]
+        return [(r[0], r[1], r[2]) for r in self._rows("list stale runs", _sql("stale_runs"), (limit,))]
 
     def runs_started_between(self, start: datetime, end: datetime) -> list[str]:
-        rows = self._rows(
-            "list runs by start",
-            "SELECT run_id FROM run_streams WHERE COALESCE(started_at, first_event_at) >= %s"
-            " AND COALESCE(started_at, first_event_at) < %s ORDER BY run_id",
-            (start, end),
-        )
+        rows = self._rows("list runs by start", _sql("runs_started_between"), (start, end))
         return [r[0] for r in rows]
 
     # -- projection ---------------------------------------------------------------------------
 
     def _stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
-        row = conn.execute(
-            "SELECT snapshot_data, version FROM run_snapshots WHERE run_id = %s", (run_id,)
-        ).fetchone()
+        row = conn.execute(_sql("stored_projection"), (run_id,)).fetchone()
         return RunSnapshot.from_dict(row[0], version=row[1]) if row else None
 
     def _save_projection(
@@ -122,24 +92,5 @@ class _PgReads(_PgFeed):
             "completed": snap.completed_at,
         }
         if stored is None:
-            return (
-                conn.execute(
-                    "INSERT INTO run_snapshots"
-                    " (run_id, status, last_event_seq, snapshot_data, started_at, completed_at, version)"
-                    " VALUES (%(run_id)s, %(status)s, %(seq)s,"
-                    " %(data)s::jsonb, %(started)s, %(completed)s, 1)"
-                    " ON CONFLICT (run_id) DO NOTHING",
-                    params,
-                ).rowcount
-                == 1
-            )
-        return (
-            conn.execute(
-                "UPDATE run_snapshots SET status = %(status)s, last_event_seq = %(seq)s,"
-                " snapshot_data = %(data)s::jsonb, started_at = %(started)s, completed_at = %(completed)s,"
-                " projected_at = now(), version = version + 1"
-                " WHERE run_id = %(run_id)s AND version = %(version)s",
-                {**params, "version": stored.version},
-            ).rowcount
-            == 1
-        )
+            return conn.execute(_sql("insert_projection"), params).rowcount == 1
+        return conn.execute(_sql("update_projection"), {**params, "version": stored.version}).rowcount == 1

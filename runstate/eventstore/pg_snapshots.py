@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import RunSnapshot, StoredEvent
 from runstate.eventstore.projection import READS_DATA, fold
 from runstate.eventstore.rows import as_stored
@@ -20,20 +21,7 @@ from runstate.eventstore.snapshots import (
 )
 from runstate.eventstore.validation import ValidEvent
 
-# The DELETE sees the table as it was before the INSERT (one snapshot per statement): keep the
-# newest keep-1 older snapshots next to the new one.
-_WRITE_SNAPSHOT = (
-    "WITH added AS ("
-    " INSERT INTO run_state_snapshots"
-    " (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)"
-    " VALUES (%(run_id)s, %(seq)s, %(kind)s, %(encoding)s, %(payload)s, %(checksum)s, %(raw)s, %(stored)s,"
-    " %(reason)s) ON CONFLICT (run_id, seq) DO NOTHING RETURNING 1),"
-    " pruned AS (DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s AND seq NOT IN ("
-    "  SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(seq)s"
-    "  ORDER BY seq DESC LIMIT %(older)s))"
-    " SELECT count(*) FROM added"
-)
-SNAPSHOT_COLUMNS = "run_id, seq, kind, encoding, payload, checksum"
+_sql = sqlfiles.named("postgres", "eventstore", "snapshots.sql")
 
 
 class _PgSnapshots:
@@ -57,7 +45,7 @@ class _PgSnapshots:
             conn, run_id, seq, state, stored_upto, pending
         )
         conn.execute(
-            _WRITE_SNAPSHOT,
+            _sql("write_snapshot"),
             {
                 "run_id": run_id,
                 "seq": seq,
@@ -74,10 +62,7 @@ class _PgSnapshots:
         return projection, encoded
 
     def _snapshots(self, conn: psycopg.Connection, run_id: str) -> list[StoredSnapshot]:
-        rows = conn.execute(
-            f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots WHERE run_id = %s ORDER BY seq DESC",
-            (run_id,),
-        ).fetchall()
+        rows = conn.execute(_sql("snapshots"), (run_id,)).fetchall()
         return [_stored_snapshot(r) for r in rows]
 
     def _projection_in_tx(
@@ -102,21 +87,14 @@ class _PgSnapshots:
         return fold(base, (_pending_for_fold(run_id, seq, ev, now) for seq, ev in pending))
 
     def _latest_projection_base(self, conn: psycopg.Connection, run_id: str, upto: int) -> RunSnapshot:
-        rows = conn.execute(
-            f"SELECT {SNAPSHOT_COLUMNS} FROM run_state_snapshots"
-            " WHERE run_id = %s AND kind = 'projection' AND seq <= %s ORDER BY seq DESC",
-            (run_id, upto),
-        ).fetchall()
+        rows = conn.execute(_sql("projection_snapshots_upto"), (run_id, upto)).fetchall()
         chosen = choose_valid(run_id, [_stored_snapshot(r) for r in rows], self.metrics)
         best = (
             RunSnapshot.from_dict(chosen.state)
             if chosen.kind == KIND_PROJECTION
             else RunSnapshot.empty(run_id)
         )
-        row = conn.execute(
-            "SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s",
-            (run_id, upto),
-        ).fetchone()
+        row = conn.execute(_sql("stored_projection_upto"), (run_id, upto)).fetchone()
         if row is not None:
             projected = RunSnapshot.from_dict(row[0])
             if projected.last_event_seq > best.last_event_seq:
@@ -129,9 +107,7 @@ class _PgSnapshots:
             canonical_json(run_id, state)
 
         def work(conn: psycopg.Connection) -> tuple[int, RunSnapshot | None, EncodedSnapshot | None]:
-            row = conn.execute(
-                "SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE", (run_id,)
-            ).fetchone()
+            row = conn.execute(_sql("lock_last_seq"), (run_id,)).fetchone()
             if row is None or row[0] == 0:
                 return 0, None, None
             made, encoded = self._write_snapshot(conn, run_id, row[0], state, "checkpoint", row[0])

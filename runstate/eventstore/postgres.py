@@ -30,7 +30,7 @@ from typing import TypeVar
 import psycopg
 from psycopg import errors
 
-from runstate import migrations
+from runstate import migrations, sqlfiles
 from runstate.datastore import PostgresDatastore, check_schema_name
 from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import (
@@ -49,6 +49,9 @@ T = TypeVar("T")
 
 _RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 _MAX_ATTEMPTS = 20
+
+
+_sql = sqlfiles.named("postgres", "eventstore", "store.sql")
 
 
 class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, EventStore):
@@ -152,12 +155,10 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, EventSto
             self._check_partitions()
 
     def _check_partitions(self) -> None:
+        table = f"{self.schema}.run_events"
         found = self._run(
             "count partitions",
-            lambda conn: conn.execute(
-                "SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s)",
-                (f"{self.schema}.run_events",),
-            ).fetchone()[0],
+            lambda conn: conn.execute(_sql("count_partitions"), (table,)).fetchone()[0],
             transactional=False,
         )
         if found != self.partitions:

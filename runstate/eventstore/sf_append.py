@@ -1,5 +1,6 @@
 """The Snowflake store's append transaction: the stream row lock, key probes, the MERGE of a batch,
-feed positions and the stream row's advance (see snowflake.py for the whole protocol)."""
+feed positions and the stream row's advance (see snowflake.py for the whole protocol). The statements
+are named queries in sql/snowflake/eventstore/append.sql."""
 
 from __future__ import annotations
 
@@ -8,26 +9,22 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import (
     TERMINAL_EVENT_TYPES,
     AppendResult,
     EventType,
     RunSnapshot,
 )
-from runstate.eventstore.sf_sql import (
-    COLUMNS,
-    S_COLUMNS,
-    SOURCE_SELECT,
-    VALUES_ROW,
-    Retry,
-    chunks,
-    iso,
-)
+from runstate.eventstore.sf_sql import Retry, chunks, iso, values_rows
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
 log = logging.getLogger("runstate.eventstore.snowflake")
 _BATCH_ROWS = 1000
+
+
+_sql = sqlfiles.named("snowflake", "eventstore", "append.sql")
 
 
 class _SfAppend:
@@ -38,16 +35,14 @@ class _SfAppend:
         a racing creator then fails here (and is retried), never at the append's COMMIT."""
 
         def work(cur: Any) -> None:
-            cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
-            if cur.fetchone()[0]:
-                return
-            cur.execute(
-                f"MERGE INTO {self._t('RUN_STREAMS')} t USING (SELECT %s AS RUN_ID) s ON t.RUN_ID = s.RUN_ID"
-                " WHEN NOT MATCHED THEN INSERT (RUN_ID, LAST_SEQ, EVENT_COUNT) VALUES (s.RUN_ID, 0, 0)",
-                (run_id,),
-            )
+            if not self._stream_exists(cur, run_id):
+                cur.execute(_sql("create_stream"), (run_id,))
 
         self._run(f"create stream for run {run_id!r}", work, transactional=False)
+
+    def _stream_exists(self, cur: Any, run_id: str) -> bool:
+        cur.execute(_sql("stream_exists"), (run_id,))
+        return bool(cur.fetchone()[0])
 
     def _committed(self, run_id: str, valid: list[ValidEvent], results: list[AppendResult]) -> bool:
         expected = {v.idempotency_key: r.run_seq for v, r in zip(valid, results) if r.persisted}
@@ -62,15 +57,10 @@ class _SfAppend:
         # The row exists (_create_stream). This no-op UPDATE is the write that serialises the run's
         # appenders: Snowflake holds the table's DML lock to COMMIT; DuckDB (fakesnow) fails the
         # second concurrent writer of the row at once, before anything else happens.
-        cur.execute(f"UPDATE {self._t('RUN_STREAMS')} SET LAST_SEQ = LAST_SEQ WHERE RUN_ID = %s", (run_id,))
+        cur.execute(_sql("touch_stream"), (run_id,))
         if cur.rowcount != 1:
             raise Retry(f"run {run_id!r}: stream row missing")
-        cur.execute(
-            # The test is done in SQL: fakesnow hands NULL TIMESTAMP_TZ values back as 1970-01-01.
-            "SELECT LAST_SEQ, EVENT_COUNT, ARCHIVED_AT IS NOT NULL FROM"
-            f" {self._t('RUN_STREAMS')} WHERE RUN_ID = %s",
-            (run_id,),
-        )
+        cur.execute(_sql("read_stream"), (run_id,))
         rows = cur.fetchall()
         if len(rows) != 1:
             raise Retry(f"run {run_id!r}: {len(rows)} stream rows")
@@ -78,14 +68,10 @@ class _SfAppend:
 
     def _existing_keys(self, cur: Any, run_id: str, keys: list[str], archived: bool) -> dict[str, int]:
         found: dict[str, int] = {}
-        tables = ["RUN_EVENTS", "RUN_EVENTS_ARCHIVE"] if archived else ["RUN_EVENTS"]
-        for table in tables:
+        queries = ["existing_keys", "existing_archived_keys"] if archived else ["existing_keys"]
+        for name in queries:
             for chunk in chunks(keys, _BATCH_ROWS):
-                cur.execute(
-                    f"SELECT IDEMPOTENCY_KEY, RUN_SEQ FROM {self._t(table)}"
-                    " WHERE RUN_ID = %s AND IDEMPOTENCY_KEY IN (%s)",
-                    (run_id, tuple(chunk)),
-                )
+                cur.execute(_sql(name), (run_id, tuple(chunk)))
                 found.update({row[0]: int(row[1]) for row in cur.fetchall()})
         return found
 
@@ -150,21 +136,10 @@ class _SfAppend:
                     e.engine_run_ref_json,
                     position_base + start + offset + 1,
                 ]
-            source = SOURCE_SELECT + ", ".join([VALUES_ROW] * len(chunk))
-            if self._merge_usable():
-                statement = (
-                    f"MERGE INTO {self._t('RUN_EVENTS')} t USING ({source}) s"
-                    " ON t.RUN_ID = s.RUN_ID AND t.IDEMPOTENCY_KEY = s.IDEMPOTENCY_KEY"
-                    f" WHEN NOT MATCHED THEN INSERT ({COLUMNS}) VALUES ({S_COLUMNS})"
-                )
-            else:
-                # The same effect as the MERGE above (insert the rows whose key is not there yet).
-                statement = (
-                    f"INSERT INTO {self._t('RUN_EVENTS')} ({COLUMNS}) SELECT {S_COLUMNS} FROM ({source}) s"
-                    f" WHERE NOT EXISTS (SELECT 1 FROM {self._t('RUN_EVENTS')} t"
-                    " WHERE t.RUN_ID = s.RUN_ID AND t.IDEMPOTENCY_KEY = s.IDEMPOTENCY_KEY)"
-                )
-            cur.execute(statement, params)
+            # The same effect either way; insert_new_events where MERGE cannot run in a transaction.
+            # Only the count of placeholder groups is composed here (see values_rows); values are bound.
+            statement = _sql("merge_events" if self._merge_usable() else "insert_new_events")
+            cur.execute(statement.replace("{rows}", values_rows(len(chunk))), params)
             total += cur.rowcount or 0
         return total
 
@@ -172,7 +147,7 @@ class _SfAppend:
         """A feed token for one append, shifted: its events take the 2**20 positions above it."""
 
         def work(cur: Any) -> int:
-            cur.execute(f"SELECT {self._t('RUN_EVENTS_POSITION_SEQ')}.NEXTVAL")
+            cur.execute(_sql("next_position"))
             return int(cur.fetchone()[0]) << 20
 
         return self._run("take a feed position", work, transactional=False)
@@ -183,10 +158,6 @@ class _SfAppend:
         started = next((e.emitted_at for e in events if e.event_type == EventType.RUN_STARTED), None)
         completed = next((e.emitted_at for e in events if e.event_type in TERMINAL_EVENT_TYPES), None)
         cur.execute(
-            f"UPDATE {self._t('RUN_STREAMS')} SET LAST_SEQ = %s, EVENT_COUNT = %s,"
-            " FIRST_EVENT_AT = COALESCE(FIRST_EVENT_AT, %s::TIMESTAMP_TZ),"
-            " STARTED_AT = COALESCE(STARTED_AT, %s::TIMESTAMP_TZ),"
-            " COMPLETED_AT = COALESCE(COMPLETED_AT, %s::TIMESTAMP_TZ), UPDATED_AT = CURRENT_TIMESTAMP()"
-            " WHERE RUN_ID = %s",
+            _sql("advance_stream"),
             (last_seq, count, events[0].emitted_at.isoformat(), iso(started), iso(completed), run_id),
         )

@@ -7,13 +7,17 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import ConcurrencyConflict, StoredEvent
 from runstate.eventstore.rows import validate_imported
-from runstate.eventstore.sf_sql import COLUMNS, Retry, chunks
+from runstate.eventstore.sf_sql import Retry, chunks
 from runstate.eventstore.validation import ValidEvent, check_run_id
 
 log = logging.getLogger("runstate.eventstore.snowflake")
 _MAX_ATTEMPTS = 80
+
+
+_sql = sqlfiles.named("snowflake", "eventstore", "archive.sql")
 
 
 class _SfArchive:
@@ -24,32 +28,16 @@ class _SfArchive:
         cutoff = self._archive_cutoff(older_than_days, now).isoformat()
 
         def chunk(cur: Any) -> tuple[int, int]:
-            cur.execute(
-                f"SELECT RUN_ID FROM {self._t('RUN_STREAMS')} WHERE COMPLETED_AT < %s::TIMESTAMP_TZ"
-                " AND (ARCHIVED_AT IS NULL OR UPDATED_AT > ARCHIVED_AT)"
-                # RESTORED_AT IS NULL is tested in SQL: fakesnow hands NULL TIMESTAMP_TZ back as 1970-01-01.
-                " AND (RESTORED_AT IS NULL OR RESTORED_AT < %s::TIMESTAMP_TZ) ORDER BY RUN_ID LIMIT %s",
-                (cutoff, cutoff, batch_runs),
-            )
+            cur.execute(_sql("archivable_runs"), (cutoff, cutoff, batch_runs))
             runs = tuple(r[0] for r in cur.fetchall())
             if not runs:
                 return 0, 0
             # Touch the stream rows first: appenders to these runs now conflict with us, not interleave.
-            cur.execute(
-                f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = CURRENT_TIMESTAMP() WHERE RUN_ID IN (%s)",
-                (runs,),
-            )
-            cur.execute(
-                f"INSERT INTO {self._t('RUN_EVENTS_ARCHIVE')} ({COLUMNS}) SELECT"
-                f" {COLUMNS.replace('RUN_ID,', 'e.RUN_ID,', 1)}"
-                f" FROM {self._t('RUN_EVENTS')} e WHERE e.RUN_ID IN (%s) AND NOT EXISTS ("
-                f" SELECT 1 FROM {self._t('RUN_EVENTS_ARCHIVE')} a WHERE"
-                " a.RUN_ID = e.RUN_ID AND a.RUN_SEQ = e.RUN_SEQ)",
-                (runs,),
-            )
-            cur.execute(f"DELETE FROM {self._t('RUN_EVENTS')} WHERE RUN_ID IN (%s)", (runs,))
+            cur.execute(_sql("mark_archived"), (runs,))
+            cur.execute(_sql("copy_to_archive"), (runs,))
+            cur.execute(_sql("delete_archived_events"), (runs,))
             moved = cur.rowcount or 0
-            cur.execute(f"DELETE FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID IN (%s)", (runs,))
+            cur.execute(_sql("delete_snapshots_of_runs"), (runs,))
             return len(runs), moved
 
         return self._archive_chunks(chunk, batch_runs)
@@ -61,24 +49,15 @@ class _SfArchive:
         self._merge_usable()
 
         def work(cur: Any) -> int:
-            cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
-            if not cur.fetchone()[0]:
+            if not self._stream_exists(cur, run_id):
                 return 0
             self._lock_stream(cur, run_id)
-            cur.execute(
-                f"INSERT INTO {self._t('RUN_EVENTS')} ({COLUMNS}) SELECT {COLUMNS}"
-                f" FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s",
-                (run_id,),
-            )
+            cur.execute(_sql("copy_from_archive"), (run_id,))
             moved = cur.rowcount or 0
             if not moved:
                 return 0
-            cur.execute(f"DELETE FROM {self._t('RUN_EVENTS_ARCHIVE')} WHERE RUN_ID = %s", (run_id,))
-            cur.execute(
-                f"UPDATE {self._t('RUN_STREAMS')} SET ARCHIVED_AT = NULL, RESTORED_AT = CURRENT_TIMESTAMP()"
-                " WHERE RUN_ID = %s",
-                (run_id,),
-            )
+            cur.execute(_sql("delete_restored_events"), (run_id,))
+            cur.execute(_sql("mark_restored"), (run_id,))
             return moved
 
         return self._run(f"restore run {run_id!r}", work)
@@ -124,10 +103,7 @@ class _SfArchive:
         keys = self._existing_keys(cur, run_id, [v.idempotency_key for _, v in valid], archived)
         taken: set[int] = set()
         for chunk in chunks([s for s, _ in valid], 1000):
-            cur.execute(
-                f"SELECT RUN_SEQ FROM {self._t('RUN_EVENTS')} WHERE RUN_ID = %s AND RUN_SEQ IN (%s)",
-                (run_id, tuple(chunk)),
-            )
+            cur.execute(_sql("taken_seqs"), (run_id, tuple(chunk)))
             taken.update(int(r[0]) for r in cur.fetchall())
         fresh = self._fresh_imports(run_id, valid, keys, taken)
         if not fresh:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.projection import fold
 from runstate.eventstore.rows import as_stored
@@ -19,6 +20,17 @@ from runstate.eventstore.snapshots import (
     choose_valid,
 )
 from runstate.eventstore.validation import ValidEvent
+
+# _snapshots' optional bounds, (upto given, kind given), to the named query that has them.
+_SNAPSHOTS_QUERY = {
+    (False, False): "snapshots",
+    (True, False): "snapshots_upto",
+    (False, True): "snapshots_of_kind",
+    (True, True): "snapshots_upto_of_kind",
+}
+
+
+_sql = sqlfiles.named("snowflake", "eventstore", "snapshots.sql")
 
 
 class _SfSnapshots:
@@ -39,10 +51,7 @@ class _SfSnapshots:
         stored at `seq`). The caller counts it in the metrics once the transaction committed."""
         kind, projection, encoded = self._encode_snapshot_in_tx(cur, run_id, seq, state, stored_upto, pending)
         cur.execute(
-            f"INSERT INTO {self._t('RUN_STATE_SNAPSHOTS')}"
-            " (RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM, RAW_BYTES, STORED_BYTES, REASON)"
-            " SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s WHERE NOT EXISTS ("
-            f" SELECT 1 FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ = %s)",
+            _sql("insert_snapshot"),
             (
                 run_id,
                 seq,
@@ -58,32 +67,21 @@ class _SfSnapshots:
             ),
         )
         inserted = cur.rowcount
-        cur.execute(
-            f"SELECT SEQ FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s ORDER BY SEQ DESC", (run_id,)
-        )
+        cur.execute(_sql("snapshot_seqs"), (run_id,))
         seqs = [int(r[0]) for r in cur.fetchall()]
         if len(seqs) > self.policy.keep:
-            cur.execute(
-                f"DELETE FROM {self._t('RUN_STATE_SNAPSHOTS')} WHERE RUN_ID = %s AND SEQ < %s",
-                (run_id, seqs[self.policy.keep - 1]),
-            )
+            cur.execute(_sql("prune_snapshots"), (run_id, seqs[self.policy.keep - 1]))
         return projection, encoded if inserted else None
 
     def _snapshots(
         self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None
     ) -> list[StoredSnapshot]:
-        query = (
-            f"SELECT RUN_ID, SEQ, KIND, ENCODING, PAYLOAD, CHECKSUM FROM {self._t('RUN_STATE_SNAPSHOTS')}"
-            " WHERE RUN_ID = %s"
-        )
         params: list[Any] = [run_id]
         if upto is not None:
-            query += " AND SEQ <= %s"
             params.append(upto)
         if kind is not None:
-            query += " AND KIND = %s"
             params.append(kind)
-        cur.execute(query + " ORDER BY SEQ DESC", params)
+        cur.execute(_sql(_SNAPSHOTS_QUERY[upto is not None, kind is not None]), params)
         return [StoredSnapshot(r[0], int(r[1]), r[2], r[3], b64(r[4]), r[5]) for r in cur.fetchall()]
 
     def _projection_in_tx(
@@ -119,8 +117,7 @@ class _SfSnapshots:
         self._merge_usable()
 
         def work(cur: Any) -> tuple[int, tuple[RunSnapshot | None, EncodedSnapshot | None]]:
-            cur.execute(f"SELECT COUNT(*) FROM {self._t('RUN_STREAMS')} WHERE RUN_ID = %s", (run_id,))
-            if not cur.fetchone()[0]:
+            if not self._stream_exists(cur, run_id):
                 return 0, (None, None)
             last_seq, _, _ = self._lock_stream(cur, run_id)
             if last_seq == 0:

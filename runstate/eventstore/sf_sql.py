@@ -1,4 +1,7 @@
-"""The Snowflake store's row shapes and driver helpers: columns, the VALUES source, retries, rows."""
+"""The Snowflake store's driver helpers: VALUES placeholders, retries, value conversions, rows.
+
+The statements themselves are named queries in sql/snowflake/eventstore/.
+"""
 
 from __future__ import annotations
 
@@ -13,22 +16,14 @@ from runstate.eventstore.contract import StoredEvent
 
 T = TypeVar("T")
 
-COLUMNS = (
-    "RUN_ID, RUN_SEQ, EVENT_ID, STEP_ID, ENGINE_ATTEMPT_ID, LOGICAL_ATTEMPT_ID, PLAN_VERSION, EVENT_TYPE,"
-    " EVENT_DATA, IDEMPOTENCY_KEY, CAUSED_BY_SIGNAL_ID, PARENT_EVENT_ID, EMITTED_AT, PERSISTED_AT,"
-    " ADAPTER_VERSION, ENGINE_RUN_REF, POSITION"
-)
-S_COLUMNS = ", ".join(f"s.{c.strip()}" for c in COLUMNS.split(","))
+# The placeholders of one row of merge_events' VALUES source (sql/snowflake/eventstore/append.sql).
 VALUES_ROW = "(" + ", ".join(["%s"] * 17) + ")"
-# column1..column17 of the VALUES source, typed; PARSE_JSON in a SELECT, never inside VALUES.
-SOURCE_SELECT = (
-    "SELECT column1 AS RUN_ID, column2 AS RUN_SEQ, column3 AS EVENT_ID, column4 AS STEP_ID,"
-    " column5 AS ENGINE_ATTEMPT_ID, column6 AS LOGICAL_ATTEMPT_ID, column7 AS PLAN_VERSION,"
-    " column8 AS EVENT_TYPE, PARSE_JSON(column9) AS EVENT_DATA, column10 AS IDEMPOTENCY_KEY,"
-    " column11 AS CAUSED_BY_SIGNAL_ID, column12 AS PARENT_EVENT_ID, column13::TIMESTAMP_TZ AS EMITTED_AT,"
-    " COALESCE(column14::TIMESTAMP_TZ, CURRENT_TIMESTAMP()) AS PERSISTED_AT, column15 AS ADAPTER_VERSION,"
-    " PARSE_JSON(column16) AS ENGINE_RUN_REF, column17 AS POSITION FROM VALUES "
-)
+
+
+def values_rows(count: int) -> str:
+    """The `{rows}` of append.sql's merge_events / insert_new_events: `count` placeholder groups. The one
+    piece of SQL text composed at run time (the row count varies); the values themselves are bound."""
+    return ", ".join([VALUES_ROW] * count)
 
 
 class Retry(Exception):

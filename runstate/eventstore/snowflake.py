@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from runstate import migrations
+from runstate import migrations, sqlfiles
 from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.datastore.snowflake import rollback_quietly
 from runstate.eventstore.base import EventStore
@@ -62,6 +62,9 @@ log = logging.getLogger("runstate.eventstore.snowflake")
 T = TypeVar("T")
 
 _MAX_ATTEMPTS = 80
+
+
+_sql = sqlfiles.named("snowflake", "eventstore", "store.sql")
 
 
 class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, EventStore):
@@ -101,9 +104,6 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, EventSt
         self._merge_in_tx = merge_in_transactions
         self._probe_lock = threading.Lock()
         self._init_recent()
-
-    def _t(self, table: str) -> str:
-        return f"{self.schema}.{table}"
 
     # -- connections --------------------------------------------------------------------------
 
@@ -178,12 +178,7 @@ class SnowflakeEventStore(_SfAppend, _SfSnapshots, _SfReads, _SfArchive, EventSt
         with self._cursor() as cur:
             cur.execute("BEGIN")
             try:
-                cur.execute(
-                    f"MERGE INTO {self._t('RUN_STREAMS')} t USING (SELECT 'probe' AS RUN_ID) s"
-                    " ON t.RUN_ID = s.RUN_ID AND 1 = 0"
-                    " WHEN NOT MATCHED AND 1 = 0 THEN INSERT (RUN_ID,"
-                    " LAST_SEQ, EVENT_COUNT) VALUES (s.RUN_ID, 0, 0)"
-                )
+                cur.execute(_sql("probe_merge"))
                 return True
             except sf_errors.Error:
                 return False

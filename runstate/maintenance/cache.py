@@ -14,10 +14,7 @@ from runstate.maintenance.errors import InvalidInput
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.validation import flag, json_object
 
-
-def _sql(name: str) -> str:
-    """A named query of sql/postgres/maintenance/cache.sql."""
-    return sqlfiles.queries("postgres", "maintenance", "cache.sql")[name]
+_sql = sqlfiles.named("postgres", "maintenance", "cache.sql")
 
 
 # Large inventories carry each table's properties; a megabyte per entry is far beyond any real one.

@@ -15,10 +15,7 @@ from runstate.maintenance.identifiers import parse_table_ref
 from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
 from runstate.maintenance.validation import flag, non_empty_text, positive_int, recommended_actions
 
-
-def _sql(name: str) -> str:
-    """A named query of sql/postgres/maintenance/history.sql."""
-    return sqlfiles.queries("postgres", "maintenance", "history.sql")[name]
+_sql = sqlfiles.named("postgres", "maintenance", "history.sql")
 
 
 _RUN_VALUE_COLUMNS = tuple(f.name for f in fields(OrchestratorRun) if f.name not in ("id", "created_at"))

@@ -16,10 +16,7 @@ from runstate.maintenance.identifiers import parse_table_ref
 from runstate.maintenance.models import Claim
 from runstate.maintenance.validation import non_empty_text, seconds
 
-
-def _sql(name: str) -> str:
-    """A named query of sql/postgres/maintenance/locks.sql."""
-    return sqlfiles.queries("postgres", "maintenance", "locks.sql")[name]
+_sql = sqlfiles.named("postgres", "maintenance", "locks.sql")
 
 
 class TableLocks:

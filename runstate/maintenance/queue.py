@@ -40,9 +40,7 @@ from runstate.maintenance.validation import flag, free_text, json_object, non_em
 _CLAIM_ROUNDS = 16
 
 
-def _sql(name: str) -> str:
-    """A named query of sql/postgres/maintenance/queue.sql (the file is parsed once per process)."""
-    return sqlfiles.queries("postgres", "maintenance", "queue.sql")[name]
+_sql = sqlfiles.named("postgres", "maintenance", "queue.sql")
 
 
 class JobQueue:

@@ -1,0 +1,6 @@
+-- Named queries of runstate/eventstore/postgres.py: the store's own checks of its schema on Postgres.
+-- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+
+-- name: count_partitions
+-- The partition count is fixed when run_events is first created: ensure_schema checks it matches.
+SELECT count(*) FROM pg_inherits WHERE inhparent = to_regclass(%s);
