@@ -156,3 +156,59 @@ def test_loading_the_code_location_imports_no_snowflake_connector_or_arrow_and_s
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["None"]
+
+
+def _import_time_edges(path: Path, package: str, modules: set[str]) -> set[str]:
+    """The modules of `modules` that `path` imports when it is imported: its module-level imports
+    (`from pkg import sub` imports `pkg.sub`; a package's own `__init__` runs first anyway, so it counts
+    only when a name is taken from it). TYPE_CHECKING blocks and imports inside functions are left out."""
+    found: set[str] = set()
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parts, node.module] if node.module else parts)
+                for alias in node.names:  # a submodule, or a name the module (or package) defines
+                    found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                visit(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body + node.orelse + node.finalbody)
+
+    visit(ast.parse(path.read_text(), filename=str(path)).body)
+    return found & modules
+
+
+@pytest.mark.parametrize("domain", CORE_DOMAINS)
+def test_a_core_domain_has_no_import_cycle(domain):
+    """A cycle works only in one import order and breaks the day a module moves; none inside a domain."""
+    files = {}
+    for path in sorted((ROOT / "runstate" / domain).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        files[name] = (path, name if parts[-1] == "__init__" else ".".join(parts[:-1]))
+    edges = {
+        name: _import_time_edges(path, package, set(files)) - {name}
+        for name, (path, package) in files.items()
+    }
+    cycles = []
+
+    def walk(name: str, trail: list[str]) -> None:
+        for nxt in sorted(edges[name]):
+            if nxt in trail:
+                cycles.append(trail[trail.index(nxt) :] + [nxt])
+            elif nxt not in done:
+                walk(nxt, [*trail, nxt])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(edges):
+        if name not in done:
+            walk(name, [name])
+
+    assert cycles == []

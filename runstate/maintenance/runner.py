@@ -14,45 +14,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
 from runstate.maintenance.commit_fence import attempt_session, attempt_tag
 from runstate.maintenance.errors import InvalidActionOption, TableLocked
-from runstate.maintenance.models import Claim, HealthSnapshot
+from runstate.maintenance.models import Claim
 from runstate.maintenance.options import ActionSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from runstate.maintenance.store import MaintenanceStore
+
 log = logging.getLogger(__name__)
-
-
-class JobStore(Protocol):
-    """The part of MaintenanceStore a job run needs."""
-
-    schema: str
-
-    def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool: ...
-    def holds_fence(self, claim: Claim) -> bool: ...
-    def record_action(
-        self,
-        claim: Claim,
-        action: str,
-        success: bool,
-        message: str = "",
-        error: str | None = None,
-        elapsed_seconds: float = 0.0,
-        *,
-        before: Any = None,
-        after: Any = None,
-    ) -> bool: ...
-    def complete(self, claim: Claim, status: str, error: str | None = None) -> bool: ...
-    def is_cancel_requested(self, claim: Claim) -> bool: ...
-    def lock_for_claim(self, claim: Claim, ttl_seconds: float) -> bool: ...
-    def unlock_for_claim(self, claim: Claim) -> bool: ...
-    def ensure_commit_fence(self) -> bool: ...
-    def latest_health(self, table_key: str) -> HealthSnapshot | None: ...
 
 
 @dataclass
@@ -73,7 +48,7 @@ class LeaseKeeper:
 
     def __init__(
         self,
-        store: JobStore,
+        store: MaintenanceStore,
         claim: Claim,
         *,
         interval_seconds: float,
@@ -109,7 +84,7 @@ class LeaseKeeper:
 
 def run_job(
     spark: SparkSession,
-    store: JobStore,
+    store: MaintenanceStore,
     claim: Claim,
     *,
     settings: ActionSettings | None = None,
@@ -179,7 +154,7 @@ def _refresh(spark: SparkSession, catalog: str, claim: Claim) -> None:
 
 def _run_actions(
     runner: ActionRunner,
-    store: JobStore,
+    store: MaintenanceStore,
     claim: Claim,
     keeper: LeaseKeeper,
     outcome: JobOutcome,
