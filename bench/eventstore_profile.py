@@ -117,19 +117,25 @@ def traced_writer(kind: str, dsn: str, tag: str, tracer: Tracer) -> Any:
     with psycopg.connect(dsn, autocommit=True) as conn:  # the bench's runstate writer made it there
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
     writer = WRITERS[kind](dsn, SCHEMA, tag)
-    owner, name = (
-        (writer.store, "_connection") if kind == "runstate" else (writer.datastore, "get_connection")
-    )
-    original = getattr(owner, name)
+    # Every connection either library hands out: runstate's datastore lends them through connection()
+    # and transaction(), eventsourcing's through get_connection().
+    if kind == "runstate":
+        owner, names = writer.store.datastore, ("connection", "transaction")
+    else:
+        owner, names = writer.datastore, ("get_connection",)
+    for name in names:
+        setattr(owner, name, _traced(getattr(owner, name), tracer))
+    return writer
 
+
+def _traced(lend: Any, tracer: Tracer) -> Any:
     @contextmanager
-    def connection(*args: Any, **kwargs: Any) -> Iterator[psycopg.Connection]:
-        with original(*args, **kwargs) as conn:
+    def traced(*args: Any, **kwargs: Any) -> Iterator[psycopg.Connection]:
+        with lend(*args, **kwargs) as conn:
             tracer.watch(conn)
             yield conn
 
-    setattr(owner, name, connection)
-    return writer
+    return traced
 
 
 def server_statements(admin_url: str, dbname: str, appends: int) -> list[dict[str, Any]] | None:
