@@ -2,8 +2,8 @@
 
 Snowflake connections are few and slow to open (a login each), so a small LIFO pool keeps the
 warmest ones: at most `pool_size` are out at once, a connection is made on demand and selects the
-schema once (`USE SCHEMA`, which fakesnow's MERGE needs; real Snowflake is content with qualified
-names), and one whose session is gone (OperationalError, InterfaceError) is closed instead of
+schema once (`USE SCHEMA`: the event store's named queries and the migrations name tables unqualified,
+and fakesnow's MERGE needs it), and one whose session is gone (OperationalError, InterfaceError) is closed instead of
 returned. After a fork the child starts with an empty pool and never touches the parent's
 sessions (closing one would log the parent out).
 
