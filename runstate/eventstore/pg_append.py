@@ -200,6 +200,37 @@ def _dedupe(valid: list[ValidEvent]) -> tuple[list[ValidEvent], list[tuple[int, 
     return new, places
 
 
+# The statement's snapshot parameters when the batch carries none: its snapshot CTEs then touch nothing.
+_NO_SNAPSHOT: dict[str, Any] = dict.fromkeys(
+    (
+        "snapshot_seq",
+        "snapshot_count_before",
+        "kind",
+        "encoding",
+        "payload",
+        "checksum",
+        "raw",
+        "stored",
+        "reason",
+    )
+)
+
+
+def _snapshot_params(snapshot: _Snapshot) -> dict[str, Any]:
+    encoded = snapshot.encoded
+    return {
+        "snapshot_seq": snapshot.seq,
+        "snapshot_count_before": snapshot.count_before,
+        "kind": snapshot.kind,
+        "encoding": encoded.encoding,
+        "payload": encoded.payload,
+        "checksum": encoded.checksum,
+        "raw": encoded.raw_bytes,
+        "stored": encoded.stored_bytes,
+        "reason": snapshot.reason,
+    }
+
+
 def _one_statement(
     conn: psycopg.Connection,
     run_id: str,
@@ -214,26 +245,11 @@ def _one_statement(
         expected=expected,
         every=policy.interval,
         signal_waiting=any(e.event_type == EventType.SIGNAL_WAITING for e in new),
-        snapshot_seq=None,
-        snapshot_count_before=None,
+        older=policy.keep - 1,
+        **(_NO_SNAPSHOT if snapshot is None else _snapshot_params(snapshot)),
     )
-    query = _sql("append_one_statement" if snapshot is None else "append_one_statement_with_snapshot")
-    if snapshot is not None:
-        encoded = snapshot.encoded
-        params.update(
-            snapshot_seq=snapshot.seq,
-            snapshot_count_before=snapshot.count_before,
-            kind=snapshot.kind,
-            encoding=encoded.encoding,
-            payload=encoded.payload,
-            checksum=encoded.checksum,
-            raw=encoded.raw_bytes,
-            stored=encoded.stored_bytes,
-            reason=snapshot.reason,
-            older=policy.keep - 1,
-        )
     try:
-        row = conn.execute(query, params, prepare=True).fetchone()
+        row = conn.execute(_sql("append_one_statement"), params, prepare=True).fetchone()
     except errors.UniqueViolation as exc:
         raise KeyTaken() from exc
     except psycopg.Error as exc:

@@ -7,43 +7,8 @@
 -- The common case in one round trip (005_one_statement_append.sql): the stream row's upsert takes the
 -- run's row lock and gives the seq the batch follows; the check, last, aborts the whole statement when
 -- a guess of the client was wrong (RSK02). An all-NULL column goes as a NULL array, which unnest pads.
-WITH stream AS (
-  INSERT INTO run_streams AS s (run_id, last_seq, event_count, first_event_at, started_at, completed_at)
-  VALUES (%(run_id)s, %(added)s, %(added)s, %(first_event_at)s, %(started_at)s, %(completed_at)s)
-  ON CONFLICT (run_id) DO UPDATE
-     SET last_seq = s.last_seq + EXCLUDED.last_seq,
-         event_count = s.event_count + EXCLUDED.event_count,
-         first_event_at = COALESCE(s.first_event_at, EXCLUDED.first_event_at),
-         started_at = COALESCE(s.started_at, EXCLUDED.started_at),
-         completed_at = COALESCE(s.completed_at, EXCLUDED.completed_at),
-         updated_at = now()
-  RETURNING s.last_seq - %(added)s AS before, s.event_count - %(added)s AS count_before,
-            s.archived_at IS NOT NULL AS archived
-), tx AS (
-  SELECT pg_current_xact_id()::text::bigint << 20 AS base
-), inserted AS (
-  INSERT INTO run_events (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
-                          plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
-                          parent_event_id, emitted_at, adapter_version, engine_run_ref, position)
-  SELECT %(run_id)s, stream.before + u.ord, u.event_id, u.step_id, u.engine_attempt_id,
-         u.logical_attempt_id, u.plan_version, u.event_type, u.data::jsonb, u.key, u.caused_by,
-         u.parent, u.emitted_at, u.adapter_version, u.ref::jsonb, tx.base | u.ord
-  FROM stream, tx, unnest(
-    %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
-    %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
-    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
-    %(adapter_version)b::text[], %(ref)b::text[]
-  ) WITH ORDINALITY AS u(event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-                         event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)
-)
-SELECT runstate_check_append(before, count_before, archived, %(expected)s, %(added)s, %(every)s,
-                             %(signal_waiting)s, %(snapshot_seq)s, %(snapshot_count_before)s),
-       count_before
-FROM stream;
-
--- name: append_one_statement_with_snapshot
--- append_one_statement plus the snapshot and the pruning of old ones, in the same statement (the
--- DELETE sees the table as it was before the INSERT: keep the newest keep-1 older snapshots).
+-- With a snapshot_seq it also writes the snapshot and prunes old ones (the DELETE sees the table as it
+-- was before the INSERT: keep the newest keep-1 older snapshots); without one both CTEs touch nothing.
 WITH stream AS (
   INSERT INTO run_streams AS s (run_id, last_seq, event_count, first_event_at, started_at, completed_at)
   VALUES (%(run_id)s, %(added)s, %(added)s, %(first_event_at)s, %(started_at)s, %(completed_at)s)
@@ -75,11 +40,12 @@ WITH stream AS (
 ), snapshot AS (
   INSERT INTO run_state_snapshots
     (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)
-  VALUES (%(run_id)s, %(snapshot_seq)s, %(kind)s, %(encoding)s, %(payload)s, %(checksum)s, %(raw)s,
-          %(stored)s, %(reason)s)
+  SELECT %(run_id)s, %(snapshot_seq)s::bigint, %(kind)s::text, %(encoding)s::text, %(payload)s::bytea,
+         %(checksum)s::text, %(raw)s::bigint, %(stored)s::bigint, %(reason)s::text
+  WHERE %(snapshot_seq)s::bigint IS NOT NULL
   ON CONFLICT (run_id, seq) DO NOTHING
 ), pruned AS (
-  DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s AND seq NOT IN (
+  DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s::bigint AND seq NOT IN (
     SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s
     ORDER BY seq DESC LIMIT %(older)s)
 )
