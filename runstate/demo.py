@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import dagster as dg
 
@@ -33,15 +33,17 @@ RUN_LOG_LEVEL = "INFO"  # the runs' own INFO lines tell the story; DEBUG engine 
 Progress = Callable[[str, int], Any]
 
 
+class TableCounts(NamedTuple):
+    files: int = 0
+    snapshots: int = 0
+    delete_files: int = 0
+
+
 @dataclass
 class TableFigures:
     table: str
-    files_before: int = 0
-    snapshots_before: int = 0
-    delete_files_before: int = 0
-    files_after: int = 0
-    snapshots_after: int = 0
-    delete_files_after: int = 0
+    before: TableCounts = TableCounts()
+    after: TableCounts = TableCounts()
     rows_equal: bool = False
 
 
@@ -204,12 +206,12 @@ def create_table(spark: Any, name: str, files: int) -> None:
     spark.sql(f"DELETE FROM {full} WHERE id % 10 = 7")
 
 
-def table_figures(spark: Any, name: str, full: str | None = None) -> tuple[int, int, int]:
+def table_counts(spark: Any, name: str, full: str | None = None) -> TableCounts:
     full = full or f"lake.{DEMO_NAMESPACE}.{name}"
     files = spark.sql(f"SELECT count(*) FROM {full}.data_files").first()[0]
     snapshots = spark.sql(f"SELECT count(*) FROM {full}.snapshots").first()[0]
     deletes = spark.sql(f"SELECT count(*) FROM {full}.delete_files").first()[0]
-    return files, snapshots, deletes
+    return TableCounts(files, snapshots, deletes)
 
 
 def table_rows(spark: Any, name: str) -> list[tuple]:
@@ -228,19 +230,15 @@ def seed_tables(spark: Any, summary: DemoSummary, progress: Progress, files: int
     rows = {}
     for name in DEMO_TABLES:
         create_table(spark, name, files)
-        figures = TableFigures(f"{DEMO_NAMESPACE}.{name}")
-        figures.files_before, figures.snapshots_before, figures.delete_files_before = table_figures(
-            spark, name
-        )
+        summary.tables.append(TableFigures(f"{DEMO_NAMESPACE}.{name}", before=table_counts(spark, name)))
         rows[name] = table_rows(spark, name)
-        summary.tables.append(figures)
         progress("Iceberg tables", 1)
     return rows
 
 
 def measure_tables(spark: Any, summary: DemoSummary, rows_before: dict[str, list[tuple]]) -> None:
     for figures, name in zip(summary.tables, DEMO_TABLES):
-        figures.files_after, figures.snapshots_after, figures.delete_files_after = table_figures(spark, name)
+        figures.after = table_counts(spark, name)
         figures.rows_equal = table_rows(spark, name) == rows_before[name]
 
 
@@ -259,16 +257,14 @@ def waves(rows_per_dataset: int) -> list[range]:
 
 def measure_dataset_table(spark: Any, wal: Any, summary: DemoSummary, after: bool) -> None:
     """The dataset table's files before/after maintenance; rows_equal: its live rows are the blob reader's state."""
+    counts = table_counts(spark, LAKE_DATASET, table_ident(LAKE_DATASET))
     if not after:
-        summary.tables.append(TableFigures(f"datasets.{LAKE_DATASET}"))
+        summary.tables.append(TableFigures(f"datasets.{LAKE_DATASET}", before=counts))
+        return
     figures = summary.tables[-1]
-    counts = table_figures(spark, LAKE_DATASET, table_ident(LAKE_DATASET))
-    if after:
-        figures.files_after, figures.snapshots_after, figures.delete_files_after = counts
-        reader = DatasetReader(wal.s3_client(), wal.bucket, wal.prefix, LAKE_DATASET)
-        figures.rows_equal = read_table(spark, LAKE_DATASET) == reader.read()
-    else:
-        figures.files_before, figures.snapshots_before, figures.delete_files_before = counts
+    figures.after = counts
+    reader = DatasetReader(wal.s3_client(), wal.bucket, wal.prefix, LAKE_DATASET)
+    figures.rows_equal = read_table(spark, LAKE_DATASET) == reader.read()
 
 
 # --- the whole demo ---------------------------------------------------------------------------------
@@ -339,8 +335,8 @@ def render(summary: DemoSummary) -> str:
     )
     for t in summary.tables:
         lines.append(
-            f"                  {t.table:<18}{t.files_before:>6} -> {t.files_after:<5}{t.snapshots_before:>6} -> "
-            f"{t.snapshots_after:<5}{t.delete_files_before:>7} -> {t.delete_files_after:<6}  {t.rows_equal}"
+            f"                  {t.table:<18}{t.before.files:>6} -> {t.after.files:<5}{t.before.snapshots:>6} -> "
+            f"{t.after.snapshots:<5}{t.before.delete_files:>7} -> {t.after.delete_files:<6}  {t.rows_equal}"
         )
     if summary.failed_runs:
         lines.append(f"FAILED RUNS: {', '.join(summary.failed_runs)} (see them in the UI)")

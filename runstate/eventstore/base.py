@@ -103,21 +103,32 @@ class EventStore(ABC):
     ) -> RunSnapshot:
         """The run's projection through its stored events up to `stored_upto` plus `pending` ones."""
 
-    def _encode_snapshot_in_tx(
+    @abstractmethod
+    def _store_snapshot(
+        self, conn: Any, run_id: str, seq: int, kind: str, encoded: EncodedSnapshot, reason: str
+    ) -> bool:
+        """Insert the snapshot at `seq` and keep only the latest N; False when one was already there."""
+
+    def _write_snapshot(
         self,
         conn: Any,
         run_id: str,
         seq: int,
         state: Any,
+        reason: str,
         stored_upto: int,
-        pending: Sequence[tuple[int, ValidEvent]],
-    ) -> tuple[str, RunSnapshot | None, EncodedSnapshot]:
-        """What the snapshot at `seq` holds: `state` when given, else the run's projection at `seq`
-        (returned too, so the caller can remember it once committed); with its kind."""
+        pending: Sequence[tuple[int, ValidEvent]] = (),
+    ) -> tuple[RunSnapshot | None, EncodedSnapshot | None]:
+        """Write the snapshot at `seq`: `state` when given, else the run's projection at `seq`. Returns the
+        projection (when that is what was written, to remember once committed) and the encoded snapshot
+        (None when one was already stored at `seq`); the caller counts it once the transaction committed."""
         if state is not None:
-            return KIND_STATE, None, encode_snapshot(run_id, seq, state, self.policy)
-        projection = self._projection_in_tx(conn, run_id, stored_upto, pending)
-        return KIND_PROJECTION, projection, encode_snapshot(run_id, seq, projection.to_dict(), self.policy)
+            kind, projection, encoded = KIND_STATE, None, encode_snapshot(run_id, seq, state, self.policy)
+        else:
+            kind, projection = KIND_PROJECTION, self._projection_in_tx(conn, run_id, stored_upto, pending)
+            encoded = encode_snapshot(run_id, seq, projection.to_dict(), self.policy)
+        stored = self._store_snapshot(conn, run_id, seq, kind, encoded, reason)
+        return projection, encoded if stored else None
 
     @abstractmethod
     def _append_valid(
@@ -249,37 +260,6 @@ class EventStore(ABC):
             )
         return valid
 
-    @staticmethod
-    def _check_expected(
-        run_id: str, valid: list[ValidEvent], known: dict[str, int], last_seq: int, expected: int | None
-    ) -> None:
-        """Optimistic concurrency: the run must be at `expected`, unless every event is already stored
-        (a pure retry of an append that won, which then returns the stored results)."""
-        if expected is None or last_seq == expected:
-            return
-        if all(event.idempotency_key in known for event in valid):
-            return
-        raise ConcurrencyConflict.stale(run_id, expected, last_seq)
-
-    @staticmethod
-    def _assign_seqs(
-        valid: list[ValidEvent], known: dict[str, int], last_seq: int
-    ) -> tuple[list[AppendResult], list[tuple[int, ValidEvent]], int]:
-        """(results, new (run_seq, event) rows, the new last_seq): a key already stored or earlier in
-        the batch keeps its run_seq; new events take the next ones after `last_seq` (adds to `known`)."""
-        results: list[AppendResult] = []
-        new: list[tuple[int, ValidEvent]] = []
-        next_seq = last_seq
-        for event in valid:
-            if event.idempotency_key in known:
-                results.append(AppendResult(known[event.idempotency_key], idempotent=True, persisted=False))
-                continue
-            next_seq += 1
-            known[event.idempotency_key] = next_seq
-            new.append((next_seq, event))
-            results.append(AppendResult(next_seq, idempotent=False, persisted=True))
-        return results, new, next_seq
-
     # -- reads --------------------------------------------------------------------------------
 
     def _fetch_run(
@@ -410,31 +390,3 @@ class EventStore(ABC):
             total += moved
             if runs < batch_runs:
                 return total
-
-    @staticmethod
-    def _by_run(events: Iterable[StoredEvent]) -> dict[str, list[StoredEvent]]:
-        by_run: dict[str, list[StoredEvent]] = {}
-        for event in events:
-            by_run.setdefault(event.run_id, []).append(event)
-        return by_run
-
-    @staticmethod
-    def _fresh_imports(
-        run_id: str, valid: list[tuple[int, ValidEvent]], keys: dict[str, int], taken: set[int]
-    ) -> list[tuple[int, ValidEvent]]:
-        """The imported (run_seq, event) rows not stored yet; a stored key at another run_seq, or a
-        run_seq taken by another event, is an EventStoreError."""
-        fresh = []
-        for seq, event in valid:
-            if event.idempotency_key in keys:
-                if keys[event.idempotency_key] != seq:
-                    raise EventStoreError(
-                        f"run {run_id!r}: idempotency key"
-                        f" {event.idempotency_key[:12]}.. is stored at run_seq "
-                        f"{keys[event.idempotency_key]}, the import has it at {seq}"
-                    )
-                continue
-            if seq in taken:
-                raise EventStoreError(f"run {run_id!r}: run_seq {seq} is already taken by a different event")
-            fresh.append((seq, event))
-        return fresh

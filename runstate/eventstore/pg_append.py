@@ -28,6 +28,7 @@ from runstate.eventstore.pg_sql import (
     batch_params,
     one_statement_params,
 )
+from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
@@ -115,7 +116,7 @@ class _PgAppend:
     def _locked_append(
         self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
-        written: list[tuple[RunSnapshot | None, EncodedSnapshot]] = []
+        written: list[tuple[RunSnapshot | None, EncodedSnapshot | None]] = []
         outcome: list[tuple[Stream, list[tuple[int, ValidEvent]]]] = []
 
         def work(conn: psycopg.Connection, probe: bool) -> list[AppendResult]:
@@ -130,7 +131,8 @@ class _PgAppend:
             results = self._run(what, lambda conn: work(conn, True), pipeline=True)
         projection = None  # once the transaction committed: what it wrote
         for projection, encoded in written:  # noqa: B007  (at most one snapshot per append)
-            self.metrics.record_written(encoded)
+            if encoded is not None:
+                self.metrics.record_written(encoded)
         for stream, new in outcome:
             self.hints.after_append(run_id, stream.last_seq, stream.event_count, new, projection)
         return results
@@ -147,7 +149,7 @@ class _PgAppend:
         valid: list[ValidEvent],
         state: Any,
         expected: int | None,
-        written: list[tuple[RunSnapshot | None, EncodedSnapshot]],
+        written: list[tuple[RunSnapshot | None, EncodedSnapshot | None]],
         outcome: list[tuple[Stream, list[tuple[int, ValidEvent]]]] | None = None,
         probe: bool = False,
     ) -> list[AppendResult]:
@@ -157,8 +159,8 @@ class _PgAppend:
         stale = expected is not None and stream.last_seq != expected
         if probe or stream.archived or stale:
             known = self._existing_keys(conn, run_id, sorted({v.idempotency_key for v in valid}), stream)
-        self._check_expected(run_id, valid, known, stream.last_seq, expected)
-        results, new, next_seq = self._assign_seqs(valid, known, stream.last_seq)
+        check_expected(run_id, valid, known, stream.last_seq, expected)
+        results, new, next_seq = assign_seqs(valid, known, stream.last_seq)
         if not new:
             return results
         reason = self.policy.reason(

@@ -11,6 +11,7 @@ from runstate import sqlfiles
 from runstate.eventstore.contract import StoredEvent
 from runstate.eventstore.pg_sql import batch_params
 from runstate.eventstore.rows import validate_imported
+from runstate.eventstore.sequencing import by_run, fresh_imports
 from runstate.eventstore.validation import ValidEvent, check_run_id
 
 _sql = sqlfiles.named("postgres", "eventstore", "archive.sql")
@@ -59,7 +60,7 @@ class _PgArchive:
     def import_events(self, events: Iterable[StoredEvent]) -> int:
         """Insert stored events keeping their run_seq (migration); already-present keys are skipped."""
         written = 0
-        for run_id, run_events in self._by_run(events).items():
+        for run_id, run_events in by_run(events).items():
             valid = validate_imported(run_id, run_events, self.max_event_bytes)
             written += self._run(
                 f"import into run {run_id!r}", lambda conn: self._import_tx(conn, run_id, valid)
@@ -70,7 +71,7 @@ class _PgArchive:
         stream = self._lock_stream(conn, run_id)
         keys = self._existing_keys(conn, run_id, [v.idempotency_key for _, v in valid], stream)
         taken = {r[0] for r in conn.execute(_sql("taken_seqs"), (run_id, [s for s, _ in valid])).fetchall()}
-        fresh = self._fresh_imports(run_id, valid, keys, taken)
+        fresh = fresh_imports(run_id, valid, keys, taken)
         if fresh:
             top = max(stream.last_seq, max(seq for seq, _ in fresh))
             conn.execute(_sql("insert_imported"), batch_params(run_id, fresh, top))

@@ -27,23 +27,17 @@ _sql = sqlfiles.named("postgres", "eventstore", "snapshots.sql")
 class _PgSnapshots:
     """Mixin of PostgresEventStore: state snapshots."""
 
-    def _write_snapshot(
+    def _store_snapshot(
         self,
         conn: psycopg.Connection,
         run_id: str,
         seq: int,
-        state: Any,
+        kind: str,
+        encoded: EncodedSnapshot,
         reason: str,
-        stored_upto: int,
-        pending: Sequence[tuple[int, ValidEvent]] = (),
-    ) -> tuple[RunSnapshot | None, EncodedSnapshot]:
-        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N, in one
-        statement; returns the projection (when that is what was written) and the encoded snapshot.
-        Sends the statement without waiting for it (the append's pipeline): the caller counts it in
-        the metrics once the COMMIT is through."""
-        kind, projection, encoded = self._encode_snapshot_in_tx(
-            conn, run_id, seq, state, stored_upto, pending
-        )
+    ) -> bool:
+        """One statement: the insert and the prune of all but the latest N. The append's pipeline sends it
+        without waiting for its result, so it cannot tell whether one was already at `seq`: reports stored."""
         conn.execute(
             _sql("write_snapshot"),
             {
@@ -59,7 +53,7 @@ class _PgSnapshots:
                 "older": self.policy.keep - 1,
             },
         )
-        return projection, encoded
+        return True
 
     def _snapshots(self, conn: psycopg.Connection, run_id: str) -> list[StoredSnapshot]:
         rows = conn.execute(_sql("snapshots"), (run_id,)).fetchall()

@@ -19,32 +19,46 @@ KEY_TAKEN_SQLSTATE = "RSK01"
 GUESSED_WRONG_SQLSTATE = "RSK02"
 
 
-def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
-    """The event columns of append.sql's append_one_statement (an all-NULL column as a NULL array)."""
+# The event arrays of every batch insert (append.sql, archive.sql): parameter name -> ValidEvent field.
+_EVENT_ARRAYS = {
+    "event_id": "event_id",
+    "step_id": "step_id",
+    "engine_attempt_id": "engine_attempt_id",
+    "logical_attempt_id": "logical_attempt_id",
+    "plan_version": "plan_version",
+    "event_type": "event_type",
+    "data": "data_json",
+    "key": "idempotency_key",
+    "caused_by": "caused_by_signal_id",
+    "parent": "parent_event_id",
+    "emitted_at": "emitted_at",
+    "adapter_version": "adapter_version",
+    "ref": "engine_run_ref_json",
+}
+
+
+def _event_arrays(events: Sequence[ValidEvent]) -> dict[str, list[Any] | None]:
+    """One array per column; an all-NULL column as a NULL array, which the statements' unnest pads."""
+    columns = dict(zip(ValidEvent._fields, zip(*events)))
+    return {param: _column(columns[field]) for param, field in _EVENT_ARRAYS.items()}
+
+
+def _column(values: tuple[Any, ...]) -> list[Any] | None:
+    return None if values.count(None) == len(values) else list(values)
+
+
+def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
+    """What the batch sets on the run's stream row."""
     return {
-        "run_id": run_id,
-        "added": len(new),
-        "event_id": [e.event_id for e in new],
-        "step_id": _column([e.step_id for e in new]),
-        "engine_attempt_id": _column([e.engine_attempt_id for e in new]),
-        "logical_attempt_id": _column([e.logical_attempt_id for e in new]),
-        "plan_version": _column([e.plan_version for e in new]),
-        "event_type": [e.event_type for e in new],
-        "data": _column([e.data_json for e in new]),
-        "key": [e.idempotency_key for e in new],
-        "caused_by": _column([e.caused_by_signal_id for e in new]),
-        "parent": _column([e.parent_event_id for e in new]),
-        "emitted_at": [e.emitted_at for e in new],
-        "adapter_version": _column([e.adapter_version for e in new]),
-        "ref": _column([e.engine_run_ref_json for e in new]),
-        "first_event_at": new[0].emitted_at,
-        "started_at": _first(new, frozenset({EventType.RUN_STARTED})),
-        "completed_at": _first(new, TERMINAL_EVENT_TYPES),
+        "first_event_at": events[0].emitted_at,
+        "started_at": _first(events, frozenset({EventType.RUN_STARTED})),
+        "completed_at": _first(events, TERMINAL_EVENT_TYPES),
     }
 
 
-def _column(values: list[Any]) -> list[Any] | None:
-    return None if values.count(None) == len(values) else values
+def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
+    """The parameters of append.sql's append_one_statement."""
+    return {"run_id": run_id, "added": len(new), **_event_arrays(new), **_stream_params(new)}
 
 
 @dataclass(frozen=True)
@@ -60,24 +74,10 @@ def batch_params(run_id: str, new: Sequence[tuple[int, ValidEvent]], last_seq: i
     return {
         "run_id": run_id,
         "seq": [s for s, _ in new],
-        "event_id": [e.event_id for e in events],
-        "step_id": [e.step_id for e in events],
-        "engine_attempt_id": [e.engine_attempt_id for e in events],
-        "logical_attempt_id": [e.logical_attempt_id for e in events],
-        "plan_version": [e.plan_version for e in events],
-        "event_type": [e.event_type for e in events],
-        "data": [e.data_json for e in events],
-        "key": [e.idempotency_key for e in events],
-        "caused_by": [e.caused_by_signal_id for e in events],
-        "parent": [e.parent_event_id for e in events],
-        "emitted_at": [e.emitted_at for e in events],
-        "adapter_version": [e.adapter_version for e in events],
-        "ref": [e.engine_run_ref_json for e in events],
         "last_seq": last_seq,
         "new": len(events),
-        "first_event_at": events[0].emitted_at,
-        "started_at": _first(events, frozenset({EventType.RUN_STARTED})),
-        "completed_at": _first(events, TERMINAL_EVENT_TYPES),
+        **_event_arrays(events),
+        **_stream_params(events),
     }
 
 

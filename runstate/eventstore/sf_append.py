@@ -16,6 +16,7 @@ from runstate.eventstore.contract import (
     EventType,
     RunSnapshot,
 )
+from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.sf_sql import Retry, chunks, iso, values_rows
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
@@ -88,8 +89,8 @@ class _SfAppend:
         last_seq, count, archived = self._lock_stream(cur, run_id)
         keys = sorted({v.idempotency_key for v in valid})
         known = self._existing_keys(cur, run_id, keys, archived) if (count or archived) else {}
-        self._check_expected(run_id, valid, known, last_seq, expected)
-        results, new, next_seq = self._assign_seqs(valid, known, last_seq)
+        check_expected(run_id, valid, known, last_seq, expected)
+        results, new, next_seq = assign_seqs(valid, known, last_seq)
         if not new:
             return results
         inserted = self._merge_events(cur, run_id, new, None, position_base)

@@ -10,6 +10,7 @@ from typing import Any
 from runstate import sqlfiles
 from runstate.eventstore.contract import ConcurrencyConflict, StoredEvent
 from runstate.eventstore.rows import validate_imported
+from runstate.eventstore.sequencing import by_run, fresh_imports
 from runstate.eventstore.sf_sql import Retry, chunks
 from runstate.eventstore.validation import ValidEvent, check_run_id
 
@@ -64,11 +65,11 @@ class _SfArchive:
 
     def import_events(self, events: Iterable[StoredEvent]) -> int:
         """Insert stored events keeping run_seq and persisted_at; keys already present are skipped."""
-        by_run = self._by_run(events)
+        runs = by_run(events)
         written = 0
-        if by_run:
+        if runs:
             self._merge_usable()
-        for run_id, run_events in by_run.items():
+        for run_id, run_events in runs.items():
             valid = validate_imported(run_id, run_events, self.max_event_bytes)
             stamps = {e.run_seq: e.persisted_at for e in run_events}
             self._create_stream(run_id)
@@ -105,7 +106,7 @@ class _SfArchive:
         for chunk in chunks([s for s, _ in valid], 1000):
             cur.execute(_sql("taken_seqs"), (run_id, tuple(chunk)))
             taken.update(int(r[0]) for r in cur.fetchall())
-        fresh = self._fresh_imports(run_id, valid, keys, taken)
+        fresh = fresh_imports(run_id, valid, keys, taken)
         if not fresh:
             return 0
         inserted = self._merge_events(cur, run_id, fresh, [stamps.get(s) for s, _ in fresh], base)

@@ -36,20 +36,9 @@ _sql = sqlfiles.named("snowflake", "eventstore", "snapshots.sql")
 class _SfSnapshots:
     """Mixin of SnowflakeEventStore: state snapshots."""
 
-    def _write_snapshot(
-        self,
-        cur: Any,
-        run_id: str,
-        seq: int,
-        state: Any,
-        reason: str,
-        stored_upto: int,
-        pending: Sequence[tuple[int, ValidEvent]] = (),
-    ) -> tuple[RunSnapshot | None, EncodedSnapshot | None]:
-        """Write the snapshot at `seq` (state, or the projection) and keep only the latest N; returns the
-        projection (when that is what was written) and the encoded snapshot (None when one was already
-        stored at `seq`). The caller counts it in the metrics once the transaction committed."""
-        kind, projection, encoded = self._encode_snapshot_in_tx(cur, run_id, seq, state, stored_upto, pending)
+    def _store_snapshot(
+        self, cur: Any, run_id: str, seq: int, kind: str, encoded: EncodedSnapshot, reason: str
+    ) -> bool:
         cur.execute(
             _sql("insert_snapshot"),
             (
@@ -71,7 +60,7 @@ class _SfSnapshots:
         seqs = [int(r[0]) for r in cur.fetchall()]
         if len(seqs) > self.policy.keep:
             cur.execute(_sql("prune_snapshots"), (run_id, seqs[self.policy.keep - 1]))
-        return projection, encoded if inserted else None
+        return bool(inserted)
 
     def _snapshots(
         self, cur: Any, run_id: str, *, upto: int | None = None, kind: str | None = None

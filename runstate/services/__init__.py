@@ -18,6 +18,7 @@ from pathlib import Path
 
 from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres, spark_cluster
+from runstate.services.env_file import remove_env_block, user_env_values, write_env_file
 from runstate.services.state import (
     EMBEDDED,
     EXTERNAL,
@@ -26,14 +27,11 @@ from runstate.services.state import (
     ServiceRecord,
     is_running,
     load_records,
-    remove_env_block,
     require_free_port,
     save_records,
     services_file,
     services_lock,
     stop_process,
-    user_env_values,
-    write_env_file,
 )
 
 __all__ = [

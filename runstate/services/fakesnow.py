@@ -14,13 +14,14 @@ from runstate import migrations
 from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.services.http import http_answers
 from runstate.services.state import (
-    EXTERNAL,
     LOOPBACK,
     ServiceError,
     ServiceRecord,
     embedded_service,
+    external_record,
     find_binary,
     port_answers,
+    require_module,
 )
 
 # Not "RUNSTATE": fakesnow (duckdb) finds RUNSTATE.RUNSTATE ambiguous once the schema shares the name.
@@ -47,26 +48,17 @@ def ensure_fakesnow(
         host = caller_env["SNOWFLAKE_HOST"]
         remote_port = int(caller_env.get("SNOWFLAKE_PORT") or 443)
         protocol = caller_env.get("SNOWFLAKE_PROTOCOL", "https")
-        if not port_answers(remote_port, host=host, timeout=3):
-            raise ServiceError(
-                f"fakesnow: SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
-                "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow."
-            )
-        return ServiceRecord("fakesnow", EXTERNAL, f"{protocol}://{host}:{remote_port}")
-    _require_fakesnow_installed()
+        return external_record(
+            "fakesnow",
+            f"{protocol}://{host}:{remote_port}",
+            answers=port_answers(remote_port, host=host, timeout=3),
+            fix=f"SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
+            "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow.",
+        )
+    require_module("fakesnow", "fakesnow", "fakesnow[server]")
     return embedded_service(
         "fakesnow", previous, port=port, port_option="--fakesnow-port", argv=fakesnow_argv, healthy=healthy
     )
-
-
-def _require_fakesnow_installed() -> None:
-    try:
-        import fakesnow  # noqa: F401
-    except ImportError:
-        raise ServiceError(
-            "fakesnow: not installed in this Python; run "
-            "`pip install -c requirements.lock -e '.[dev]'` (it brings fakesnow[server])."
-        ) from None
 
 
 def connection_kwargs(port: int, database: str = DATABASE) -> dict:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from runstate.services.http import http_answers
 from runstate.services.state import (
-    EXTERNAL,
     LOOPBACK,
-    ServiceError,
     ServiceRecord,
     embedded_service,
+    external_record,
     is_running,
+    require_module,
 )
 
 SERVER_MODULE = "runstate.services.moto_server"
@@ -49,30 +49,20 @@ def is_serialized(record: ServiceRecord) -> bool:
 def ensure_moto(
     caller_env: Mapping[str, str], previous: ServiceRecord | None, *, port: int | None = None
 ) -> ServiceRecord:
-    if caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
-        url = caller_env["RUNSTATE_AWS_ENDPOINT_URL"]
-        if not http_answers(url):
-            raise ServiceError(
-                f"moto: RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
-                "or unset it to let `runstate services up` start moto."
-            )
-        return ServiceRecord("moto", EXTERNAL, url)
-    _require_moto_installed()
+    if url := caller_env.get("RUNSTATE_AWS_ENDPOINT_URL"):
+        return external_record(
+            "moto",
+            url,
+            answers=http_answers(url),
+            fix=f"RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
+            "or unset it to let `runstate services up` start moto.",
+        )
+    require_module("moto", "moto.server", "moto[server]")
     if previous is not None and previous.started_by_us and not is_serialized(previous):
         previous = None  # replaced by a serialised server; `up` stops the old one once the new one answers
     return embedded_service(
         "moto", previous, port=port, port_option="--moto-port", argv=moto_argv, healthy=healthy
     )
-
-
-def _require_moto_installed() -> None:
-    try:
-        import moto.server  # noqa: F401
-    except ImportError:
-        raise ServiceError(
-            "moto: the moto server is not installed in this Python; "
-            "run `pip install -c requirements.lock -e '.[dev]'` (it brings moto[server])."
-        ) from None
 
 
 def create_wal_resources(url: str, table: str, bucket: str, region: str) -> str:

@@ -29,11 +29,11 @@ from runstate.config import dagster_url_for, state_dir
 from runstate.datastore import PostgresDatastore, redact
 from runstate.services.state import (
     EMBEDDED,
-    EXTERNAL,
     LOOPBACK,
     MACHINE,
     ServiceError,
     ServiceRecord,
+    external_record,
     free_port,
     is_running,
     logs_dir,
@@ -95,14 +95,14 @@ def ensure_postgres(
     port: int | None = None,
 ) -> ServiceRecord:
     """Choose (and if needed start) the server; returns its record with the runstate database URL."""
-    if caller_env.get("RUNSTATE_PG_URL"):
-        url = caller_env["RUNSTATE_PG_URL"]
-        if not answers(url):
-            raise ServiceError(
-                f"postgres: RUNSTATE_PG_URL={redact(url)} does not answer. Start that server, fix the URL, "
-                "or unset RUNSTATE_PG_URL to use the machine's server on 5432 or an embedded cluster."
-            )
-        return ServiceRecord("postgres", EXTERNAL, url)
+    if url := caller_env.get("RUNSTATE_PG_URL"):
+        return external_record(
+            "postgres",
+            url,
+            answers=answers(url),
+            fix=f"RUNSTATE_PG_URL={redact(url)} does not answer. Start that server, fix the URL, "
+            "or unset RUNSTATE_PG_URL to use the machine's server on 5432 or an embedded cluster.",
+        )
     if force_embedded or data_dir().exists() or not port_answers(MACHINE_PORT):
         return _ensure_cluster(previous, port)
     return ServiceRecord("postgres", MACHINE, f"postgresql://postgres@{LOOPBACK}:{MACHINE_PORT}/runstate")

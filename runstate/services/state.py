@@ -1,4 +1,4 @@
-"""Bookkeeping for the embedded dev services: `.runstate/services.json`, the `.env` block, pids and ports.
+"""Bookkeeping for the embedded dev services: `.runstate/services.json`, pids and ports.
 
 Everything here is plain process management (no Dagster). A service that `up` started is
 recorded with its pid and the pid's start time, so `down` signals exactly that process and never
@@ -10,10 +10,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
+import importlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -24,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from runstate.config import env_file, state_dir
+from runstate.config import state_dir
 
 LOOPBACK = "127.0.0.1"
 SERVICE_NAMES = ("postgres", "moto", "fakesnow")
@@ -74,86 +73,10 @@ def load_records() -> dict[str, ServiceRecord]:
 def save_records(records: Mapping[str, ServiceRecord]) -> None:
     path = services_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n")
+    atomic_write(path, json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n")
 
 
-ENV_BLOCK_START = "# >>> runstate services: written by `runstate services up`, removed by `down` >>>"
-ENV_BLOCK_END = "# <<< runstate services <<<"
-_UNQUOTED = re.compile(r"[A-Za-z0-9_./:@+%,=?&-]*")
-_EXPANDED = re.compile(r"\$\{[^}]*\}")
-
-
-def write_env_file(values: Mapping[str, str]) -> Path:
-    """The endpoints as a block of the project's `.env`; the user's own lines there are kept as they are.
-
-    A variable the user sets in their own lines is left out of the block, so their line wins for every
-    reader of the file (a later line would win in dotenv's parser, Dagster's too). `runstate` reads the
-    file below the process environment; Dagster's CLI started in the project folder reads it above.
-    """
-    path = env_file()
-    mine = user_env_values(path)
-    lines = [
-        ENV_BLOCK_START,
-        *(f"{key}={_env_value(key, value)}" for key, value in values.items() if key not in mine),
-        ENV_BLOCK_END,
-    ]
-    _atomic_write(path, "\n".join([*_lines_outside_block(path), *lines]) + "\n")
-    return path
-
-
-def user_env_values(path: Path | None = None) -> dict[str, str]:
-    """What the user's own lines of `.env` set (everything outside our block), as dotenv reads them."""
-    from dotenv import dotenv_values
-
-    text = "\n".join(_lines_outside_block(path or env_file()))
-    return {key: value for key, value in dotenv_values(stream=io.StringIO(text)).items() if value is not None}
-
-
-def remove_env_block() -> None:
-    """Take our block out of `.env`; the file goes only when nothing of the user's is left in it."""
-    path = env_file()
-    if not path.exists():
-        return
-    rest = _lines_outside_block(path)
-    if any(line.strip() for line in rest):
-        _atomic_write(path, "\n".join(rest) + "\n")
-    else:
-        path.unlink()
-
-
-def _lines_outside_block(path: Path) -> list[str]:
-    if not path.exists():
-        return []
-    # Only "\n" ends a line, as in dotenv's parser (splitlines would also cut at \f, \x85, \u2028...).
-    lines = path.read_text().split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    kept, inside = [], False
-    for line in lines:
-        if line == ENV_BLOCK_START:
-            inside = True
-        elif line == ENV_BLOCK_END:
-            inside = False
-        elif not inside:
-            kept.append(line)
-    return kept
-
-
-def _env_value(key: str, value: str) -> str:
-    """The value as dotenv reads it back unchanged: bare when plain, else single-quoted with its
-    backslashes and quotes escaped (the two escapes dotenv undoes there)."""
-    if _UNQUOTED.fullmatch(value):
-        return value
-    # dotenv expands ${NAME} in every value, quoted or not, and has no escape for it.
-    if any(ch in value for ch in "\n\r\0") or _EXPANDED.search(value):
-        raise ServiceError(
-            f"{key}: the value {value!r} cannot be written to .env (a line break, NUL or ${{...}}); "
-            "pass it in the environment"
-        )
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     # A reader (a test worker, dagster) never sees a half-written file.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -384,3 +307,21 @@ def service_record(
         log=str(log),
         extra=extra or {},
     )
+
+
+def external_record(service: str, url: str, *, answers: bool, fix: str) -> ServiceRecord:
+    """A server the caller named in the environment: used as it is, never started or stopped by us."""
+    if not answers:
+        raise ServiceError(f"{service}: {fix}")
+    return ServiceRecord(service, EXTERNAL, url)
+
+
+def require_module(service: str, module: str, brings: str) -> None:
+    """The embedded server runs from this Python: its package must be installed here."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ServiceError(
+            f"{service}: not installed in this Python; run "
+            f"`pip install -c requirements.lock -e '.[dev]'` (it brings {brings})."
+        ) from None

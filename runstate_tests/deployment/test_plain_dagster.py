@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runstate.services.state import write_env_file
+from runstate.services.env_file import write_env_file
 from runstate_tests.devserver import free_port, graphql, poll, wait_for_graphql
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from services_helpers import clean_env
 
 from runstate.config import Settings, read_env_file
-from runstate.services.state import ENV_BLOCK_START, ServiceError, remove_env_block, write_env_file
+from runstate.services.env_file import ENV_BLOCK_START, remove_env_block, write_env_file
+from runstate.services.state import ServiceError
 
 # Every character a value may hold on one line of `.env`.
 ONE_LINE_TEXT = st.text(

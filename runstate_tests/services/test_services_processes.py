@@ -100,7 +100,7 @@ def test_the_machine_postgres_we_chose_is_not_pinned_by_its_own_env_file_entry(m
 def test_the_env_block_keeps_the_users_lines_and_round_trips_through_dagsters_parser(tmp_path, monkeypatch):
     from dagster._core.secrets.env_file import get_env_var_dict
 
-    from runstate.services.state import remove_env_block, write_env_file
+    from runstate.services.env_file import remove_env_block, write_env_file
 
     monkeypatch.setenv("RUNSTATE_HOME", str(tmp_path))
     (tmp_path / ".env").write_text("# mine\nMY_TOKEN=abc\n")

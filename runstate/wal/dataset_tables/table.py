@@ -7,16 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from runstate.wal.dataset_tables import naming
 from runstate.wal.dataset_tables.errors import DatasetTableError
-from runstate.wal.dataset_tables.naming import (
-    CATALOG,
-    DATASET_PROPERTY,
-    MAINTENANCE_ENABLED_PROPERTY,
-    NAMESPACE,
-    VERSION_KEY,
-    VERSION_PROPERTY,
-    table_ident,
-)
+from runstate.wal.dataset_tables.naming import DATASET_PROPERTY, VERSION_PROPERTY, table_ident
 from runstate.wal.errors import BlobIntegrityError
 
 COLUMNS = (
@@ -30,7 +23,7 @@ TABLE_PROPERTIES = {
     "write.merge.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
-    MAINTENANCE_ENABLED_PROPERTY: "true",
+    naming.MAINTENANCE_ENABLED_PROPERTY: "true",
 }
 BLOB_ERROR = re.compile(r"BlobIntegrityError: (.+)")
 PYTHON_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception): ")
@@ -50,7 +43,7 @@ def ensure_table(spark: Any, dataset_id: str) -> str:
     ident = table_ident(dataset_id)
     properties = {**TABLE_PROPERTIES, DATASET_PROPERTY: dataset_id, VERSION_PROPERTY: "0"}
     with spark_errors(dataset_id, ident, "create"):
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{NAMESPACE}")
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {naming.CATALOG}.{naming.NAMESPACE}")
         try:
             spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg "
@@ -85,7 +78,9 @@ def table_exists(spark: Any, dataset_id: str) -> bool:
 def marker_version(spark: Any, ident: str, snapshot_id: int | None = None) -> int:
     """The WAL version the table (or one of its snapshots) reached: its `#version` row, 0 if none."""
     travel = f" VERSION AS OF {int(snapshot_id)}" if snapshot_id is not None else ""
-    row = spark.sql(f"SELECT max(wal_seq) AS v FROM {ident}{travel} WHERE key = '{VERSION_KEY}'").first()
+    row = spark.sql(
+        f"SELECT max(wal_seq) AS v FROM {ident}{travel} WHERE key = '{naming.VERSION_KEY}'"
+    ).first()
     return int(row.v or 0)
 
 
