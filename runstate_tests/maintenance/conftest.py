@@ -41,6 +41,14 @@ def store_sql(store: MaintenanceStore, query: str, *params: object) -> list[tupl
     return sql(store.dsn, query, *params, schema=store.schema)
 
 
+def run_out_lease(store: MaintenanceStore, job_id: str) -> None:
+    """The job's lease ends now: what the clock does once the lease's seconds pass, without waiting them.
+    Only for a holder that cannot renew it (stopped, killed or gone), as a lease runs out in life."""
+    store_sql(
+        store, "UPDATE job_queue SET visible_at = now() - interval '1 second' WHERE job_id = %s", job_id
+    )
+
+
 def make_table(
     spark,
     namespace: str,

@@ -4,7 +4,8 @@ A worker process (its own JVM, kept across the tests as a worker run keeps it ac
 module's tests share one xdist group) claims a job and starts rewrite_data_files. A statement-level trigger
 installed by the test holds that attempt's catalog UPDATE (its Iceberg commit) on an advisory lock the
 test owns, before any row is locked: "paused just before the commit", deterministically. Then the test
-stops (SIGSTOP) or kills (SIGKILL) the worker and lets its lease run out for real.
+stops (SIGSTOP) or kills (SIGKILL) the worker and runs its lease out in the database (the clock's part,
+without waiting its 30 s: the worker cannot renew it either way).
 
 The zombie test runs in two orders:
 - B claims and completes, then A resumes (the order of the issue). A's commit is refused; here
@@ -32,6 +33,7 @@ from runstate_tests.maintenance.conftest import (
     cache,
     make_table,
     rows,
+    run_out_lease,
     snapshot_operations,
     sql,
     wait_for,
@@ -39,11 +41,10 @@ from runstate_tests.maintenance.conftest import (
 
 # A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_group("commit_fence")]
-# Short, so the tests wait little for it to run out; long enough that a loaded machine never misses
-# three heartbeats in a row (one every third of a lease) while the worker is running, and that the worker
-# takes the table lock before its lease runs out (10 s once ran out between claim and lock in a full
-# suite: the attempt was fenced out before its commit, and the test waited for a hold that never came).
-LEASE_SECONDS = 30.0
+# Long: the tests end it themselves once the worker is stopped or dead (run_out_lease), so no loaded
+# machine ends it early (10 s once ran out between claim and lock in a full suite: the attempt was fenced
+# out before its commit, and the test waited for a hold that never came).
+LEASE_SECONDS = 300.0
 REACH_COMMIT_SECONDS = 900.0  # a worker JVM starting on a shared, loaded machine
 
 
@@ -104,11 +105,6 @@ def commit_hold(pg_database: str, pg_schema: str, spark):
     sql(pg_database, f"DROP TABLE IF EXISTS public.{name}_free")
 
 
-def _lease_expired(store, job_id: str) -> bool:
-    query = "SELECT visible_at < now() FROM job_queue WHERE job_id = %s"
-    return sql(store.dsn, query, job_id, schema=store.schema) == [(True,)]
-
-
 @pytest.fixture
 def rewrite_job(spark, iceberg_namespace, store):
     """(table, its rows, the id of a queued rewrite_data_files job on it)."""
@@ -166,7 +162,7 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
     ref, before, job_id = rewrite_job
     worker_a = worker_at_commit
     worker_a.signal(signal.SIGSTOP)
-    wait_for(lambda: _lease_expired(store, job_id), "worker A's lease to run out")
+    run_out_lease(store, job_id)  # A is stopped: it cannot renew
     claim_b = store.claim("worker-b", lease_seconds=300)  # B takes the job over
     assert claim_b is not None and claim_b.job_id == job_id
     commit_hold.let_through(attempt_tag(store.schema, claim_b.attempt_id))
@@ -204,7 +200,7 @@ def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
     )
     commit_hold.release()
     assert store.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
-    wait_for(lambda: _lease_expired(store, job_id), "the dead worker's lease to run out")
+    run_out_lease(store, job_id)
 
     second = store.claim("worker-2", lease_seconds=300)
     outcome = run_job(spark, store, second)

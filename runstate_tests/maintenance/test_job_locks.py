@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 from runstate.maintenance.models import CachedTable
-from runstate_tests.maintenance.conftest import sql
-
-
-def _expire_lease(store, job_id: str) -> None:
-    query = "UPDATE job_queue SET visible_at = now() - interval '1 second' WHERE job_id = %s"
-    sql(store.dsn, query, job_id, schema=store.schema)
+from runstate_tests.maintenance.conftest import run_out_lease
 
 
 def test_the_next_attempt_takes_over_its_dead_predecessors_lock(store):
@@ -16,7 +11,7 @@ def test_the_next_attempt_takes_over_its_dead_predecessors_lock(store):
     job_id = store.submit("db", "t", ["rewrite_data_files"])
     dead = store.claim("w1", lease_seconds=60)
     assert store.lock_for_claim(dead, ttl_seconds=60)
-    _expire_lease(store, job_id)  # the worker died; its lock would still have a minute to live
+    run_out_lease(store, job_id)  # the worker died; its lock would still have a minute to live
 
     second = store.claim("w2", lease_seconds=60)
 

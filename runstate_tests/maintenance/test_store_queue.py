@@ -31,6 +31,7 @@ from runstate.maintenance import (
     TableNotCached,
     UnknownAction,
 )
+from runstate_tests.maintenance.conftest import run_out_lease
 from runstate_tests.maintenance.conftest import store_sql as _sql
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -42,10 +43,6 @@ def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
         maintenance.ensure_schema()
         maintenance.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
         yield maintenance
-
-
-def _expire_lease(store: MaintenanceStore, job_id: str) -> None:
-    _sql(store, "UPDATE job_queue SET visible_at = now() - interval '1 second' WHERE job_id = %s", job_id)
 
 
 def _job_and_queue_rows(store: MaintenanceStore, job_id: str) -> tuple[list[tuple], list[tuple], list[tuple]]:
@@ -287,7 +284,7 @@ def test_fenced_out_worker_changes_nothing_and_the_new_claimant_completes(store:
     job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
     old = store.claim("old-worker", 30)
     assert old is not None and store.record_action(old, "rewrite_data_files", True, "rewrote 10 files")
-    _expire_lease(store, job_id)
+    run_out_lease(store, job_id)
     new = store.claim("new-worker", 30)
     assert new is not None and new.job_id == job_id and new.attempt_count == 2
     before = _job_and_queue_rows(store, job_id)
@@ -310,7 +307,7 @@ def test_worker_whose_lease_expired_cannot_complete_even_unclaimed(store: Mainte
     job_id = store.submit("db", "t0", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None
-    _expire_lease(store, job_id)
+    run_out_lease(store, job_id)
     assert store.heartbeat(claim) is False
     assert store.complete(claim, "completed") is False
     assert store.get_job(job_id).status == "running"  # type: ignore[union-attr]
@@ -365,7 +362,7 @@ def test_killed_worker_job_is_reclaimed_and_completed(store: MaintenanceStore) -
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(timeout=30)
     assert store.claim("survivor", 30) is None  # its lease is still live
-    _expire_lease(store, job_id)
+    run_out_lease(store, job_id)
     claim = store.claim("survivor", 30)
     assert claim is not None and claim.job_id == job_id and claim.attempt_id != doomed_attempt
     assert claim.attempt_count == 2
@@ -381,7 +378,7 @@ def test_job_fails_with_a_clear_error_after_max_attempts(pg_database: str, pg_sc
         for attempt in (1, 2):
             claim = store.claim(f"w{attempt}", 30)
             assert claim is not None and claim.attempt_count == attempt
-            _expire_lease(store, job_id)
+            run_out_lease(store, job_id)
         assert store.claim("w3", 30) is None
         job = store.get_job(job_id)
         assert job is not None and job.status == "failed" and job.completed_at is not None
@@ -397,7 +394,7 @@ def test_sweep_requeues_expired_leases_and_fails_exhausted_ones(pg_database: str
         exhausted = store.submit("db", "b", ["rewrite_data_files"])
         live = store.submit("db", "c", ["rewrite_data_files"])
         assert {store.claim("w", 30).job_id for _ in range(3)} == {retry, exhausted, live}  # type: ignore[union-attr]
-        _expire_lease(store, retry)  # attempt 1 of 2 ran out: back to pending
+        run_out_lease(store, retry)  # attempt 1 of 2 ran out: back to pending
         # attempt 2 of 2 ran out: nothing left
         _sql(
             store,
@@ -499,7 +496,7 @@ def test_cancelled_job_whose_worker_died_is_finished_by_the_sweep(store: Mainten
     claim = store.claim("w", 30)
     assert claim is not None
     assert store.cancel(job_id) == "cancel_requested"
-    _expire_lease(store, job_id)
+    run_out_lease(store, job_id)
     assert store.claim("w2", 30) is None  # a cancelled job is never handed out again
     assert store.sweep_stale_claims() == 0  # the claim above already finished it
     job = store.get_job(job_id)
@@ -547,7 +544,7 @@ def test_expired_leases_are_retried_before_new_work(store: MaintenanceStore) -> 
     claim = store.claim("w", 30)
     assert claim is not None and claim.job_id == first
     store.submit("db", "t1", ["rewrite_data_files"])
-    _expire_lease(store, first)
+    run_out_lease(store, first)
     retry = store.claim("w2", 30)
     assert retry is not None and retry.job_id == first and retry.attempt_count == 2
 

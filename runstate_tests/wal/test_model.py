@@ -2,7 +2,7 @@
 stream/sweep -> plan -> shard flushes (plus compactions and concurrent readers) until drained; then every
 dataset's reader state must equal the plain fold of all its changes in SeqNo order.
 
-Scale with RUNSTATE_WAL_MODEL_CHANGES (default 5000) and RUNSTATE_WAL_MODEL_SEED.
+Scale with RUNSTATE_WAL_MODEL_CHANGES (default 2000) and RUNSTATE_WAL_MODEL_SEED.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from runstate.wal.shards import flush_shard, plan_shards
 from .faults import FAULT_ERRORS, Faults
 from .helpers import wal_rows
 
-CHANGES = int(os.environ.get("RUNSTATE_WAL_MODEL_CHANGES", "5000"))
+CHANGES = int(os.environ.get("RUNSTATE_WAL_MODEL_CHANGES", "2000"))
 SEED = int(os.environ.get("RUNSTATE_WAL_MODEL_SEED", "20261126"))
 DATASETS = [f"ds{n:02d}" for n in range(20)]
 APPEND_THREADS = 4
