@@ -131,6 +131,19 @@ def fresh_database() -> Iterator[str]:
 
 
 @pytest.fixture
+def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Dagster instance of the test's own on disk (DAGSTER_HOME), which child processes open too.
+
+    Never the checkout's dagster.yaml without DAGSTER_HOME: its storage is the server's shared `dagster`
+    database, where another worker's merge run holds a merge shard this test needs."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+@pytest.fixture
 def pg_schema(pg_database: str) -> Iterator[str]:
     """A unique schema name in the worker's database, dropped after the test."""
     schema = unique("t")

@@ -32,16 +32,6 @@ WORKER_JOB = "iceberg_maintenance"
 
 
 @pytest.fixture
-def dagster_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An instance of the test's own on disk, which the child process opens too."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    return home
-
-
-@pytest.fixture
 def cli_env(pg_database: str, pg_schema: str, dagster_home: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("RUNSTATE_PG_URL", pg_database)
     monkeypatch.setenv("RUNSTATE_SCHEMA", pg_schema)

@@ -63,7 +63,7 @@ def feed(wal) -> Feed:
 
 
 @pytest.fixture
-def cli(cluster, wal, spark_settings, monkeypatch) -> CliRunner:
+def cli(cluster, wal, spark_settings, dagster_home, monkeypatch) -> CliRunner:
     """The CLI on the test's WAL, the module's catalog and warehouse, and the cluster as its master."""
     for name, value in {
         "RUNSTATE_SPARK_MASTER": cluster.url,
@@ -75,7 +75,6 @@ def cli(cluster, wal, spark_settings, monkeypatch) -> CliRunner:
         "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
     settings.cache_clear()
     yield CliRunner()
     settings.cache_clear()

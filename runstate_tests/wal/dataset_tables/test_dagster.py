@@ -128,7 +128,7 @@ def test_materializing_partitions_rebuilds_their_tables_in_one_run(spark, feed, 
 
 
 @pytest.fixture
-def cli(wal, spark_settings, monkeypatch) -> CliRunner:
+def cli(wal, spark_settings, dagster_home, monkeypatch) -> CliRunner:
     """The CLI on the test's WAL and on the same catalog and warehouse as the shared Spark session."""
     for name, value in {
         "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
@@ -139,7 +139,6 @@ def cli(wal, spark_settings, monkeypatch) -> CliRunner:
         "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
     }.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
     settings.cache_clear()
     yield CliRunner()
     settings.cache_clear()
