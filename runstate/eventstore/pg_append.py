@@ -27,6 +27,7 @@ from runstate.eventstore.pg_sql import (
     Stream,
     batch_params,
     one_statement_params,
+    snapshot_row_params,
 )
 from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.snapshots import (
@@ -202,34 +203,15 @@ def _dedupe(valid: list[ValidEvent]) -> tuple[list[ValidEvent], list[tuple[int, 
     return new, places
 
 
-# The statement's snapshot parameters when the batch carries none: its snapshot CTEs then touch nothing.
-_NO_SNAPSHOT: dict[str, Any] = dict.fromkeys(
-    (
-        "snapshot_seq",
-        "snapshot_count_before",
-        "kind",
-        "encoding",
-        "payload",
-        "checksum",
-        "raw",
-        "stored",
-        "reason",
-    )
-)
-
-
-def _snapshot_params(snapshot: _Snapshot) -> dict[str, Any]:
-    encoded = snapshot.encoded
+def _snapshot_params(snapshot: _Snapshot | None) -> dict[str, Any]:
+    """The statement's snapshot parameters: all NULL when the batch carries none (its snapshot CTEs then
+    touch nothing)."""
+    if snapshot is None:
+        return {"snapshot_seq": None, "snapshot_count_before": None, **snapshot_row_params()}
     return {
         "snapshot_seq": snapshot.seq,
         "snapshot_count_before": snapshot.count_before,
-        "kind": snapshot.kind,
-        "encoding": encoded.encoding,
-        "payload": encoded.payload,
-        "checksum": encoded.checksum,
-        "raw": encoded.raw_bytes,
-        "stored": encoded.stored_bytes,
-        "reason": snapshot.reason,
+        **snapshot_row_params(snapshot.kind, snapshot.encoded, snapshot.reason),
     }
 
 
@@ -248,7 +230,7 @@ def _one_statement(
         every=policy.interval,
         signal_waiting=any(e.event_type == EventType.SIGNAL_WAITING for e in new),
         older=policy.keep - 1,
-        **(_NO_SNAPSHOT if snapshot is None else _snapshot_params(snapshot)),
+        **_snapshot_params(snapshot),
     )
     try:
         row = conn.execute(_sql("append_one_statement"), params, prepare=True).fetchone()

@@ -10,6 +10,7 @@ import psycopg
 
 from runstate import sqlfiles
 from runstate.eventstore.contract import RunSnapshot, StoredEvent
+from runstate.eventstore.pg_sql import snapshot_row_params
 from runstate.eventstore.projection import READS_DATA, fold
 from runstate.eventstore.rows import as_stored
 from runstate.eventstore.snapshots import (
@@ -43,13 +44,7 @@ class _PgSnapshots:
             {
                 "run_id": run_id,
                 "seq": seq,
-                "kind": kind,
-                "encoding": encoded.encoding,
-                "payload": encoded.payload,
-                "checksum": encoded.checksum,
-                "raw": encoded.raw_bytes,
-                "stored": encoded.stored_bytes,
-                "reason": reason,
+                **snapshot_row_params(kind, encoded, reason),
                 "older": self.policy.keep - 1,
             },
         )

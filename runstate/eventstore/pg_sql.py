@@ -1,4 +1,4 @@
-"""The Postgres store's row shapes: the parameters of its batch inserts, and the stream row.
+"""The Postgres store's row shapes: the parameters of its batch inserts and snapshot rows, and the stream row.
 
 The statements themselves are named queries in sql/postgres/eventstore/ (append.sql, archive.sql).
 """
@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
+from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
 # Raised by runstate_expect_inserted (sql/postgres/eventstore/002_event_feed.sql).
@@ -59,6 +60,28 @@ def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
 def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
     """The parameters of append.sql's append_one_statement."""
     return {"run_id": run_id, "added": len(new), **_event_arrays(new), **_stream_params(new)}
+
+
+# The snapshot row's parameters, in snapshots.sql's write_snapshot and append.sql's snapshot CTE.
+_SNAPSHOT_ROW = ("kind", "encoding", "payload", "checksum", "raw", "stored", "reason")
+
+
+def snapshot_row_params(
+    kind: str | None = None, encoded: EncodedSnapshot | None = None, reason: str | None = None
+) -> dict[str, Any]:
+    """The snapshot row's parameters; all NULL without an encoded snapshot (the statement then writes none)."""
+    if encoded is None:
+        return dict.fromkeys(_SNAPSHOT_ROW)
+    row = (
+        kind,
+        encoded.encoding,
+        encoded.payload,
+        encoded.checksum,
+        encoded.raw_bytes,
+        encoded.stored_bytes,
+        reason,
+    )
+    return dict(zip(_SNAPSHOT_ROW, row, strict=True))
 
 
 @dataclass(frozen=True)
