@@ -10,6 +10,7 @@ import time
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from runstate.eventstore import EventStoreError, EventType, PostgresEventStore
 from runstate_tests.eventstore.conftest import ev
@@ -58,8 +59,21 @@ for b in range(100000):
 """
 
 
+def wait_until_backend_gone(dsn: str, application_name: str) -> None:
+    """A killed client's COMMIT may still be running on the server; its backend ends only after it."""
+    deadline = time.monotonic() + 30
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
+            (application_name,),
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline, f"the backend of {application_name} is still there"
+            time.sleep(0.05)
+
+
 def test_killed_writer_leaves_a_consistent_log(pg_store, pg_database):
-    child = subprocess.Popen([sys.executable, "-c", WRITER, pg_database, pg_store.schema])
+    writer_dsn = make_conninfo(pg_database, application_name="killed-writer")
+    child = subprocess.Popen([sys.executable, "-c", WRITER, writer_dsn, pg_store.schema])
     try:
         deadline = time.monotonic() + 60
         while len(pg_store.fetch("victim", limit=300)) < 300:  # wait for real progress, then kill mid-stream
@@ -68,6 +82,7 @@ def test_killed_writer_leaves_a_consistent_log(pg_store, pg_database):
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
+    wait_until_backend_gone(pg_database, "killed-writer")
 
     events = pg_store.fetch("victim", limit=1_000_000)
     seqs = [e.run_seq for e in events]
