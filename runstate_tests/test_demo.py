@@ -9,6 +9,7 @@ row by test_same_client_token_twice_writes_one_row (API and CLI).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,4 +55,7 @@ def test_demo_runs_end_to_end(fresh_database: str, moto_endpoint: str, tmp_path:
         line = next(line for line in output.splitlines() if table in line)
         assert "12 -> 1 " in line and line.rstrip().endswith("True"), line
     assert "FAILED RUNS" not in output
+    # Every table above was maintained by a job of its own (the worker runs count differently: a run drains several).
+    completed = re.search(r"worker runs (\d+), jobs completed (\d+)", output)
+    assert completed and int(completed[2]) >= 3 and 1 <= int(completed[1]) <= int(completed[2]), output
     assert "runstate dev" in output
