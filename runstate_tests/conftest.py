@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import psycopg
 import pytest
 from psycopg import sql
@@ -264,3 +265,16 @@ def drop_iceberg_table(spark, warehouse: Path, namespace: str, table: str) -> No
     default, `<warehouse>/<namespace>/<table>`."""
     spark.sql(f"DROP TABLE IF EXISTS lake.{namespace}.{table}")
     shutil.rmtree(warehouse / namespace / table, ignore_errors=True)
+
+
+def leaf_verbs(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
+    """Every verb under `group` with its path of names (the root's verbs load as `--help` loads them)."""
+    ctx = click.Context(group)
+    verbs = []
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        if isinstance(command, click.Group):
+            verbs += leaf_verbs(command, (*path, name))
+        elif command is not None:
+            verbs.append(((*path, name), command))
+    return verbs

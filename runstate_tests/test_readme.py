@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import click
 import pytest
 
 from runstate.cli import main
+from runstate_tests.conftest import leaf_verbs
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -22,17 +22,7 @@ def _cli_block() -> str:
     return _section("The CLI").split("```", 2)[1]
 
 
-def _leaf_verbs(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    verbs = []
-    for name, command in sorted(group.commands.items()):
-        if isinstance(command, click.Group):
-            verbs += _leaf_verbs(command, (*path, name))
-        else:
-            verbs.append((*path, name))
-    return verbs
-
-
-@pytest.mark.parametrize("verb", _leaf_verbs(main), ids=" ".join)
+@pytest.mark.parametrize("verb", [path for path, _ in leaf_verbs(main)], ids=" ".join)
 def test_the_cli_list_names_every_verb(verb):
     *groups, name = verb
     if verb == ("health", "show"):
@@ -67,9 +57,6 @@ def test_the_wal_sensor_interval_the_docs_give_is_the_sensors():
 
 def test_the_log_options_really_follow_any_verb():
     assert "before or after the verb" in _section("The CLI")
-    for verb in _leaf_verbs(main):
-        command = main
-        for part in verb:
-            command = command.commands[part]
+    for verb, command in leaf_verbs(main):
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert {"--log-level", "--log-format"} <= options, verb

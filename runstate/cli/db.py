@@ -76,6 +76,3 @@ def status() -> None:
             for row in migrations.status(store, domain):
                 state = "applied" if row.applied else "PENDING"
                 click.echo(f"{store.backend:<10}{domain:<12} {row.version}_{row.name:<32} {state}")
-
-
-COMMANDS = [db]

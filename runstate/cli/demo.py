@@ -61,6 +61,3 @@ def demo(no_services: bool, rows: int, files: int) -> None:
     click.echo(render(summary))
     if summary.failed_runs:
         sys.exit(1)
-
-
-COMMANDS = [demo]

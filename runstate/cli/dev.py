@@ -24,6 +24,3 @@ def dev(port: int, no_services: bool) -> None:
         svc.up(log=click.echo)
     load_env_file_into_environ()
     sys.exit(run_dagster_dev(port, os.environ))
-
-
-COMMANDS = [dev]

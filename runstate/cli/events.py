@@ -317,6 +317,3 @@ def migrate(batch_size: int, no_progress: bool) -> None:
         for mismatch in report.mismatches[:20]:
             click.echo(f"  mismatch: {mismatch}", err=True)
         raise click.ClickException(f"migration not verified: {len(report.mismatches)} mismatch(es)")
-
-
-COMMANDS = [events]

@@ -292,6 +292,3 @@ def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> No
         pass
     finally:
         server.server_close()
-
-
-COMMANDS = [maintenance, health]

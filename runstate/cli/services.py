@@ -76,6 +76,3 @@ def status() -> None:
         click.echo(f"{line}  {row.detail}".rstrip())
     if not all(row.healthy for row in rows):
         sys.exit(1)
-
-
-COMMANDS = [services]

@@ -129,9 +129,6 @@ def status(as_json: bool) -> None:
         click.echo(f"{row.dataset_id:<32} {row.pending_count:>8} {age:>17} {row.last_applied_seq:>17}")
 
 
-COMMANDS = [wal]
-
-
 # The dataset tables' verbs (`wal merge`, `wal read --engine spark`) live in their own module.
 from runstate.cli import dataset_tables  # noqa: E402
 

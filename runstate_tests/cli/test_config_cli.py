@@ -10,7 +10,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 from runstate.cli import main
 from runstate.config import settings
+from runstate_tests.conftest import leaf_verbs
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 KNOBS = [
@@ -30,14 +30,6 @@ KNOBS = [
     "RUNSTATE_SPARK_DRIVER_HOST",
     "RUNSTATE_SPARK_CONF",
 ]
-
-
-def _verbs(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, command in sorted(group.commands.items()):
-        if isinstance(command, click.Group):
-            yield from _verbs(command, (*path, name))
-        else:
-            yield (*path, name)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +50,7 @@ def _the_one_error_line(output: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("verb", list(_verbs(main)), ids=" ".join)
+@pytest.mark.parametrize("verb", [path for path, _ in leaf_verbs(main)], ids=" ".join)
 def test_every_verb_refuses_a_bad_knob_before_it_starts(verb, tmp_path):
     # The knobs are checked before the verb parses its own arguments; --help keeps the verb from ever
     # starting here (`dev` or `demo` would start services) should that order ever change.
