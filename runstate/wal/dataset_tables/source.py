@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from runstate.wal.blobs import BlobStore, Manifest
 from runstate.wal.changes import DELETE
+from runstate.wal.clients import aws_client
 from runstate.wal.dataset_tables.errors import DatasetTableError
 
 if TYPE_CHECKING:
@@ -39,13 +40,14 @@ class BlobLocation:
     secret_access_key: str | None = None
 
     def client(self) -> Any:
-        import boto3
-
-        return boto3.session.Session(
-            aws_access_key_id=self.access_key_id,
-            aws_secret_access_key=self.secret_access_key,
-            region_name=self.region,
-        ).client("s3", endpoint_url=self.endpoint_url)
+        """A client per task; the Python worker (reused across tasks) keeps the session it comes from."""
+        return aws_client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region=self.region,
+            access_key_id=self.access_key_id,
+            secret_access_key=self.secret_access_key,
+        )
 
     def blob_store(self, s3: Any = None) -> BlobStore:
         return BlobStore(s3 or self.client(), self.bucket, self.prefix)
