@@ -151,14 +151,14 @@ def seed_wal(
 
 def tick_until_idle(
     sensor: str, defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary
-) -> int:
+) -> list[dg.ExecuteInProcessResult]:
     """Tick a sensor, as the daemon would every interval, until a tick launches nothing; returns the runs."""
-    runs = 0
+    runs: list[dg.ExecuteInProcessResult] = []
     for _ in range(MAX_TICKS):
         result = _note(
             tick_sensor(sensor, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary
         )
-        runs += len(result.results)
+        runs += result.results
         if not result.results:
             break
     return runs
@@ -173,7 +173,7 @@ def flush_until_applied(
     """
     runs, table = 0, wal.wal_table()
     for _ in range(MAX_TICKS):
-        runs += tick_until_idle("wal_sensor", defs, instance, summary)
+        runs += len(tick_until_idle("wal_sensor", defs, instance, summary))
         if not table.pending(limit=1):
             break
         time.sleep(WAL_TICK_INTERVAL_S)
@@ -219,14 +219,15 @@ def table_rows(spark: Any, name: str) -> list[tuple]:
     return [tuple(r) for r in spark.sql(f"SELECT * FROM lake.{DEMO_NAMESPACE}.{name} ORDER BY id").collect()]
 
 
-def run_maintenance(
-    defs: dg.Definitions, instance: dg.DagsterInstance, store: Any, summary: DemoSummary
-) -> None:
+def run_maintenance(defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> None:
     """The orchestrator submits jobs; the worker runs the queue sensor starts drain them (several jobs a run)."""
     for schedule in ("table_inventory_sync", "maintenance_orchestrator"):
         _note(tick_schedule(schedule, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary)
-    summary.maintenance_runs += tick_until_idle("maintenance_queue_sensor", defs, instance, summary)
-    summary.jobs_completed = len(store.queue.list_jobs(status="completed", limit=10_000))
+    workers = tick_until_idle("maintenance_queue_sensor", defs, instance, summary)
+    summary.maintenance_runs += len(workers)
+    summary.jobs_completed += sum(
+        run.output_for_node("run_maintenance_worker")["completed"] for run in workers if run.success
+    )
 
 
 def seed_tables(spark: Any, summary: DemoSummary, progress: Progress, files: int) -> dict[str, list[tuple]]:
@@ -305,12 +306,12 @@ def _run_demo(
     for rows in waves(rows_per_dataset):
         seed_wal(resources.wal, summary, progress, rows_per_dataset, rows)
         summary.flush_runs += flush_until_applied(defs, instance, resources.wal, summary)
-        summary.merge_runs += tick_until_idle("dataset_tables_sensor", defs, instance, summary)
+        summary.merge_runs += len(tick_until_idle("dataset_tables_sensor", defs, instance, summary))
     read_datasets(resources.wal, summary)
 
     rows_before = seed_tables(spark, summary, progress, files_per_table)
     measure_dataset_table(spark, resources.wal, summary, after=False)
-    run_maintenance(defs, instance, resources.maintenance.get_store(), summary)
+    run_maintenance(defs, instance, summary)
     measure_tables(spark, summary, rows_before)
     measure_dataset_table(spark, resources.wal, summary, after=True)
 
