@@ -8,6 +8,8 @@ lookups (one key each), with its data and delete files:
   worker, until the orchestrator submits nothing);
 - `baseline`: the same rows written once.
 Floor: maintained_scan_s <= 1.2 x baseline_scan_s and maintained_delete_files == 0.
+With --apply-deletes-at N: instead, a busy table between maintenance cycles under apply_deletes_sensor's
+rule (apply_deletes_cycles); goal: never past 2x the same rows written once.
 Times are medians of --reads reads. Records the 1-minute load at start and end (`"quiet": false` when
 it was above 1.0 at the start: then the ratios are not results). Own database and warehouse.
 """
@@ -38,13 +40,12 @@ def key_text(n: int) -> str:
     return json.dumps(f"k{n}")  # keys are JSON text in dataset tables
 
 
-def merge_changes(spark, ident: str, merges: int, changes: int, keys: int, seed: int) -> None:
-    """`merges` MERGEs of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them."""
+def merge_changes(spark, ident: str, seqs: range, changes: int, keys: int, rng: random.Random) -> None:
+    """One MERGE per seq of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them."""
     from runstate.wal.dataset_tables.merge import merge_statement
 
-    rng = random.Random(seed)
     statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
-    for seq in range(1, merges + 1):
+    for seq in seqs:
         rows = [("#version", None, seq, True)]
         for _ in sorted({rng.randrange(keys) for _ in range(changes)}):
             key = key_text(_)
@@ -107,6 +108,84 @@ def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
     return submitted
 
 
+def delete_files(spark, ident: str) -> int:
+    """The table's delete files from its newest snapshot's summary: what a merge run reports."""
+    from runstate.wal.dataset_tables import TableFiles
+
+    row = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
+    return TableFiles.from_summary(row.summary if row else None).delete_files
+
+
+def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
+    """A busy dataset table under apply_deletes_sensor's rule: once a merge leaves --apply-deletes-at
+    delete files, --lag-merges more merges land (the sensor's and the worker run's start, at one merge a
+    minute), then the job the sensor submits runs. Each time, just before that job (the table at its
+    worst), its scan is compared with the same rows written once."""
+    from runstate.maintenance import MaintenanceStore
+    from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS
+    from runstate.maintenance.models import CachedTable
+    from runstate.maintenance.runner import work_queue
+
+    busy, rng, ratios, peaks, seq = f"lake.{NAMESPACE}.busy", random.Random(11), [], [], 0
+    create_table(spark, busy)
+    with MaintenanceStore(dsn, schema="bench") as store:
+        store.ensure_schema()
+        store.add_cached_table(CachedTable(NAMESPACE, "busy", True))
+        while seq < args.merges:
+            seq += 1
+            merge_changes(spark, busy, range(seq, seq + 1), args.changes, args.keys, rng)
+            if delete_files(spark, busy) < args.apply_deletes_at:
+                continue
+            merge_changes(
+                spark, busy, range(seq + 1, seq + 1 + args.lag_merges), args.changes, args.keys, rng
+            )
+            seq += args.lag_merges
+            base = f"lake.{NAMESPACE}.busy_base_{len(ratios)}"
+            create_table(spark, base)
+            spark.sql(f"INSERT INTO {base} SELECT * FROM {busy}")
+            worst, written_once = (
+                reads(spark, busy, args.reads, args.keys),
+                reads(spark, base, args.reads, args.keys),
+            )
+            ratios.append(round(worst["scan_s"] / written_once["scan_s"], 2))
+            peaks.append(worst["delete_files"])
+            store.submit(NAMESPACE, "busy", APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS)
+            done = work_queue(spark, store, "bench", lease_seconds=600, budget_seconds=3600)
+            assert all(o.status == "completed" for o in done.outcomes), done.outcomes
+            assert delete_files(spark, busy) == 0
+    return {
+        "apply_deletes_at": args.apply_deletes_at,
+        "lag_merges": args.lag_merges,
+        "cycle_scan_vs_baseline": ratios,
+        "cycle_peak_delete_files": peaks,
+        "max_scan_vs_baseline": max(ratios, default=None),
+        "goal_2x_met": bool(ratios) and max(ratios) <= 2.0,
+    }
+
+
+def written_merged_maintained(spark, dsn: str, args: argparse.Namespace) -> dict:
+    """The three tables of the module docstring: the same rows written once, merged, then maintained."""
+    result: dict = {}
+    merged, baseline = f"lake.{NAMESPACE}.merged", f"lake.{NAMESPACE}.baseline"
+    create_table(spark, merged)
+    began = time.perf_counter()
+    merge_changes(spark, merged, range(1, args.merges + 1), args.changes, args.keys, random.Random(7))
+    result["merge_s"] = round(time.perf_counter() - began, 1)
+    create_table(spark, baseline)
+    spark.sql(f"INSERT INTO {baseline} SELECT * FROM {merged}")
+    for label, ident in (("baseline", baseline), ("merged", merged)):
+        result.update({f"{label}_{k}": v for k, v in reads(spark, ident, args.reads, args.keys).items()})
+    result["maintenance_jobs"] = maintain(spark, dsn, "merged", args.cycles)
+    result.update({f"maintained_{k}": v for k, v in reads(spark, merged, args.reads, args.keys).items()})
+    assert result["maintained_rows"] == result["baseline_rows"] == result["merged_rows"]
+    for label in ("merged", "maintained"):
+        result[f"{label}_scan_vs_baseline"] = round(result[f"{label}_scan_s"] / result["baseline_scan_s"], 2)
+    result["floor_met"] = (
+        result["maintained_scan_vs_baseline"] <= 1.2 and result["maintained_delete_files"] == 0
+    )
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--merges", type=int, default=200)
@@ -115,6 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--cycles", type=int, default=3, help="maintenance cycles at most")
     parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument(
+        "--apply-deletes-at",
+        type=int,
+        default=0,
+        help="instead: --merges merges under apply_deletes_sensor's rule at this many delete files",
+    )
+    parser.add_argument("--lag-merges", type=int, default=2, help="merges between the rule and its job")
     args = parser.parse_args(argv)
     result: dict = {"bench": "dataset_reads", "merges": args.merges, "changes": args.changes, **load_start()}
     from runstate.spark import SparkSettings, build_session
@@ -131,25 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        merged, baseline = f"lake.{NAMESPACE}.merged", f"lake.{NAMESPACE}.baseline"
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NAMESPACE}")
-        create_table(spark, merged)
-        began = time.perf_counter()
-        merge_changes(spark, merged, args.merges, args.changes, args.keys, seed=7)
-        result["merge_s"] = round(time.perf_counter() - began, 1)
-        create_table(spark, baseline)
-        spark.sql(f"INSERT INTO {baseline} SELECT * FROM {merged}")
-        for label, ident in (("baseline", baseline), ("merged", merged)):
-            result.update({f"{label}_{k}": v for k, v in reads(spark, ident, args.reads, args.keys).items()})
-        result["maintenance_jobs"] = maintain(spark, dsn, "merged", args.cycles)
-        result.update({f"maintained_{k}": v for k, v in reads(spark, merged, args.reads, args.keys).items()})
-        assert result["maintained_rows"] == result["baseline_rows"] == result["merged_rows"]
-        for label in ("merged", "maintained"):
-            result[f"{label}_scan_vs_baseline"] = round(
-                result[f"{label}_scan_s"] / result["baseline_scan_s"], 2
-            )
-        result["floor_met"] = (
-            result["maintained_scan_vs_baseline"] <= 1.2 and result["maintained_delete_files"] == 0
+        result.update(
+            written_merged_maintained(spark, dsn, args)
+            if not args.apply_deletes_at
+            else apply_deletes_cycles(spark, dsn, args)
         )
     finally:
         spark.stop()

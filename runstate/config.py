@@ -66,6 +66,7 @@ class ConfigError(ValueError):
 # Dagster run queue would drown (a shard or a worker is a run process with its own code location).
 WAL_FLUSH_SHARDS_MAX = 256
 MAINTENANCE_WORKERS_MAX = 64
+APPLY_DELETES_AT_MAX = 10_000
 LINGER_MAX_S = 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 
@@ -94,6 +95,8 @@ class Settings:
     # A flush run stays this long for new rows of its shard after its plan (the WAL's freshness lever).
     wal_flush_linger_s: float = 20.0
     maintenance_workers: int = 2
+    # Delete files a dataset table's merges may leave before a job applies them (0: the orchestrator's).
+    apply_deletes_at: int = 20
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -121,6 +124,9 @@ class Settings:
             wal_flush_shards=_bounded_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2, WAL_FLUSH_SHARDS_MAX),
             wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", 20.0),
             maintenance_workers=_bounded_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2, MAINTENANCE_WORKERS_MAX),
+            apply_deletes_at=_bounded_int(
+                env, "RUNSTATE_APPLY_DELETES_AT", 20, APPLY_DELETES_AT_MAX, minimum=0
+            ),
         )
 
 
@@ -136,10 +142,10 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
+def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int, minimum: int = 1) -> int:
     raw = env.get(name) or str(default)
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= maximum:
-        raise ConfigError(f"{name} must be a whole number from 1 to {maximum}, got {_shown(raw)}")
+    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
+        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {_shown(raw)}")
     return int(raw)
 
 

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runstate.config import (
+    APPLY_DELETES_AT_MAX,
     LINGER_MAX_S,
     MAINTENANCE_WORKERS_MAX,
     WAL_FLUSH_SHARDS_MAX,
@@ -19,9 +20,11 @@ from runstate.config import (
 )
 from runstate.spark import SparkSettings, spark_config
 
+# name -> (field, minimum, maximum)
 WHOLE_NUMBER_KNOBS = {
-    "RUNSTATE_WAL_FLUSH_SHARDS": ("wal_flush_shards", WAL_FLUSH_SHARDS_MAX),
-    "RUNSTATE_MAINTENANCE_WORKERS": ("maintenance_workers", MAINTENANCE_WORKERS_MAX),
+    "RUNSTATE_WAL_FLUSH_SHARDS": ("wal_flush_shards", 1, WAL_FLUSH_SHARDS_MAX),
+    "RUNSTATE_MAINTENANCE_WORKERS": ("maintenance_workers", 1, MAINTENANCE_WORKERS_MAX),
+    "RUNSTATE_APPLY_DELETES_AT": ("apply_deletes_at", 0, APPLY_DELETES_AT_MAX),
 }
 CHOICE_KNOBS = {
     "RUNSTATE_EVENTSTORE": ("eventstore", {"postgres", "snowflake"}),
@@ -48,7 +51,12 @@ def _settings_or_error(name: str, raw: str) -> Settings | ConfigError:
 
 @pytest.mark.parametrize(
     "name, raw",
-    [(name, raw) for name in WHOLE_NUMBER_KNOBS for raw in REPORTED_BAD_VALUES]
+    [
+        (name, raw)
+        for name, (_, minimum, _) in WHOLE_NUMBER_KNOBS.items()
+        for raw in REPORTED_BAD_VALUES
+        if not (raw == "0" and minimum == 0)  # 0 is a value of such a knob (apply_deletes_at: off)
+    ]
     + [("RUNSTATE_WAL_FLUSH_LINGER_S", raw) for raw in ("-1", "abc", "nan", "inf", "3601", "1e20")],
 )
 def test_the_reported_bad_values_are_refused_with_a_line_naming_the_knob(name, raw):
@@ -58,13 +66,13 @@ def test_the_reported_bad_values_are_refused_with_a_line_naming_the_knob(name, r
 
 @given(name=st.sampled_from(sorted(WHOLE_NUMBER_KNOBS)), raw=KNOB_TEXT)
 def test_a_whole_number_knob_is_used_within_its_bounds_or_refused(name, raw):
-    field, maximum = WHOLE_NUMBER_KNOBS[name]
+    field, minimum, maximum = WHOLE_NUMBER_KNOBS[name]
 
     outcome = _settings_or_error(name, raw)
 
     if isinstance(outcome, Settings):
         value = getattr(outcome, field)
-        assert 1 <= value <= maximum
+        assert minimum <= value <= maximum
         assert raw == "" or value == int(raw)  # "" is unset: the default
 
 

@@ -91,5 +91,10 @@ def maintenance_resource(s: Settings | None = None, **overrides: Any) -> Mainten
     from runstate.defs.maintenance.resources import MaintenanceResource
 
     s = s or settings()
-    config = {"dsn": s.pg_url, "pg_schema": s.schema, "max_worker_runs": s.maintenance_workers}
+    config = {
+        "dsn": s.pg_url,
+        "pg_schema": s.schema,
+        "max_worker_runs": s.maintenance_workers,
+        "apply_deletes_at": s.apply_deletes_at,
+    }
     return MaintenanceResource(**{**config, **overrides})

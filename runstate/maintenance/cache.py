@@ -52,6 +52,15 @@ class CatalogCache:
             cur.execute(_sql("mark_synced"))
         return len(checked)
 
+    def add_cached_table(self, entry: CachedTable) -> None:
+        """Add or refresh one table between inventories (a table a merge just wrote, say); the next
+        replace_table_cache decides again from the catalog."""
+        ref = entry.ref
+        if entry.maintenance_enabled is not None:
+            flag(entry.maintenance_enabled, f"maintenance_enabled of {ref.key!r}")
+        payload = Jsonb(json_object(entry.payload, f"payload of {ref.key!r}", MAX_PAYLOAD_BYTES))
+        self.db.rowcount(_sql("upsert_cache"), (ref.database, ref.table, entry.maintenance_enabled, payload))
+
     def cached_tables(self, enabled_only: bool = False) -> list[CachedTable]:
         query = _sql("enabled_cached_tables") if enabled_only else _sql("cached_tables")
         return [_cached(row) for row in self.db.fetchall(query)]

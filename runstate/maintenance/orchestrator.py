@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runstate.maintenance.errors import InvalidIdentifier, TableNotFound
-from runstate.maintenance.identifiers import ACTIONS, TableRef
+from runstate.maintenance.identifiers import ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
 from runstate.maintenance.rules import (
     DEFAULT_ORPHAN_INTERVAL_HOURS,
@@ -176,10 +176,10 @@ class Orchestrator:
                 key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id
             )
         cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
-        last = self.store.list_jobs(table_key=ref.key, limit=1) if cadence else []
-        if last and last[0].submitted_at > self.now() - timedelta(hours=cadence):
+        last = self.store.last_cadence_job(ref.key) if cadence else None
+        if last and last.submitted_at > self.now() - timedelta(hours=cadence):
             return TableDecision(
-                key, SKIPPED_CADENCE, f"last job {last[0].job_id} within {cadence} h", last[0].job_id
+                key, SKIPPED_CADENCE, f"last job {last.job_id} within {cadence} h", last.job_id
             )
         try:
             return self._assess(ref, dict((getattr(entry, "payload", None) or {}).get("properties") or {}))
@@ -212,9 +212,7 @@ class Orchestrator:
         wanted = set(health.recommended_actions)
         options: dict[str, Any] = {}
         if health.total_delete_files and "rewrite_data_files" in wanted:
-            # Every data file with a delete file is rewritten with its deletes applied, then every delete
-            # file is rewritten, which drops those left pointing at removed files.
-            options["delete_file_threshold"] = 1
+            options.update(APPLY_DELETES_OPTIONS)
         # A table's own retention decides when and what to expire; otherwise the thresholds decide when
         # and the default retention what. Either way only when the oldest snapshot would go: a job
         # that can expire nothing (many snapshots, all young) is not submitted.

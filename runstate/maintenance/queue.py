@@ -25,7 +25,12 @@ from psycopg.types.json import Jsonb
 from runstate import sqlfiles
 from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
-from runstate.maintenance.identifiers import TableRef, parse_table_ref, validate_actions
+from runstate.maintenance.identifiers import (
+    APPLY_DELETES_ACTIONS,
+    TableRef,
+    parse_table_ref,
+    validate_actions,
+)
 from runstate.maintenance.models import (
     ACTIVE_STATUSES,
     COMPLETION_STATUSES,
@@ -274,6 +279,14 @@ class JobQueue:
         }
         query = _sql("list_all_jobs") if include_deleted else _sql("list_live_jobs")
         return [_job(row) for row in self.db.fetchall(query, params)]
+
+    def last_cadence_job(self, table_key: str) -> Job | None:
+        """The table's newest job that counts against the orchestrator's cadence: any but one that
+        only applies delete files (APPLY_DELETES_ACTIONS), which merges may need more often."""
+        ref = parse_table_ref(table_key)
+        params = {"database": ref.database, "table": ref.table, "apply_deletes": list(APPLY_DELETES_ACTIONS)}
+        row = self.db.fetchone(_sql("last_cadence_job"), params)
+        return _job(row) if row else None
 
     def active_job(self, table_key: str) -> Job | None:
         """The pending or running job of a table, if any."""

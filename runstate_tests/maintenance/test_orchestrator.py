@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from runstate.maintenance.health import HealthAnalyzer
-from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.orchestrator import (
     ADVISED,
@@ -97,6 +97,31 @@ def test_a_per_table_cadence_overrides_the_default(store):
     assert decisions(report)["db.daily"] == SKIPPED_CADENCE
     assert report.status == "completed_with_errors" and "db.hourly" in report.error
     assert store.orchestrator_runs(limit=1)[0].error == report.error
+
+
+def test_a_job_that_only_applied_deletes_does_not_hold_back_the_cadence(store):
+    """apply_deletes_sensor may submit such jobs every few merges; the table's other maintenance
+    (expiry, manifests, orphans) must still come at the cadence."""
+    store.replace_table_cache(
+        [CachedTable("db", "merged", True, {}), CachedTable("db", "maintained", True, {})]
+    )
+    store.submit("db", "maintained", ["rewrite_manifests"])
+    store.complete(store.claim("w", lease_seconds=60), "completed")
+    for table in ("merged", "maintained"):
+        store.submit("db", table, APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS)
+        store.complete(store.claim("w", lease_seconds=60), "completed")
+    analyzed = []
+
+    def record_and_refuse(ref):
+        analyzed.append(ref.key)
+        raise LookupError("not in this test")
+
+    report = Orchestrator(store, record_and_refuse).run()
+
+    assert analyzed == ["db.merged"]  # its only job applied deletes: not within the cadence
+    assert decisions(report)["db.maintained"] == SKIPPED_CADENCE  # its rewrite_manifests job still counts
+    assert store.last_cadence_job("db.maintained").actions == ("rewrite_manifests",)
+    assert store.last_cadence_job("db.merged") is None
 
 
 def make_table(spark, namespace, name, *, files, rows, deletes):

@@ -135,6 +135,28 @@ def test_bad_inventory_writes_nothing(store: MaintenanceStore) -> None:
     assert [(t.table_key, t.payload) for t in store.cached_tables()] == [("db.a", {"k": 1})]
 
 
+def test_one_table_is_added_between_inventories_and_the_next_one_decides(store: MaintenanceStore) -> None:
+    store.replace_table_cache([CachedTable("db", "a", True)])
+    synced = store.last_synced_at()
+    store.add_cached_table(CachedTable("db", "b", True, {"added_by": "test"}))
+    store.add_cached_table(CachedTable("db", "a", False))  # refreshes the row, keeps one
+    for bad in (
+        CachedTable("db", "x'y"),
+        CachedTable("db", "c", "yes"),
+        CachedTable("db", "c", None, {"k": object()}),
+    ):  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.add_cached_table(bad)
+
+    assert [(t.table_key, t.maintenance_enabled, t.payload) for t in store.cached_tables()] == [
+        ("db.a", False, {}),
+        ("db.b", True, {"added_by": "test"}),
+    ]
+    assert store.last_synced_at() == synced  # not an inventory
+    store.replace_table_cache([CachedTable("db", "a", True)])
+    assert [t.table_key for t in store.cached_tables()] == ["db.a"]
+
+
 def test_readers_see_the_old_or_the_new_inventory_never_a_mix(store: MaintenanceStore) -> None:
     old = [CachedTable("old", f"t{i}") for i in range(200)]
     new = [CachedTable("new", f"t{i}") for i in range(200)]

@@ -26,8 +26,9 @@ class MergeConfig(dg.Config):
 
 
 def merge_metadata(result: MergeResult) -> dict[str, object]:
-    """What a dataset table's materialization records: the version reached, and how it got there."""
-    return {
+    """What a dataset table's materialization records: the version reached, how it got there, and the
+    files the table holds now (the maintenance service's `apply_deletes_sensor` reads `delete_files`)."""
+    metadata: dict[str, object] = {
         "version": result.version,
         "from_version": result.from_version,
         "blobs_read": result.blobs,
@@ -36,6 +37,9 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
         "table": result.table,
         "seconds": round(result.seconds, 3),
     }
+    if result.files is not None:
+        metadata.update(data_files=result.files.data_files, delete_files=result.files.delete_files)
+    return metadata
 
 
 @dg.op(name=MERGE_OP, retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL))

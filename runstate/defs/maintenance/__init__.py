@@ -1,11 +1,13 @@
 """Dagster definitions for Iceberg maintenance: inventory and health assets, the queue sensor
-(worker runs), the maintenance/submit/orchestrator/health-sync jobs and the sweep schedules.
+(worker runs) and the apply-deletes sensor (dataset tables), the maintenance/submit/orchestrator/health-sync
+jobs and the sweep schedules.
 The `spark` resource is shared."""
 
 from __future__ import annotations
 
 import dagster as dg
 
+from runstate.defs.maintenance.apply_deletes import apply_deletes_sensor
 from runstate.defs.maintenance.assets import table_health, table_inventory
 from runstate.defs.maintenance.health_sync import table_health_sync
 from runstate.defs.maintenance.jobs import (
@@ -36,7 +38,7 @@ def build_defs(resources: dict | None = None) -> dg.Definitions:
             table_inventory_job,
             table_health_sync,
         ],
-        sensors=[maintenance_queue_sensor],
+        sensors=[maintenance_queue_sensor, apply_deletes_sensor],
         schedules=SCHEDULES,
         resources=resources if resources is not None else {"maintenance": maintenance_resource()},
     )

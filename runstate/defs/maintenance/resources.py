@@ -53,6 +53,11 @@ class MaintenanceResource(dg.ConfigurableResource):
         default=0, description="More delete files recommend rewrite_position_delete_files."
     )
     max_manifests: int = Field(default=100, description="More manifests recommend rewrite_manifests.")
+    apply_deletes_at: int = Field(
+        default=20,
+        description="A dataset table whose merge leaves this many delete files gets a job applying them "
+        "(apply_deletes_sensor); 0 leaves them to the orchestrator.",
+    )
     # Action defaults (a job's options override them).
     target_file_size_bytes: int = Field(default=128 * MB, description="rewrite_data_files target file size.")
     expire_older_than_hours: float = Field(

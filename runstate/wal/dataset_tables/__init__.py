@@ -5,7 +5,7 @@ inside Spark tasks (boto3 in `mapInArrow`), so no row passes through the driver 
 """
 
 from runstate.wal.dataset_tables.errors import DatasetTableError, VersionNotFound
-from runstate.wal.dataset_tables.merge import MergeResult, merge_dataset, rebuild_dataset
+from runstate.wal.dataset_tables.merge import MergeResult, TableFiles, merge_dataset, rebuild_dataset
 from runstate.wal.dataset_tables.naming import (
     DATASET_PROPERTY,
     MAINTENANCE_ENABLED_PROPERTY,
@@ -25,6 +25,7 @@ __all__ = [
     "MAINTENANCE_ENABLED_PROPERTY",
     "MergeResult",
     "NAMESPACE",
+    "TableFiles",
     "VERSION_KEY",
     "VERSION_PROPERTY",
     "VersionNotFound",

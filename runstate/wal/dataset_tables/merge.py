@@ -36,9 +36,30 @@ from runstate.wal.dataset_tables.table import (
 
 
 @dataclass(frozen=True)
+class TableFiles:
+    """A table's data and delete files after a commit: each merge-on-read MERGE adds some of both, which
+    every read pays for until maintenance applies the deletes."""
+
+    data_files: int
+    delete_files: int
+    records_added: int
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, str] | None) -> TableFiles:
+        """From a snapshot's summary, whose totals Iceberg keeps exact on every commit."""
+        summary = summary or {}
+        return cls(
+            data_files=int(summary.get("total-data-files", 0)),
+            delete_files=int(summary.get("total-delete-files", 0)),
+            records_added=int(summary.get("added-records", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class MergeResult:
     """What one merge did: the table went from `from_version` to `version` reading `blobs` blobs;
-    `full` when it read the snapshot and every delta (a rebuild)."""
+    `full` when it read the snapshot and every delta (a rebuild). `files` is what the table holds after
+    the merge's commit, or None when the merge wrote nothing."""
 
     dataset_id: str
     table: str
@@ -48,6 +69,7 @@ class MergeResult:
     full: bool
     rows_written: int
     seconds: float
+    files: TableFiles | None = None
 
     @property
     def merged(self) -> bool:
@@ -82,7 +104,7 @@ def merge_dataset(
                 0,
                 time.perf_counter() - started,
             )
-        rows_written = apply_plan(spark, location, ident, plan)
+        files = apply_plan(spark, location, ident, plan)
         set_version_property(spark, ident, plan.to_version)
     return MergeResult(
         dataset_id,
@@ -91,8 +113,9 @@ def merge_dataset(
         plan.to_version,
         len(plan.reads),
         plan.full,
-        rows_written,
+        files.records_added,
         time.perf_counter() - started,
+        files,
     )
 
 
@@ -150,7 +173,7 @@ def merge_statement(ident: str, source: str, plan: MergePlan) -> str:
     return statement
 
 
-def apply_plan(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) -> int:
+def apply_plan(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) -> TableFiles:
     """Run one planned MERGE (a plan may be stale: its older changes then lose to the stored ones)."""
     view = f"runstate_incoming_{uuid.uuid4().hex}"
     latest_changes(spark, location, plan).createOrReplaceTempView(view)
@@ -159,4 +182,4 @@ def apply_plan(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) 
     finally:
         spark.catalog.dropTempView(view)
     summary = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
-    return int((summary.summary or {}).get("added-records", 0)) if summary else 0
+    return TableFiles.from_summary(summary.summary if summary else None)

@@ -70,7 +70,7 @@ def test_a_repeated_merge_writes_nothing(spark, feed, location, dataset_ids):
 def test_later_merges_read_only_the_new_deltas_in_one_merge(spark, feed, location, dataset_ids):
     dataset_id = dataset_ids()
     first = _seed(feed, dataset_id)
-    merge_dataset(spark, location, dataset_id)
+    created = merge_dataset(spark, location, dataset_id)
     for n in range(3):  # three flushes: three deltas for the next merge
         feed.append(dataset_id, [Change.upsert(f"k{n}", n), Change.delete("a")])
         feed.flush(dataset_id)
@@ -79,6 +79,13 @@ def test_later_merges_read_only_the_new_deltas_in_one_merge(spark, feed, locatio
 
     assert (result.from_version, result.blobs, result.full) == (first, 3, False)
     assert read_table(spark, dataset_id) == feed.reader(dataset_id).read()
+    # The files each merge reports (what apply_deletes_sensor reads) are the table's, after its commit.
+    ident = table_ident(dataset_id)
+    counted = spark.sql(
+        f"SELECT count_if(content = 0) AS data, count_if(content <> 0) AS deletes FROM {ident}.files"
+    ).first()
+    assert created.files.delete_files == 0 and result.files.delete_files >= 1  # a MERGE on read
+    assert (result.files.data_files, result.files.delete_files) == (counted.data, counted.deletes)
 
 
 def test_deltas_folded_by_compaction_are_read_from_the_snapshot(spark, wal, feed, location, dataset_ids):

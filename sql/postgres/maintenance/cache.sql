@@ -12,6 +12,13 @@ DELETE FROM table_cache_entries;
 INSERT INTO table_cache_entries (database_name, table_name, maintenance_enabled, payload)
 SELECT * FROM unnest(%s::text[], %s::text[], %s::bool[], %s::jsonb[]);
 
+-- name: upsert_cache
+-- One table between inventories; it waits for a replace in progress (lock_cache) and lands after it.
+INSERT INTO table_cache_entries (database_name, table_name, maintenance_enabled, payload)
+VALUES (%s, %s, %s, %s)
+ON CONFLICT (database_name, table_name) DO UPDATE
+SET maintenance_enabled = EXCLUDED.maintenance_enabled, payload = EXCLUDED.payload;
+
 -- name: mark_synced
 INSERT INTO table_cache_meta (id, last_synced_at) VALUES (1, now())
 ON CONFLICT (id) DO UPDATE SET last_synced_at = EXCLUDED.last_synced_at;

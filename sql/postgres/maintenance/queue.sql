@@ -198,6 +198,11 @@ SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, 
 -- name: list_live_jobs
 SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, j.submitted_at, j.started_at, j.completed_at, j.error, j.attempt_id, j.deleted_at, j.options, j.attempt_count, j.claimed_by, j.visible_at FROM live_jobs j WHERE (%(status)s::text IS NULL OR j.status = %(status)s) AND (%(database)s::text IS NULL OR (j.database_name = %(database)s AND j.table_name = %(table)s)) ORDER BY j.submitted_at DESC LIMIT %(limit)s;
 
+-- name: last_cadence_job
+-- The table's newest live job that counts against the orchestrator's cadence: a job whose actions all
+-- apply delete files (%(apply_deletes)s) does not.
+SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, j.submitted_at, j.started_at, j.completed_at, j.error, j.attempt_id, j.deleted_at, j.options, j.attempt_count, j.claimed_by, j.visible_at FROM live_jobs j WHERE j.database_name = %(database)s AND j.table_name = %(table)s AND NOT (j.actions <@ %(apply_deletes)s::text[]) ORDER BY j.submitted_at DESC LIMIT 1;
+
 -- name: list_all_jobs
 SELECT j.job_id, j.database_name, j.table_name, j.actions, j.dry_run, j.status, j.submitted_at, j.started_at, j.completed_at, j.error, j.attempt_id, j.deleted_at, j.options, q.attempt_count, q.claimed_by, q.visible_at FROM jobs j LEFT JOIN job_queue q ON q.job_id = j.job_id WHERE (%(status)s::text IS NULL OR j.status = %(status)s) AND (%(database)s::text IS NULL OR (j.database_name = %(database)s AND j.table_name = %(table)s)) ORDER BY j.submitted_at DESC LIMIT %(limit)s;
 
