@@ -13,7 +13,10 @@ For each library of bench/eventstore.py (runstate, eventsourcing) and each singl
 - with `pg_stat_statements` loaded on the server (shared_preload_libraries): each statement's calls,
   mean execution time, WAL bytes and buffers touched per append (the server's side; times do drift
   with load, WAL bytes and buffers do not);
-- with `--cprofile N`: the N costliest functions of the client (cumulative), for runstate.
+- with `--cprofile N`: the N costliest functions of the client (cumulative), for runstate;
+- with `--perf` (Linux `perf`, a local server): the server backends sampled while the writer works,
+  `server_us_per_event_by_part`: where the server's CPU goes, by the Postgres function each sample is in
+  (btree and GIN index inserts, the heap insert, JSONB parsing, the commit, array input, protocol reads).
 It prints one JSON line per library and shape.
 """
 
@@ -25,6 +28,8 @@ import io
 import json
 import os
 import pstats
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -97,6 +102,50 @@ class Tracer:
                 previous = side
         self.folder.cleanup()
         return trips, statements
+
+
+PERF_HZ = 4000
+# A sample counts for every part whose Postgres function is on its stack.
+PERF_PARTS = {
+    "btree_inserts": ("btinsert",),
+    "gin_inserts": ("gininsert",),
+    "heap_insert": ("heap_insert",),
+    "jsonb_parse": ("jsonb_in",),
+    "commit": ("CommitTransactionCommand",),
+    "array_input": ("array_in", "array_recv"),
+    "protocol_reads": ("pq_getbyte",),
+}
+
+
+class PerfRecorder:
+    """`perf record` of some server backends, summarised as server microseconds per event by part."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.output = tempfile.NamedTemporaryFile(prefix="es_perf_", suffix=".data", delete=False)  # noqa: SIM115
+        argv = ["perf", "record", "-e", "cpu-clock", "-F", str(PERF_HZ), "-g", "-o", self.output.name]
+        self.process = subprocess.Popen(
+            [*argv, "-p", ",".join(map(str, pids))], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        time.sleep(1.0)  # perf attaches to the processes before the work starts
+
+    def stop(self, events: int) -> dict[str, float]:
+        self.process.send_signal(signal.SIGINT)
+        self.process.wait(timeout=60)
+        script = subprocess.run(
+            ["perf", "script", "-i", self.output.name], capture_output=True, text=True, check=True
+        ).stdout
+        os.unlink(self.output.name)
+        counts = dict.fromkeys([*PERF_PARTS, "total"], 0)
+        for sample in script.split("\n\n"):
+            frames = {
+                line.split()[1].split("+")[0] for line in sample.splitlines()[1:] if len(line.split()) > 1
+            }
+            if not frames:
+                continue
+            counts["total"] += 1
+            for part, functions in PERF_PARTS.items():
+                counts[part] += any(name in frames for name in functions)
+        return {part: round(n / PERF_HZ * 1e6 / events, 2) for part, n in counts.items()}
 
 
 def backend_cpu_seconds(pid: int) -> float:
@@ -172,7 +221,7 @@ def reset_statements(admin_url: str) -> None:
         pass
 
 
-def profile(kind: str, shape: str, admin_url: str, top: int) -> dict[str, Any]:
+def profile(kind: str, shape: str, admin_url: str, top: int, perf: bool = False) -> dict[str, Any]:
     name, dsn = create_database(admin_url)
     try:
         tracer = Tracer()
@@ -184,6 +233,7 @@ def profile(kind: str, shape: str, admin_url: str, top: int) -> dict[str, Any]:
         tracer.restart()
         wal = wal_lsn(dsn)
         profiler = cProfile.Profile() if top and kind == "runstate" else None
+        recorder = PerfRecorder(list(tracer.backends)) if perf else None
         cpu, wall = time.process_time(), time.perf_counter()
         if profiler:
             profiler.enable()
@@ -191,10 +241,11 @@ def profile(kind: str, shape: str, admin_url: str, top: int) -> dict[str, Any]:
         if profiler:
             profiler.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        appends, events = len(plan), len(plan) * SHAPES[shape][2]
+        by_part = recorder.stop(events) if recorder else None
         server_cpu, wal = tracer.server_cpu(), wal_lsn(dsn) - wal
         trips, statements = tracer.counts()
         writer.close()
-        appends, events = len(plan), len(plan) * SHAPES[shape][2]
         figures: dict[str, Any] = {
             "library": kind,
             "shape": shape,
@@ -208,6 +259,8 @@ def profile(kind: str, shape: str, admin_url: str, top: int) -> dict[str, Any]:
             "wall_us_per_event_under_load": round(wall * 1e6 / events, 1),
             "server": server_statements(admin_url, name, appends),
         }
+        if by_part:
+            figures["server_us_per_event_by_part"] = by_part
         if profiler:
             out = io.StringIO()
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
@@ -225,10 +278,11 @@ def main() -> None:
     parser.add_argument("--shape", action="append", choices=sorted(SHAPES), help="default: all")
     parser.add_argument("--library", action="append", choices=sorted(WRITERS), help="default: both")
     parser.add_argument("--cprofile", type=int, default=0, help="print the N costliest client functions")
+    parser.add_argument("--perf", action="store_true", help="sample the server backends with Linux perf")
     args = parser.parse_args()
     for shape in args.shape or list(SHAPES):
         for kind in args.library or list(WRITERS):
-            figures = profile(kind, shape, args.admin_url, args.cprofile)
+            figures = profile(kind, shape, args.admin_url, args.cprofile, args.perf)
             report = figures.pop("cprofile", None)
             print(json.dumps(figures), flush=True)
             if report:
