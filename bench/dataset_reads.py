@@ -29,6 +29,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import create_database, drop_database, load_end, load_start  # noqa: E402
+from runstate.wal.dataset_tables.table import COPY_ON_WRITE_MAX_BYTES  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 NAMESPACE = "bench"
@@ -40,9 +41,13 @@ def key_text(n: int) -> str:
     return json.dumps(f"k{n}")  # keys are JSON text in dataset tables
 
 
-def merge_changes(spark, ident: str, seqs: range, changes: int, keys: int, rng: random.Random) -> None:
-    """One MERGE per seq of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them."""
+def merge_changes(
+    spark, ident: str, seqs: range, changes: int, keys: int, rng: random.Random, cow_max_bytes: int
+) -> None:
+    """One MERGE per seq of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them,
+    each followed by the merge's choice of write mode for the next one (table.write_mode)."""
     from runstate.wal.dataset_tables.merge import merge_statement
+    from runstate.wal.dataset_tables.table import WRITE_MODE_PROPERTIES, table_properties, write_mode
 
     statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
     for seq in seqs:
@@ -54,13 +59,25 @@ def merge_changes(spark, ident: str, seqs: range, changes: int, keys: int, rng: 
         frame = spark.createDataFrame(rows, "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
         frame.createOrReplaceTempView("changes")
         spark.sql(statement)
+        current = table_properties(spark, ident).get(WRITE_MODE_PROPERTIES[0])
+        mode = write_mode(current, table_files(spark, ident).bytes, cow_max_bytes)
+        if mode != current:
+            pairs = ", ".join(f"'{name}'='{mode}'" for name in WRITE_MODE_PROPERTIES)
+            spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({pairs})")
 
 
-def create_table(spark, ident: str) -> None:
+def create_table(spark, ident: str, initial_keys: int = 0) -> None:
+    """A dataset table; with `initial_keys`, holding that many keys already (written once)."""
     from runstate.wal.dataset_tables.table import COLUMNS, TABLE_PROPERTIES
 
     properties = ", ".join(f"'{k}'='{v}'" for k, v in TABLE_PROPERTIES.items())
     spark.sql(f"CREATE TABLE {ident} ({COLUMNS}) USING iceberg TBLPROPERTIES ({properties})")
+    if initial_keys:
+        spark.sql(
+            f"INSERT INTO {ident} SELECT concat('\"k', id, '\"') AS key,"
+            " to_json(named_struct('seq', 0, 'w', rand(7))) AS value, 0L AS wal_seq,"
+            f" current_timestamp() AS updated_at, false AS deleted FROM range({int(initial_keys)})"
+        )
 
 
 def reads(spark, ident: str, repeats: int, keys: int) -> dict:
@@ -108,12 +125,12 @@ def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
     return submitted
 
 
-def delete_files(spark, ident: str) -> int:
-    """The table's delete files from its newest snapshot's summary: what a merge run reports."""
+def table_files(spark, ident: str):
+    """The table's files from its newest snapshot's summary: what a merge run reports."""
     from runstate.wal.dataset_tables import TableFiles
 
     row = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
-    return TableFiles.from_summary(row.summary if row else None).delete_files
+    return TableFiles.from_summary(row.summary if row else None)
 
 
 def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
@@ -127,19 +144,25 @@ def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
     from runstate.maintenance.runner import work_queue
 
     busy, rng, ratios, peaks, seq = f"lake.{NAMESPACE}.busy", random.Random(11), [], [], 0
-    create_table(spark, busy)
+    create_table(spark, busy, args.initial_keys)
     with MaintenanceStore(dsn, schema="bench") as store:
         store.ensure_schema()
         store.add_cached_table(CachedTable(NAMESPACE, "busy", True))
         while seq < args.merges:
             seq += 1
-            merge_changes(spark, busy, range(seq, seq + 1), args.changes, args.keys, rng)
+            merge_changes(spark, busy, range(seq, seq + 1), args.changes, args.keys, rng, args.cow_max_bytes)
             if seq == 1:  # the session's first reads are slower (class loading, JIT): not the table's
                 reads(spark, busy, args.reads, args.keys)
-            if delete_files(spark, busy) < args.apply_deletes_at:
+            if table_files(spark, busy).delete_files < args.apply_deletes_at:
                 continue
             merge_changes(
-                spark, busy, range(seq + 1, seq + 1 + args.lag_merges), args.changes, args.keys, rng
+                spark,
+                busy,
+                range(seq + 1, seq + 1 + args.lag_merges),
+                args.changes,
+                args.keys,
+                rng,
+                args.cow_max_bytes,
             )
             seq += args.lag_merges
             base = f"lake.{NAMESPACE}.busy_base_{len(ratios)}"
@@ -152,7 +175,7 @@ def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
             store.submit(NAMESPACE, "busy", APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS)
             done = work_queue(spark, store, "bench", lease_seconds=600, budget_seconds=3600)
             assert all(o.status == "completed" for o in done.outcomes), done.outcomes
-            assert delete_files(spark, busy) == 0
+            assert table_files(spark, busy).delete_files == 0
     return {
         "apply_deletes_at": args.apply_deletes_at,
         "lag_merges": args.lag_merges,
@@ -167,9 +190,17 @@ def written_merged_maintained(spark, dsn: str, args: argparse.Namespace) -> dict
     """The three tables of the module docstring: the same rows written once, merged, then maintained."""
     result: dict = {}
     merged, baseline = f"lake.{NAMESPACE}.merged", f"lake.{NAMESPACE}.baseline"
-    create_table(spark, merged)
+    create_table(spark, merged, args.initial_keys)
     began = time.perf_counter()
-    merge_changes(spark, merged, range(1, args.merges + 1), args.changes, args.keys, random.Random(7))
+    merge_changes(
+        spark,
+        merged,
+        range(1, args.merges + 1),
+        args.changes,
+        args.keys,
+        random.Random(7),
+        args.cow_max_bytes,
+    )
     result["merge_s"] = round(time.perf_counter() - began, 1)
     create_table(spark, baseline)
     spark.sql(f"INSERT INTO {baseline} SELECT * FROM {merged}")
@@ -201,8 +232,22 @@ def main(argv: list[str] | None = None) -> None:
         help="instead: --merges merges under apply_deletes_sensor's rule at this many delete files",
     )
     parser.add_argument("--lag-merges", type=int, default=2, help="merges between the rule and its job")
+    parser.add_argument(
+        "--cow-max-bytes",
+        type=int,
+        default=COPY_ON_WRITE_MAX_BYTES,
+        help="the merges' copy-on-write limit (0: every merge on read)",
+    )
+    parser.add_argument("--initial-keys", type=int, default=0, help="keys the table holds before the merges")
     args = parser.parse_args(argv)
-    result: dict = {"bench": "dataset_reads", "merges": args.merges, "changes": args.changes, **load_start()}
+    result: dict = {
+        "bench": "dataset_reads",
+        "merges": args.merges,
+        "changes": args.changes,
+        "initial_keys": args.initial_keys,
+        "cow_max_bytes": args.cow_max_bytes,
+        **load_start(),
+    }
     from runstate.spark import SparkSettings, build_session
 
     name, dsn = create_database(args.admin_url)

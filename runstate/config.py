@@ -96,7 +96,7 @@ class Settings:
     wal_flush_linger_s: float = 20.0
     maintenance_workers: int = 2
     # Delete files a dataset table's merges may leave before a job applies them (0: the orchestrator's).
-    apply_deletes_at: int = 20
+    apply_deletes_at: int = 8
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -125,7 +125,7 @@ class Settings:
             wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", 20.0),
             maintenance_workers=_bounded_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2, MAINTENANCE_WORKERS_MAX),
             apply_deletes_at=_bounded_int(
-                env, "RUNSTATE_APPLY_DELETES_AT", 20, APPLY_DELETES_AT_MAX, minimum=0
+                env, "RUNSTATE_APPLY_DELETES_AT", 8, APPLY_DELETES_AT_MAX, minimum=0
             ),
         )
 

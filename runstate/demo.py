@@ -255,8 +255,8 @@ MERGE_WAVES = 3
 
 
 def waves(rows_per_dataset: int) -> list[range]:
-    """The WAL seeding in waves, each flushed and merged: the dataset tables gather small files and delete
-    files, as a busy dataset's table does (the same rows and client tokens as one wave)."""
+    """The WAL seeding in waves, each flushed and merged, as a busy dataset's table is (the same rows and
+    client tokens as one wave); a table this small is merged copy-on-write, so it gathers no delete file."""
     size = max(1, -(-rows_per_dataset // MERGE_WAVES))
     return [range(start, min(start + size, rows_per_dataset)) for start in range(0, rows_per_dataset, size)]
 

@@ -1,15 +1,15 @@
-"""`apply_deletes_sensor`: a dataset table whose merges left many delete files gets a maintenance job
-that applies them, without waiting for the hourly orchestrator.
+"""`apply_deletes_sensor`: a dataset table whose merges left delete files gets a maintenance job that
+applies them, without waiting for the hourly orchestrator.
 
-Each merge-on-read MERGE of a dataset table adds a data file and a delete file, and every read pays for
-them until maintenance rewrites the data files with their deletes applied (PERFORMANCE.md: 2.79x the
-scan of the same rows written once after 60 merges, the most a busy table takes between two hourly
-orchestrator runs). The merge run records the table's files in its materialization (`delete_files`);
-this sensor reads the materializations after its cursor and submits one job of APPLY_DELETES_ACTIONS
-for each table at or over `MaintenanceResource.apply_deletes_at` delete files. It submits, never runs:
-the queue sensor's worker runs (at most W) do the work, and a table with a job pending or running gets
-no second one (submit returns the active job). Such a job does not count against the orchestrator's
-cadence, so the table's other maintenance still comes on time.
+A dataset table over the copy-on-write limit (16 MB, runstate.wal.dataset_tables.table) is merged on
+read: each MERGE adds a data file and a delete file, and every read pays for them until maintenance
+rewrites the data files with their deletes applied (PERFORMANCE.md: about 2x the scan of the same rows
+written once after 10 merges of a 20 MB table). The merge run records the table's files in its
+materialization (`delete_files`); this sensor reads the materializations after its cursor and submits
+one job of APPLY_DELETES_ACTIONS for each table at or over `MaintenanceResource.apply_deletes_at` delete
+files. It submits, never runs: the queue sensor's worker runs (at most W) do the work, and a table with a
+job pending or running gets no second one (submit returns the active job). Such a job does not count
+against the orchestrator's cadence, so the table's other maintenance still comes on time.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class MaintenanceResource(dg.ConfigurableResource):
     )
     max_manifests: int = Field(default=100, description="More manifests recommend rewrite_manifests.")
     apply_deletes_at: int = Field(
-        default=20,
+        default=8,
         description="A dataset table whose merge leaves this many delete files gets a job applying them "
         "(apply_deletes_sensor); 0 leaves them to the orchestrator.",
     )

@@ -27,22 +27,27 @@ from runstate.wal.dataset_tables.source import (
     plan_merge,
 )
 from runstate.wal.dataset_tables.table import (
+    COPY_ON_WRITE_MAX_BYTES,
+    WRITE_MODE_PROPERTIES,
     ensure_table,
     set_version_property,
     spark_errors,
     table_exists,
+    table_properties,
     table_version,
+    write_mode,
 )
 
 
 @dataclass(frozen=True)
 class TableFiles:
-    """A table's data and delete files after a commit: each merge-on-read MERGE adds some of both, which
-    every read pays for until maintenance applies the deletes."""
+    """A table's data and delete files, and all their bytes, after a commit: each merge-on-read MERGE adds
+    a data file and a delete file, which every read pays for until maintenance applies the deletes."""
 
     data_files: int
     delete_files: int
     records_added: int
+    bytes: int = 0
 
     @classmethod
     def from_summary(cls, summary: dict[str, str] | None) -> TableFiles:
@@ -52,6 +57,7 @@ class TableFiles:
             data_files=int(summary.get("total-data-files", 0)),
             delete_files=int(summary.get("total-delete-files", 0)),
             records_added=int(summary.get("added-records", 0)),
+            bytes=int(summary.get("total-files-size", 0)),
         )
 
 
@@ -77,13 +83,20 @@ class MergeResult:
 
 
 def merge_dataset(
-    spark: Any, location: BlobLocation, dataset_id: str, *, rebuild: bool = False, s3: Any = None
+    spark: Any,
+    location: BlobLocation,
+    dataset_id: str,
+    *,
+    rebuild: bool = False,
+    s3: Any = None,
+    copy_on_write_max_bytes: int = COPY_ON_WRITE_MAX_BYTES,
 ) -> MergeResult:
     """Merge every change after the table's version, up to the manifest's (rebuild: from the snapshot).
 
     A dataset without a manifest (never flushed, or an unknown id) gets no table. Refused before
     anything is written: a table that belongs to another dataset, a table ahead of the manifest (unless
-    rebuilding), which is also what a table whose manifest was lost is."""
+    rebuilding), which is also what a table whose manifest was lost is. After the commit, the table's
+    size sets how the next merge writes (table.write_mode)."""
     started = time.perf_counter()
     manifest = location.blob_store(s3).read_manifest(dataset_id)
     if manifest.etag is None and not table_exists(spark, dataset_id):
@@ -92,7 +105,8 @@ def merge_dataset(
         )
     ident = ensure_table(spark, dataset_id)
     with spark_errors(dataset_id, ident, "merge"):
-        plan = plan_merge(manifest, table_version(spark, ident), rebuild=rebuild)
+        properties = table_properties(spark, ident)
+        plan = plan_merge(manifest, table_version(properties), rebuild=rebuild)
         if not plan.reads and not plan.full:
             return MergeResult(
                 dataset_id,
@@ -105,7 +119,9 @@ def merge_dataset(
                 time.perf_counter() - started,
             )
         files = apply_plan(spark, location, ident, plan)
-        set_version_property(spark, ident, plan.to_version)
+        current = properties.get(WRITE_MODE_PROPERTIES[0])
+        mode = write_mode(current, files.bytes, copy_on_write_max_bytes)
+        set_version_property(spark, ident, plan.to_version, mode if mode != current else None)
     return MergeResult(
         dataset_id,
         ident,

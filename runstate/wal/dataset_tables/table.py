@@ -16,13 +16,18 @@ COLUMNS = (
     "key STRING NOT NULL, value STRING, wal_seq BIGINT NOT NULL, updated_at TIMESTAMP NOT NULL, "
     "deleted BOOLEAN NOT NULL"
 )
-# Merge-on-read: a merge writes small delete files instead of rewriting every data file it touches;
-# the maintenance service (opted in below) compacts them like any other table's.
+# How a MERGE writes, chosen by the table's size (write_mode). Copy-on-write rewrites the data files a
+# merge touches: for a small table that is about the cost of the merge itself, and the table stays as
+# fast to read as the same rows written once. Merge-on-read writes a data file and a delete file per
+# merge instead, which every read pays for until maintenance applies them (apply_deletes_sensor): the
+# cheaper write once rewriting the touched files costs more than the merge (PERFORMANCE.md).
+COPY_ON_WRITE = "copy-on-write"
+MERGE_ON_READ = "merge-on-read"
+WRITE_MODE_PROPERTIES = ("write.merge.mode", "write.update.mode", "write.delete.mode")
+COPY_ON_WRITE_MAX_BYTES = 16 << 20
 TABLE_PROPERTIES = {
     "format-version": "2",
-    "write.merge.mode": "merge-on-read",
-    "write.update.mode": "merge-on-read",
-    "write.delete.mode": "merge-on-read",
+    **dict.fromkeys(WRITE_MODE_PROPERTIES, COPY_ON_WRITE),  # a new table is empty: small
     naming.MAINTENANCE_ENABLED_PROPERTY: "true",
 }
 BLOB_ERROR = re.compile(r"BlobIntegrityError: (.+)")
@@ -84,18 +89,29 @@ def marker_version(spark: Any, ident: str, snapshot_id: int | None = None) -> in
     return int(row.v or 0)
 
 
-def table_version(spark: Any, ident: str) -> int:
+def table_version(properties: dict[str, str]) -> int:
     """Where a merge starts: the version property, read from metadata without a scan. It is set after
     the commit that reached it, so it is never ahead of the `#version` row; when it lags (a merge killed
     between the two), the next merge re-applies a few changes, which the newer-seq rule makes harmless."""
-    value = table_properties(spark, ident).get(VERSION_PROPERTY, "0")
+    value = properties.get(VERSION_PROPERTY, "0")
     return int(value) if value.isdigit() else 0
 
 
-def set_version_property(spark: Any, ident: str, version: int) -> None:
+def write_mode(current: str | None, table_bytes: int, max_bytes: int = COPY_ON_WRITE_MAX_BYTES) -> str:
+    """Copy-on-write up to `max_bytes` of files, merge-on-read above; back to copy-on-write only under
+    half of it (after maintenance, say), so a table near the limit does not switch at every merge."""
+    if current == MERGE_ON_READ:
+        return COPY_ON_WRITE if table_bytes <= max_bytes // 2 else MERGE_ON_READ
+    return MERGE_ON_READ if table_bytes > max_bytes else COPY_ON_WRITE
+
+
+def set_version_property(spark: Any, ident: str, version: int, mode: str | None = None) -> None:
     """Record the version as a table property too, for catalogs and people (the `#version` row is the
-    one a merge trusts: it commits with the data)."""
-    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('{VERSION_PROPERTY}'='{int(version)}')")
+    one a merge trusts: it commits with the data), and the write mode of the next merge if it changes."""
+    properties = {VERSION_PROPERTY: str(int(version))}
+    if mode is not None:
+        properties.update(dict.fromkeys(WRITE_MODE_PROPERTIES, mode))
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({_properties_sql(properties)})")
 
 
 def table_properties(spark: Any, ident: str) -> dict[str, str]:

@@ -79,13 +79,50 @@ def test_later_merges_read_only_the_new_deltas_in_one_merge(spark, feed, locatio
 
     assert (result.from_version, result.blobs, result.full) == (first, 3, False)
     assert read_table(spark, dataset_id) == feed.reader(dataset_id).read()
-    # The files each merge reports (what apply_deletes_sensor reads) are the table's, after its commit.
-    ident = table_ident(dataset_id)
-    counted = spark.sql(
-        f"SELECT count_if(content = 0) AS data, count_if(content <> 0) AS deletes FROM {ident}.files"
+    # A small table is merged copy-on-write: the files it reports are the table's, and no delete file.
+    assert (created.files.delete_files, result.files.delete_files) == (0, 0)
+    assert _files(spark, dataset_id) == (result.files.data_files, 0, result.files.bytes)
+
+
+def _files(spark, dataset_id: str) -> tuple[int, int, int]:
+    """(data files, delete files, bytes of both) from the table's `.files`."""
+    row = spark.sql(
+        "SELECT count_if(content = 0) AS data, count_if(content <> 0) AS deletes, sum(file_size_in_bytes) AS b "
+        f"FROM {table_ident(dataset_id)}.files"
     ).first()
-    assert created.files.delete_files == 0 and result.files.delete_files >= 1  # a MERGE on read
-    assert (result.files.data_files, result.files.delete_files) == (counted.data, counted.deletes)
+    return row.data, row.deletes, row.b
+
+
+def test_a_table_over_the_copy_on_write_limit_is_merged_on_read_until_it_is_small_again(
+    spark, feed, location, dataset_ids
+):
+    dataset_id = dataset_ids()
+    _seed(feed, dataset_id)
+    ident = table_ident(dataset_id)
+    created = merge_dataset(spark, location, dataset_id)
+    limit = 1000  # bytes: the table's files are over it from the first merge on
+    assert created.files.bytes > limit
+    modes = []
+    for n in range(2):
+        feed.append(dataset_id, [Change.upsert("a", n), Change.upsert(f"new{n}", n)])
+        feed.flush(dataset_id)
+        result = merge_dataset(spark, location, dataset_id, copy_on_write_max_bytes=limit)
+        modes.append(table_properties(spark, ident)["write.merge.mode"])
+
+    assert table_properties(spark, ident)["write.update.mode"] == "merge-on-read"
+    assert modes == ["merge-on-read", "merge-on-read"]  # the first merge's commit set the second's mode
+    assert result.files.delete_files >= 1  # the second merge updated "a" on read: a delete file
+    assert _files(spark, dataset_id) == (
+        result.files.data_files,
+        result.files.delete_files,
+        result.files.bytes,
+    )
+    assert read_table(spark, dataset_id) == feed.reader(dataset_id).read()
+
+    feed.append(dataset_id, [Change.upsert("a", "small again")])
+    feed.flush(dataset_id)
+    merge_dataset(spark, location, dataset_id, copy_on_write_max_bytes=1 << 20)
+    assert table_properties(spark, ident)["write.merge.mode"] == "copy-on-write"
 
 
 def test_deltas_folded_by_compaction_are_read_from_the_snapshot(spark, wal, feed, location, dataset_ids):
