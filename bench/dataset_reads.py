@@ -2,8 +2,10 @@
 
 Three tables with the same final rows, each read by a full scan (every live row's value) and by point
 lookups (one key each), with its data and delete files:
-- `merged`: a dataset table (runstate.wal.dataset_tables' DDL and MERGE: merge-on-read, newer wal_seq wins,
-  the `#version` row updated by every merge) after --merges small merges of --changes changes each;
+- `merged`: a dataset table (runstate.wal.dataset_tables' DDL and MERGE: newer wal_seq wins, the `#version`
+  row updated by every merge, the write mode its size calls for after each commit: copy-on-write up to
+  --cow-max-bytes) after --merges small merges of --changes changes each (--initial-keys: on a table
+  holding that many keys already);
 - `maintained`: that table after the maintenance service ran on it (the orchestrator's decision, then a
   worker, until the orchestrator submits nothing);
 - `baseline`: the same rows written once.
