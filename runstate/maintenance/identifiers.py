@@ -34,7 +34,7 @@ _ACTION_RANK = {name: rank for rank, name in enumerate(ACTIONS)}
 # Applying a merge-on-read table's delete files: every data file with deletes is rewritten with them
 # applied (and small files compacted), then the delete files left dangling are dropped. A job of these
 # actions alone may come as often as a table's merges need it: the orchestrator's cadence ignores it.
-APPLY_DELETES_ACTIONS: tuple[str, ...] = ACTIONS[:2]
+APPLY_DELETES_ACTIONS: tuple[str, ...] = ("rewrite_data_files", "rewrite_position_delete_files")
 APPLY_DELETES_OPTIONS: dict[str, int] = {"delete_file_threshold": 1}
 
 

@@ -34,10 +34,9 @@ BATCH = 1000
 class DeletesTick:
     """One tick's outcome: the jobs per table key, what was left alone and why, and the next cursor."""
 
-    cursor: int | None
+    cursor: int
     submitted: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    has_more: bool = False
 
     def describe(self) -> str:
         parts = [f"{key}: job {job_id}" for key, job_id in sorted(self.submitted.items())]
@@ -70,7 +69,6 @@ def evaluate_apply_deletes(
         dg.AssetRecordsFilter(asset_key=TABLES_ASSET, after_storage_id=cursor), limit=BATCH, ascending=True
     )
     tick = DeletesTick(cursor=result.records[-1].storage_id if result.records else cursor)
-    tick.has_more = result.has_more
     over = tables_over(result.records, maintenance.apply_deletes_at)
     if not over:
         return tick
@@ -107,7 +105,7 @@ def apply_deletes_sensor(context: dg.SensorEvaluationContext, maintenance: Maint
     if maintenance.apply_deletes_at <= 0:
         return dg.SkipReason("apply_deletes_at is 0: delete files wait for the orchestrator")
     tick = evaluate_apply_deletes(context.instance, _cursor(context.cursor), maintenance)
-    cursor = str(tick.cursor) if tick.cursor is not None else None
+    cursor = str(tick.cursor)
     if not tick.submitted and not tick.skipped:
         reason = (
             f"no dataset table merged since the last tick has {maintenance.apply_deletes_at} delete files"
