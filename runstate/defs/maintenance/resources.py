@@ -69,7 +69,11 @@ class MaintenanceResource(dg.ConfigurableResource):
     )
     # Orchestrator and retention.
     orchestrator_dry_run: bool = Field(default=False, description="Advisory only: record, never submit.")
-    default_cadence_hours: int = Field(default=24, description="Minimum hours between jobs of one table.")
+    default_cadence_hours: int = Field(
+        default=24,
+        description="Minimum hours between jobs of one table (a job that only applied delete files does "
+        "not count).",
+    )
     health_keep_days: float = Field(default=30.0, description="health_snapshots retention.")
 
     _store: MaintenanceStore | None = PrivateAttr(default=None)
