@@ -67,6 +67,7 @@ class ConfigError(ValueError):
 WAL_FLUSH_SHARDS_MAX = 256
 MAINTENANCE_WORKERS_MAX = 64
 APPLY_DELETES_AT_MAX = 10_000
+COPY_ON_WRITE_MAX_MB_MAX = 1 << 20
 LINGER_MAX_S = 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 
@@ -97,6 +98,8 @@ class Settings:
     maintenance_workers: int = 2
     # Delete files a dataset table's merges may leave before a job applies them (0: the orchestrator's).
     apply_deletes_at: int = 8
+    # Dataset tables merge copy-on-write up to this many MB, merge-on-read above (0: always on read).
+    copy_on_write_max_mb: int = 16
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -126,6 +129,9 @@ class Settings:
             maintenance_workers=_bounded_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2, MAINTENANCE_WORKERS_MAX),
             apply_deletes_at=_bounded_int(
                 env, "RUNSTATE_APPLY_DELETES_AT", 8, APPLY_DELETES_AT_MAX, minimum=0
+            ),
+            copy_on_write_max_mb=_bounded_int(
+                env, "RUNSTATE_COPY_ON_WRITE_MAX_MB", 16, COPY_ON_WRITE_MAX_MB_MAX, minimum=0
             ),
         )
 

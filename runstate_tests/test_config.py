@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from runstate.config import (
     APPLY_DELETES_AT_MAX,
+    COPY_ON_WRITE_MAX_MB_MAX,
     LINGER_MAX_S,
     MAINTENANCE_WORKERS_MAX,
     WAL_FLUSH_SHARDS_MAX,
@@ -25,6 +26,7 @@ WHOLE_NUMBER_KNOBS = {
     "RUNSTATE_WAL_FLUSH_SHARDS": ("wal_flush_shards", 1, WAL_FLUSH_SHARDS_MAX),
     "RUNSTATE_MAINTENANCE_WORKERS": ("maintenance_workers", 1, MAINTENANCE_WORKERS_MAX),
     "RUNSTATE_APPLY_DELETES_AT": ("apply_deletes_at", 0, APPLY_DELETES_AT_MAX),
+    "RUNSTATE_COPY_ON_WRITE_MAX_MB": ("copy_on_write_max_mb", 0, COPY_ON_WRITE_MAX_MB_MAX),
 }
 CHOICE_KNOBS = {
     "RUNSTATE_EVENTSTORE": ("eventstore", {"postgres", "snowflake"}),

@@ -81,6 +81,7 @@ def wal_resource(s: Settings | None = None, **overrides: Any) -> WalResource:
         "prefix": s.blob_prefix,
         "flush_shards": s.wal_flush_shards,
         "flush_linger_s": s.wal_flush_linger_s,
+        "dataset_table_copy_on_write_max_mb": s.copy_on_write_max_mb,
         "aws_access_key_id": _secret("AWS_ACCESS_KEY_ID"),
         "aws_secret_access_key": _secret("AWS_SECRET_ACCESS_KEY"),
     }

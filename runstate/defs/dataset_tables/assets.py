@@ -29,7 +29,11 @@ def dataset_tables(
     context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
 ) -> dg.MaterializeResult:
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
-    results = [rebuild_dataset(session, location, dataset_id, s3=s3) for dataset_id in context.partition_keys]
+    cow_max_bytes = wal.dataset_table_copy_on_write_max_mb << 20
+    results = [
+        rebuild_dataset(session, location, dataset_id, s3=s3, copy_on_write_max_bytes=cow_max_bytes)
+        for dataset_id in context.partition_keys
+    ]
     for result in results:
         context.log.info(f"dataset {result.dataset_id!r}: rebuilt {result.table} at version {result.version}")
     if len(results) == 1:

@@ -54,7 +54,14 @@ def merge_datasets(
     failures: dict[str, WalError] = {}
     for dataset_id in config.dataset_ids:
         try:
-            result = merge_dataset(session, location, dataset_id, rebuild=config.rebuild, s3=s3)
+            result = merge_dataset(
+                session,
+                location,
+                dataset_id,
+                rebuild=config.rebuild,
+                s3=s3,
+                copy_on_write_max_bytes=wal.dataset_table_copy_on_write_max_mb << 20,
+            )
         except WalError as error:
             context.log.error(str(error))
             failures[dataset_id] = error

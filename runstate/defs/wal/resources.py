@@ -56,6 +56,12 @@ class WalResource(dg.ConfigurableResource):
         description="After its plan, a flush run keeps flushing its shard's new rows until none has come for "
         "this long (saves a run start per row; the deployment sets RUNSTATE_WAL_FLUSH_LINGER_S). 0: no linger.",
     )
+    dataset_table_copy_on_write_max_mb: int = Field(
+        default=16,
+        ge=0,
+        description="A dataset table merges copy-on-write up to this many MB of files, merge-on-read above "
+        "(RUNSTATE_COPY_ON_WRITE_MAX_MB). 0: always merge-on-read.",
+    )
     flush_run_budget_s: float = Field(
         default=240,
         ge=0,

@@ -135,9 +135,18 @@ def merge_dataset(
     )
 
 
-def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: Any = None) -> MergeResult:
+def rebuild_dataset(
+    spark: Any,
+    location: BlobLocation,
+    dataset_id: str,
+    *,
+    s3: Any = None,
+    copy_on_write_max_bytes: int = COPY_ON_WRITE_MAX_BYTES,
+) -> MergeResult:
     """The table rebuilt from the dataset's snapshot plus every delta (keys absent from them are deleted)."""
-    return merge_dataset(spark, location, dataset_id, rebuild=True, s3=s3)
+    return merge_dataset(
+        spark, location, dataset_id, rebuild=True, s3=s3, copy_on_write_max_bytes=copy_on_write_max_bytes
+    )
 
 
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
