@@ -31,7 +31,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import create_database, drop_database, load_end, load_start  # noqa: E402
-from runstate.wal.dataset_tables.table import COPY_ON_WRITE_MAX_BYTES  # noqa: E402
+from runstate.wal.dataset_tables.table import COPY_ON_WRITE_MAX_BYTES, table_files  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 NAMESPACE = "bench"
@@ -49,7 +49,12 @@ def merge_changes(
     """One MERGE per seq of `changes` upserts/deletes each (one in ten a delete), as the WAL merge makes them,
     each followed by the merge's choice of write mode for the next one (table.write_mode)."""
     from runstate.wal.dataset_tables.merge import merge_statement
-    from runstate.wal.dataset_tables.table import WRITE_MODE_PROPERTIES, table_properties, write_mode
+    from runstate.wal.dataset_tables.table import (
+        set_version_property,
+        table_files,
+        table_properties,
+        write_mode_change,
+    )
 
     statement = merge_statement(ident, "changes", SimpleNamespace(full=False, rebuild=False))
     for seq in seqs:
@@ -61,11 +66,11 @@ def merge_changes(
         frame = spark.createDataFrame(rows, "key STRING, value STRING, wal_seq BIGINT, deleted BOOLEAN")
         frame.createOrReplaceTempView("changes")
         spark.sql(statement)
-        current = table_properties(spark, ident).get(WRITE_MODE_PROPERTIES[0])
-        mode = write_mode(current, table_files(spark, ident).bytes, cow_max_bytes)
-        if mode != current:
-            pairs = ", ".join(f"'{name}'='{mode}'" for name in WRITE_MODE_PROPERTIES)
-            spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({pairs})")
+        mode = write_mode_change(
+            table_properties(spark, ident), table_files(spark, ident).bytes, cow_max_bytes
+        )
+        if mode is not None:
+            set_version_property(spark, ident, seq, mode)
 
 
 def create_table(spark, ident: str, initial_keys: int = 0) -> None:
@@ -125,14 +130,6 @@ def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
             failed = [o.error for o in done.outcomes if o.status != "completed"]
             assert not failed, failed
     return submitted
-
-
-def table_files(spark, ident: str):
-    """The table's files from its newest snapshot's summary: what a merge run reports."""
-    from runstate.wal.dataset_tables import TableFiles
-
-    row = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
-    return TableFiles.from_summary(row.summary if row else None)
 
 
 def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:

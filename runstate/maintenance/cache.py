@@ -35,9 +35,7 @@ class CatalogCache:
             if (ref.database, ref.table) in seen:
                 raise InvalidInput(f"table {ref.key!r} appears twice in the catalog inventory")
             seen.add((ref.database, ref.table))
-            if entry.maintenance_enabled is not None:
-                flag(entry.maintenance_enabled, f"maintenance_enabled of {ref.key!r}")
-            payloads.append(Jsonb(json_object(entry.payload, f"payload of {ref.key!r}", MAX_PAYLOAD_BYTES)))
+            payloads.append(_checked_payload(entry))
         columns = (
             [e.database for e in checked],
             [e.table for e in checked],
@@ -55,11 +53,10 @@ class CatalogCache:
     def add_cached_table(self, entry: CachedTable) -> None:
         """Add or refresh one table between inventories (a table a merge just wrote, say); the next
         replace_table_cache decides again from the catalog."""
-        ref = entry.ref
-        if entry.maintenance_enabled is not None:
-            flag(entry.maintenance_enabled, f"maintenance_enabled of {ref.key!r}")
-        payload = Jsonb(json_object(entry.payload, f"payload of {ref.key!r}", MAX_PAYLOAD_BYTES))
-        self.db.rowcount(_sql("upsert_cache"), (ref.database, ref.table, entry.maintenance_enabled, payload))
+        payload = _checked_payload(entry)
+        self.db.rowcount(
+            _sql("upsert_cache"), (entry.database, entry.table, entry.maintenance_enabled, payload)
+        )
 
     def cached_tables(self, enabled_only: bool = False) -> list[CachedTable]:
         query = _sql("enabled_cached_tables") if enabled_only else _sql("cached_tables")
@@ -68,6 +65,14 @@ class CatalogCache:
     def last_synced_at(self) -> datetime | None:
         row = self.db.fetchone(_sql("last_synced"))
         return row[0] if row else None
+
+
+def _checked_payload(entry: CachedTable) -> Jsonb:
+    """The entry's payload for the table, once its identifiers, flag and payload passed validation."""
+    ref = entry.ref
+    if entry.maintenance_enabled is not None:
+        flag(entry.maintenance_enabled, f"maintenance_enabled of {ref.key!r}")
+    return Jsonb(json_object(entry.payload, f"payload of {ref.key!r}", MAX_PAYLOAD_BYTES))
 
 
 def _cached(row: Sequence[Any]) -> CachedTable:

@@ -3,12 +3,12 @@
 import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import merge_metadata
-from runstate.defs.dataset_tables.resources import blob_location
+from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
 from runstate.defs.spark import SparkResource
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
-from runstate.wal.dataset_tables import rebuild_dataset
+from runstate.wal.dataset_tables import merge_dataset
 
 GROUP = "datasets"
 # A backfill of every dataset runs in ceil(datasets / 25) runs, each on one Spark session.
@@ -29,9 +29,9 @@ def dataset_tables(
     context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
 ) -> dg.MaterializeResult:
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
-    cow_max_bytes = wal.dataset_table_copy_on_write_max_mb << 20
+    limit = copy_on_write_max_bytes(wal)
     results = [
-        rebuild_dataset(session, location, dataset_id, s3=s3, copy_on_write_max_bytes=cow_max_bytes)
+        merge_dataset(session, location, dataset_id, rebuild=True, s3=s3, copy_on_write_max_bytes=limit)
         for dataset_id in context.partition_keys
     ]
     for result in results:

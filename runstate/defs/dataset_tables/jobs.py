@@ -3,7 +3,7 @@
 import dagster as dg
 from pydantic import Field
 
-from runstate.defs.dataset_tables.resources import blob_location
+from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.defs.wal.resources import WalResource
@@ -60,7 +60,7 @@ def merge_datasets(
                 dataset_id,
                 rebuild=config.rebuild,
                 s3=s3,
-                copy_on_write_max_bytes=wal.dataset_table_copy_on_write_max_mb << 20,
+                copy_on_write_max_bytes=copy_on_write_max_bytes(wal),
             )
         except WalError as error:
             context.log.error(str(error))

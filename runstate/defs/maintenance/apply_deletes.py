@@ -5,10 +5,11 @@ A dataset table over the copy-on-write limit (16 MB, runstate.wal.dataset_tables
 read: each MERGE adds a data file and a delete file, and every read pays for them until maintenance
 rewrites the data files with their deletes applied (PERFORMANCE.md: about 2x the scan of the same rows
 written once after 10 merges of a 20 MB table). The merge run records the table's files in its
-materialization (`delete_files`); this sensor reads the materializations after its cursor and submits
-one job of APPLY_DELETES_ACTIONS for each table at or over `MaintenanceResource.apply_deletes_at` delete
-files. It submits, never runs: the queue sensor's worker runs (at most W) do the work, and a table with a
-job pending or running gets no second one (submit returns the active job). Such a job does not count
+materialization (`delete_files`); this sensor reads the materializations after its cursor and hands the
+tables at or over `MaintenanceResource.apply_deletes_at` delete files to the core's
+`submit_apply_deletes` (runstate.maintenance.deletes), one job of APPLY_DELETES_ACTIONS each. It submits,
+never runs: the queue sensor's worker runs (at most W) do the work, and a table with a job pending or
+running gets no second one (submit returns the active job). Such a job does not count
 against the orchestrator's cadence, so the table's other maintenance still comes on time.
 """
 
@@ -21,27 +22,19 @@ import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import TABLES_ASSET
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.maintenance import CachedTable, MaintenanceError
-from runstate.maintenance.catalog import CATALOG
-from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS, TableRef
+from runstate.maintenance.deletes import DeletesSubmission, submit_apply_deletes
 
 SENSOR = "apply_deletes_sensor"
 # Materializations read per tick; the rest wait for the next tick (the cursor says where).
 BATCH = 1000
 
 
-@dataclass
+@dataclass(frozen=True)
 class DeletesTick:
-    """One tick's outcome: the jobs per table key, what was left alone and why, and the next cursor."""
+    """One tick's outcome: the jobs submitted (or not) and the next cursor."""
 
     cursor: int
-    submitted: dict[str, str] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-    def describe(self) -> str:
-        parts = [f"{key}: job {job_id}" for key, job_id in sorted(self.submitted.items())]
-        parts += [f"{key}: {why}" for key, why in sorted(self.skipped.items())]
-        return "; ".join(parts)
+    outcome: DeletesSubmission = field(default_factory=DeletesSubmission)
 
 
 def tables_over(records: Iterable[dg.EventLogRecord], threshold: int) -> list[str]:
@@ -68,31 +61,11 @@ def evaluate_apply_deletes(
     result = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=TABLES_ASSET, after_storage_id=cursor), limit=BATCH, ascending=True
     )
-    tick = DeletesTick(cursor=result.records[-1].storage_id if result.records else cursor)
+    cursor = result.records[-1].storage_id if result.records else cursor
     over = tables_over(result.records, maintenance.apply_deletes_at)
     if not over:
-        return tick
-    store = maintenance.get_store()
-    cached = {entry.ref.key: entry for entry in store.cached_tables()}
-    for ident in over:
-        catalog, _, key = ident.partition(".")
-        try:
-            ref = TableRef(*key.split(".")) if catalog == CATALOG else None
-        except (TypeError, MaintenanceError):
-            ref = None
-        if ref is None:
-            tick.skipped[ident] = f"not a table of the {CATALOG!r} catalog"
-            continue
-        entry = cached.get(ref.key)
-        if entry is not None and entry.maintenance_enabled is not True:
-            tick.skipped[ref.key] = "runstate.maintenance.enabled is not true"
-            continue
-        if entry is None:  # merged before the inventory listed it: dataset tables are created opted in
-            store.add_cached_table(CachedTable(ref.database, ref.table, True, {"added_by": SENSOR}))
-        tick.submitted[ref.key] = store.submit(
-            ref.database, ref.table, APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS
-        )
-    return tick
+        return DeletesTick(cursor)
+    return DeletesTick(cursor, submit_apply_deletes(maintenance.get_store(), over, added_by=SENSOR))
 
 
 @dg.sensor(
@@ -106,13 +79,13 @@ def apply_deletes_sensor(context: dg.SensorEvaluationContext, maintenance: Maint
         return dg.SkipReason("apply_deletes_at is 0: delete files wait for the orchestrator")
     tick = evaluate_apply_deletes(context.instance, _cursor(context.cursor), maintenance)
     cursor = str(tick.cursor)
-    if not tick.submitted and not tick.skipped:
+    if not tick.outcome.submitted and not tick.outcome.skipped:
         reason = (
             f"no dataset table merged since the last tick has {maintenance.apply_deletes_at} delete files"
         )
         return dg.SensorResult(skip_reason=reason, cursor=cursor)
-    context.log.info(tick.describe())
-    return dg.SensorResult(skip_reason=tick.describe(), cursor=cursor)
+    context.log.info(tick.outcome.describe())
+    return dg.SensorResult(skip_reason=tick.outcome.describe(), cursor=cursor)
 
 
 def _cursor(raw: str | None) -> int | None:

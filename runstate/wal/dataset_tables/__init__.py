@@ -5,7 +5,7 @@ inside Spark tasks (boto3 in `mapInArrow`), so no row passes through the driver 
 """
 
 from runstate.wal.dataset_tables.errors import DatasetTableError, VersionNotFound
-from runstate.wal.dataset_tables.merge import MergeResult, TableFiles, merge_dataset, rebuild_dataset
+from runstate.wal.dataset_tables.merge import MergeResult, merge_dataset, rebuild_dataset
 from runstate.wal.dataset_tables.naming import (
     DATASET_PROPERTY,
     MAINTENANCE_ENABLED_PROPERTY,
@@ -17,6 +17,7 @@ from runstate.wal.dataset_tables.naming import (
 )
 from runstate.wal.dataset_tables.read import live_rows_sql, read_table
 from runstate.wal.dataset_tables.source import BlobLocation
+from runstate.wal.dataset_tables.table import TableFiles
 
 __all__ = [
     "BlobLocation",

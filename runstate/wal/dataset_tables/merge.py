@@ -28,37 +28,16 @@ from runstate.wal.dataset_tables.source import (
 )
 from runstate.wal.dataset_tables.table import (
     COPY_ON_WRITE_MAX_BYTES,
-    WRITE_MODE_PROPERTIES,
+    TableFiles,
     ensure_table,
     set_version_property,
     spark_errors,
     table_exists,
+    table_files,
     table_properties,
     table_version,
-    write_mode,
+    write_mode_change,
 )
-
-
-@dataclass(frozen=True)
-class TableFiles:
-    """A table's data and delete files, and all their bytes, after a commit: each merge-on-read MERGE adds
-    a data file and a delete file, which every read pays for until maintenance applies the deletes."""
-
-    data_files: int
-    delete_files: int
-    records_added: int
-    bytes: int = 0
-
-    @classmethod
-    def from_summary(cls, summary: dict[str, str] | None) -> TableFiles:
-        """From a snapshot's summary, whose totals Iceberg keeps exact on every commit."""
-        summary = summary or {}
-        return cls(
-            data_files=int(summary.get("total-data-files", 0)),
-            delete_files=int(summary.get("total-delete-files", 0)),
-            records_added=int(summary.get("added-records", 0)),
-            bytes=int(summary.get("total-files-size", 0)),
-        )
 
 
 @dataclass(frozen=True)
@@ -119,9 +98,8 @@ def merge_dataset(
                 time.perf_counter() - started,
             )
         files = apply_plan(spark, location, ident, plan)
-        current = properties.get(WRITE_MODE_PROPERTIES[0])
-        mode = write_mode(current, files.bytes, copy_on_write_max_bytes)
-        set_version_property(spark, ident, plan.to_version, mode if mode != current else None)
+        mode = write_mode_change(properties, files.bytes, copy_on_write_max_bytes)
+        set_version_property(spark, ident, plan.to_version, mode)
     return MergeResult(
         dataset_id,
         ident,
@@ -135,18 +113,9 @@ def merge_dataset(
     )
 
 
-def rebuild_dataset(
-    spark: Any,
-    location: BlobLocation,
-    dataset_id: str,
-    *,
-    s3: Any = None,
-    copy_on_write_max_bytes: int = COPY_ON_WRITE_MAX_BYTES,
-) -> MergeResult:
+def rebuild_dataset(spark: Any, location: BlobLocation, dataset_id: str, *, s3: Any = None) -> MergeResult:
     """The table rebuilt from the dataset's snapshot plus every delta (keys absent from them are deleted)."""
-    return merge_dataset(
-        spark, location, dataset_id, rebuild=True, s3=s3, copy_on_write_max_bytes=copy_on_write_max_bytes
-    )
+    return merge_dataset(spark, location, dataset_id, rebuild=True, s3=s3)
 
 
 def latest_changes(spark: Any, location: BlobLocation, plan: MergePlan) -> Any:
@@ -206,5 +175,4 @@ def apply_plan(spark: Any, location: BlobLocation, ident: str, plan: MergePlan) 
         spark.sql(merge_statement(ident, view, plan))
     finally:
         spark.catalog.dropTempView(view)
-    summary = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
-    return TableFiles.from_summary(summary.summary if summary else None)
+    return table_files(spark, ident)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from runstate.wal.dataset_tables import naming
@@ -97,12 +98,47 @@ def table_version(properties: dict[str, str]) -> int:
     return int(value) if value.isdigit() else 0
 
 
+@dataclass(frozen=True)
+class TableFiles:
+    """A table's data and delete files, and all their bytes, after a commit: each merge-on-read MERGE adds
+    a data file and a delete file, which every read pays for until maintenance applies the deletes."""
+
+    data_files: int
+    delete_files: int
+    records_added: int
+    bytes: int = 0
+
+    @classmethod
+    def from_summary(cls, summary: dict[str, str] | None) -> TableFiles:
+        """From a snapshot's summary, whose totals Iceberg keeps exact on every commit."""
+        summary = summary or {}
+        return cls(
+            data_files=int(summary.get("total-data-files", 0)),
+            delete_files=int(summary.get("total-delete-files", 0)),
+            records_added=int(summary.get("added-records", 0)),
+            bytes=int(summary.get("total-files-size", 0)),
+        )
+
+
+def table_files(spark: Any, ident: str) -> TableFiles:
+    """The table's files after its newest commit, from that snapshot's summary (no scan)."""
+    row = spark.sql(f"SELECT summary FROM {ident}.snapshots ORDER BY committed_at DESC LIMIT 1").first()
+    return TableFiles.from_summary(row.summary if row else None)
+
+
 def write_mode(current: str | None, table_bytes: int, max_bytes: int = COPY_ON_WRITE_MAX_BYTES) -> str:
     """Copy-on-write up to `max_bytes` of files, merge-on-read above; back to copy-on-write only under
     half of it (after maintenance, say), so a table near the limit does not switch at every merge."""
     if current == MERGE_ON_READ:
         return COPY_ON_WRITE if table_bytes <= max_bytes // 2 else MERGE_ON_READ
     return MERGE_ON_READ if table_bytes > max_bytes else COPY_ON_WRITE
+
+
+def write_mode_change(properties: dict[str, str], table_bytes: int, max_bytes: int) -> str | None:
+    """The write mode the table's next merge should use, if it differs from the one its properties set."""
+    current = properties.get(WRITE_MODE_PROPERTIES[0])
+    mode = write_mode(current, table_bytes, max_bytes)
+    return mode if mode != current else None
 
 
 def set_version_property(spark: Any, ident: str, version: int, mode: str | None = None) -> None:
