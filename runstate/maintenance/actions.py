@@ -247,6 +247,14 @@ class ActionRunner:
         after = self.figures() if before is not None and not dry_run else {}
         return ActionResult(action, True, message, None, elapsed, figures, dict(before or {}), after, attempt)
 
+    def refresh_table(self) -> None:
+        """Bring a cached copy of the table up to its current commit: one catalog query, and a metadata
+        read only when the table changed. A table that cannot be loaded is left for the action to report."""
+        try:
+            iceberg_table(self.spark, self.ref.in_catalog(self.catalog)).refresh()
+        except Exception:  # noqa: BLE001 - the action names the table and the cause
+            log.debug("could not refresh %s before its job", self.ref.key, exc_info=True)
+
     def figures(self, known: HealthSnapshot | None = None) -> dict[str, Any]:
         return table_figures(
             self.spark, self.ref, self.catalog, known=known, canary_planning=self.settings.canary_planning

@@ -2,8 +2,8 @@
 
 `run_job` runs one claimed job: the job's table lock (taken under the claim's fence), a heartbeat
 thread, the actions in order with the table's figures around each, and the completion under the
-fence. Its Spark work runs in an attempt session whose catalog commits are fenced in Postgres
-(commit_fence.py). `work_queue` is a worker: it claims jobs one after another on one Spark session
+fence. Its Spark work runs in the worker's session, whose catalog commits are fenced in Postgres
+(commit_fence.py). `work_queue` is a worker: it claims jobs one after another on one such session
 until the queue is empty or its time budget is spent.
 """
 
@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
-from runstate.maintenance.commit_fence import attempt_session, attempt_tag
+from runstate.maintenance.commit_fence import forget_table, worker_session, worker_tag
 from runstate.maintenance.errors import InvalidActionOption, TableLocked
 from runstate.maintenance.models import Claim
 from runstate.maintenance.options import ActionSettings
@@ -82,11 +83,22 @@ class LeaseKeeper:
         self._thread.join()
 
 
+@contextmanager
+def fenced_session(
+    spark: SparkSession, store: MaintenanceStore, worker: str, catalog: str = CATALOG
+) -> Iterator[SparkSession]:
+    """The Spark session `worker` runs its jobs in, with the commit fence installed in front of it."""
+    store.ensure_commit_fence()
+    with worker_session(spark, catalog, worker_tag(store.schema, worker)) as session:
+        yield session
+
+
 def run_job(
     spark: SparkSession,
     store: MaintenanceStore,
     claim: Claim,
     *,
+    session: SparkSession | None = None,
     settings: ActionSettings | None = None,
     catalog: str = CATALOG,
     lock_ttl_seconds: float | None = None,
@@ -95,11 +107,26 @@ def run_job(
 ) -> JobOutcome:
     """Run a claimed job: hold the table lock, heartbeat, run its actions in order, complete under the fence.
 
-    Stops between actions when the job is cancelled or the claim is fenced out; a commit attempted
-    after the fence was lost is refused by the catalog. Raises TableLocked (nothing run, nothing
-    recorded) when another job holds the table; the lease then expires and the job is claimed again
-    later, or fails at its maximum attempts. The lock lives as long as the lease unless told otherwise.
+    `session` is the claim's worker's fenced_session (work_queue keeps one across jobs); without it the
+    job opens one of its own. Stops between actions when the job is cancelled or the claim is fenced
+    out; a commit attempted after the fence was lost is refused by the catalog. Raises TableLocked
+    (nothing run, nothing recorded) when another job holds the table; the lease then expires and the
+    job is claimed again later, or fails at its maximum attempts. The lock lives as long as the lease
+    unless told otherwise.
     """
+    if session is None:
+        with fenced_session(spark, store, claim.worker, catalog) as own_session:
+            return run_job(
+                spark,
+                store,
+                claim,
+                session=own_session,
+                settings=settings,
+                catalog=catalog,
+                lock_ttl_seconds=lock_ttl_seconds,
+                heartbeat_seconds=heartbeat_seconds,
+                after_action=after_action,
+            )
     try:
         action_settings = ActionSettings.from_options(claim.options, settings)
     except InvalidActionOption as exc:
@@ -114,21 +141,17 @@ def run_job(
         raise TableLocked(
             f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run"
         )
-    store.ensure_commit_fence()
     outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
     # Three beats per lease: one lost beat never costs the claim.
     interval = heartbeat_seconds or max(lease_seconds / 3, 0.05)
     try:
-        with (
-            attempt_session(spark, catalog, attempt_tag(store.schema, claim.attempt_id)) as session,
-            LeaseKeeper(
-                store,
-                claim,
-                interval_seconds=interval,
-                lease_seconds=lease_seconds,
-                lock_ttl_seconds=lock_ttl,
-            ) as keeper,
-        ):
+        with LeaseKeeper(
+            store,
+            claim,
+            interval_seconds=interval,
+            lease_seconds=lease_seconds,
+            lock_ttl_seconds=lock_ttl,
+        ) as keeper:
             runner = ActionRunner(session, claim.ref, action_settings, catalog=catalog)
             outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
         if outcome.status == "fenced_out":
@@ -141,15 +164,8 @@ def run_job(
         return outcome
     finally:
         store.unlock_for_claim(claim)
-        _refresh(spark, catalog, claim)
-
-
-def _refresh(spark: SparkSession, catalog: str, claim: Claim) -> None:
-    """The attempt committed through its own catalog: drop the base session's cached copy of the table."""
-    try:
-        spark.catalog.refreshTable(claim.ref.in_catalog(catalog))
-    except Exception:  # noqa: BLE001 - the cache expires on its own; never mask the job's outcome
-        log.warning("could not refresh %s in the base session", claim.table_key, exc_info=True)
+        if session is not spark:
+            forget_table(spark, catalog, claim.ref)
 
 
 def _run_actions(
@@ -162,6 +178,7 @@ def _run_actions(
 ) -> str:
     # The health row the orchestrator just stored answers the first figures when the table has not
     # changed since (same snapshot): no Spark job before the first action.
+    runner.refresh_table()  # the worker's session may hold the table as an earlier job left it
     figures = None if claim.dry_run else runner.figures(known=store.latest_health(claim.table_key))
     for action in claim.actions:
         # A beat right before each action: a worker whose lease ran out never starts another procedure.
@@ -211,6 +228,7 @@ def work_queue(
     budget_seconds: float,
     max_jobs: int | None = None,
     on_outcome: Callable[[Claim, JobOutcome], None] | None = None,
+    catalog: str = CATALOG,
     **job_options: Any,
 ) -> WorkerReport:
     """Claim and run jobs one after another on one Spark session until the queue is empty, the time
@@ -221,21 +239,26 @@ def work_queue(
     get_session = (lambda: spark) if hasattr(spark, "sql") else spark
     report = WorkerReport()
     started = time.monotonic()
-    while time.monotonic() - started < budget_seconds and (
-        max_jobs is None or len(report.outcomes) < max_jobs
-    ):
-        claim = store.claim(worker, lease_seconds)
-        if claim is None:
-            break
-        try:
-            outcome = run_job(get_session(), store, claim, **job_options)
-        except TableLocked as exc:
-            # Its lease expires and another worker (or this one, later) claims it again.
-            log.warning("%s", exc)
-            report.locked.append(claim.job_id)
-            continue
-        report.outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(claim, outcome)
+    with ExitStack() as sessions:
+        base = session = None
+        while time.monotonic() - started < budget_seconds and (
+            max_jobs is None or len(report.outcomes) < max_jobs
+        ):
+            claim = store.claim(worker, lease_seconds)
+            if claim is None:
+                break
+            if session is None:
+                base = get_session()
+                session = sessions.enter_context(fenced_session(base, store, worker, catalog))
+            try:
+                outcome = run_job(base, store, claim, session=session, catalog=catalog, **job_options)
+            except TableLocked as exc:
+                # Its lease expires and another worker (or this one, later) claims it again.
+                log.warning("%s", exc)
+                report.locked.append(claim.job_id)
+                continue
+            report.outcomes.append(outcome)
+            if on_outcome is not None:
+                on_outcome(claim, outcome)
     report.elapsed_seconds = time.monotonic() - started
     return report

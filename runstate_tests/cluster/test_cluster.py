@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
-from runstate.maintenance.commit_fence import attempt_tag
+from runstate.maintenance.commit_fence import worker_tag
 from runstate.maintenance.runner import run_job
 from runstate.services import spark_cluster
 from runstate.services.state import free_port
@@ -156,7 +156,7 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
     try:
         claim_a = zombie.claim(pg_schema, ZOMBIE_LEASE_SECONDS)
         assert claim_a["job_id"] == job_id
-        tag_a = attempt_tag(pg_schema, claim_a["attempt_id"])
+        tag_a = worker_tag(pg_schema, claim_a["worker"])
         wait_for(
             lambda: commit_hold.waiting(tag_a) or _has_output(zombie),
             "the zombie to reach its commit",
@@ -171,7 +171,7 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
         run_out_lease(store, job_id)  # stopped, the zombie cannot renew it
         claim_b = store.claim("worker-b", lease_seconds=300)
         assert claim_b is not None and claim_b.job_id == job_id
-        commit_hold.let_through(attempt_tag(store.schema, claim_b.attempt_id))
+        commit_hold.let_through(worker_tag(store.schema, claim_b.worker))
 
         # The zombie resumes while B holds the fence but before B commits: only the commit fence stops it.
         commit_hold.release()

@@ -116,7 +116,7 @@ class WorkerProcess:
         self.running_a_job = False
 
     def claim(self, schema: str, lease_seconds: float) -> dict:
-        """Make the worker claim a job of `schema`; returns {"job_id", "attempt_id"} once it has."""
+        """Make the worker claim a job of `schema`; returns {"job_id", "attempt_id", "worker"} once it has."""
         self.proc.stdin.write(json.dumps({"schema": schema, "lease_seconds": lease_seconds}) + "\n")
         self.proc.stdin.flush()
         self.running_a_job = True

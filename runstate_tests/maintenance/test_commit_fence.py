@@ -25,7 +25,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runstate.maintenance.commit_fence import attempt_tag, schema_tag
+from runstate.maintenance.commit_fence import schema_tag, worker_tag
 from runstate.maintenance.runner import run_job
 from runstate_tests.conftest import unique
 from runstate_tests.maintenance.conftest import (
@@ -145,7 +145,7 @@ def worker_at_commit(rewrite_job, worker_jvm, commit_hold, pg_schema):
     try:
         claim = worker.claim(pg_schema, LEASE_SECONDS)
         assert claim["job_id"] == rewrite_job[2]
-        tag = attempt_tag(pg_schema, claim["attempt_id"])
+        tag = worker_tag(pg_schema, claim["worker"])
         wait_for(
             lambda: commit_hold.waiting(tag), "the worker to reach its Iceberg commit", REACH_COMMIT_SECONDS
         )
@@ -165,7 +165,7 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
     run_out_lease(store, job_id)  # A is stopped: it cannot renew
     claim_b = store.claim("worker-b", lease_seconds=300)  # B takes the job over
     assert claim_b is not None and claim_b.job_id == job_id
-    commit_hold.let_through(attempt_tag(store.schema, claim_b.attempt_id))
+    commit_hold.let_through(worker_tag(store.schema, claim_b.worker))
 
     if b_commits_first:
         outcome_b = run_job(spark, store, claim_b)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from runstate.maintenance.commit_fence import worker_tag
 from runstate.maintenance.runner import work_queue
-from runstate_tests.maintenance.conftest import cache, make_table
+from runstate_tests.maintenance.conftest import cache, make_table, sql, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -30,6 +31,37 @@ def test_one_worker_drains_every_queued_job_on_one_session(spark, iceberg_namesp
         assert store.get_job(job_id).status == "completed"
     assert all(store.table_lock(ref.key) is None for ref in refs)
     assert store.queue_depth() == (0, 0)
+
+
+def test_a_workers_session_sees_each_table_as_it_is_when_a_job_starts_and_closes_its_connections(
+    spark, iceberg_namespace, store
+):
+    ref = make_table(spark, iceberg_namespace, "t", files=5, rows=50)
+    cache(store, ref)
+    first = store.submit(ref.database, ref.table, ["rewrite_data_files"])
+    jobs, files = [first], [5]
+
+    def write_and_resubmit(claim, outcome) -> None:
+        # Between two jobs of one session, a writer outside maintenance adds four files.
+        if claim.job_id == first:
+            spark.range(40).selectExpr("id", "'x' AS v").repartition(4).writeTo(f"lake.{ref.quoted}").append()
+            files.append(spark.table(f"lake.{ref.quoted}.files").count())
+            jobs.append(store.submit(ref.database, ref.table, ["rewrite_data_files"]))
+
+    report = work_queue(
+        spark, store, "worker-1", lease_seconds=120, budget_seconds=600, on_outcome=write_and_resubmit
+    )
+
+    assert [o.status for o in report.outcomes] == ["completed"] * 2
+    figures = [store.job_actions(job_id)[0] for job_id in jobs]
+    assert [(r.before["data_files"], r.after["data_files"]) for r in figures] == [
+        (files[0], 1),
+        (files[1], 1),
+    ]
+    assert files[1] >= 5  # enough small files for a rewrite
+    tag = worker_tag(store.schema, "worker-1")
+    count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+    wait_for(lambda: sql(store.dsn, count, tag) == [(0,)], "the worker session's connections to close", 60)
 
 
 def test_a_spent_budget_stops_claiming_and_an_empty_queue_never_starts_spark(store):

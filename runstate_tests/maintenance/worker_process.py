@@ -4,7 +4,7 @@
 
 It starts Spark once and then serves one job per line read on stdin, as a worker run keeps one JVM
 across jobs: a line {"schema", "lease_seconds"} makes it claim a job of that schema, print
-{"job_id", "attempt_id"} as one JSON line, run the job with run_job and print the outcome as a second
+{"job_id", "attempt_id", "worker"} as one JSON line, run the job with run_job and print the outcome as a second
 JSON line. The tests SIGKILL or SIGSTOP it in between. It exits at the end of its input.
 SPARK_JSON overrides the SparkSettings (the cluster tests give a `spark://` master and extra_conf).
 """
@@ -45,7 +45,10 @@ def serve_one_job(spark, dsn: str, schema: str, lease_seconds: float) -> None:
         if claim is None:
             print(json.dumps({"error": "nothing to claim"}), flush=True)
             return
-        print(json.dumps({"job_id": claim.job_id, "attempt_id": claim.attempt_id}), flush=True)
+        print(
+            json.dumps({"job_id": claim.job_id, "attempt_id": claim.attempt_id, "worker": claim.worker}),
+            flush=True,
+        )
         outcome = run_job(spark, store, claim)
     errors = [result.error for result in outcome.results if result.error]
     print(json.dumps({"status": outcome.status, "error": outcome.error, "action_errors": errors}), flush=True)
