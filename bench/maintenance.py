@@ -50,10 +50,11 @@ def drain(store: MaintenanceStore, workers: int) -> tuple[int, float]:
     done = [0] * workers
 
     def worker(index: int, start: threading.Barrier) -> None:
-        start.wait()
-        while (claim := store.claim(f"bench-{index}", lease_seconds=60)) is not None:
-            if store.complete(claim, "completed"):
-                done[index] += 1
+        with store.pinned():  # as work_queue holds one connection for its loop
+            start.wait()
+            while (claim := store.claim(f"bench-{index}", lease_seconds=60)) is not None:
+                if store.complete(claim, "completed"):
+                    done[index] += 1
 
     seconds = timed_threads(workers, worker)
     return sum(done), seconds

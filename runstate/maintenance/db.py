@@ -34,19 +34,14 @@ class Database:
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
         """A pooled connection; a broken one is discarded by the pool when it comes back."""
-        try:
-            with self.datastore.connection() as conn:
-                yield conn
-        except MaintenanceError:
-            raise
-        except PoolTimeout as exc:
-            raise StoreUnavailable(f"maintenance store: no connection in time: {exc}") from exc
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"maintenance store: cannot connect to Postgres: {_first_line(exc)}"
-            ) from exc
-        except psycopg.Error as exc:
-            raise StoreError(f"maintenance store: {type(exc).__name__}: {_first_line(exc)}") from exc
+        with _store_errors(), self.datastore.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def pinned(self) -> Iterator[None]:
+        """This thread's statements share one pooled connection until the block ends (a worker loop)."""
+        with _store_errors(), self.datastore.pinned():
+            yield
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Cursor]:
@@ -64,6 +59,21 @@ class Database:
     def rowcount(self, query: Any, params: Sequence[Any] | dict[str, Any] | None = None) -> int:
         with self.connection() as conn:
             return conn.execute(query, params).rowcount
+
+
+@contextmanager
+def _store_errors() -> Iterator[None]:
+    """Driver errors as the maintenance domain's own."""
+    try:
+        yield
+    except MaintenanceError:
+        raise
+    except PoolTimeout as exc:
+        raise StoreUnavailable(f"maintenance store: no connection in time: {exc}") from exc
+    except psycopg.OperationalError as exc:
+        raise StoreUnavailable(f"maintenance store: cannot connect to Postgres: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise StoreError(f"maintenance store: {type(exc).__name__}: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -240,6 +240,7 @@ def work_queue(
     report = WorkerReport()
     started = time.monotonic()
     with ExitStack() as sessions:
+        sessions.enter_context(store.pinned())  # the loop's statements on one connection
         base = session = None
         while time.monotonic() - started < budget_seconds and (
             max_jobs is None or len(report.outcomes) < max_jobs

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from runstate import migrations
@@ -85,6 +86,11 @@ class MaintenanceStore:
         if self._owns_datastore:
             self.db.datastore.close()
             self.db.datastore = self._new_datastore()
+
+    def pinned(self) -> AbstractContextManager[None]:
+        """Hold one connection for this thread's statements until the block ends: a worker's loop of
+        claims and completions skips a pool checkout per statement."""
+        return self.db.pinned()
 
     def __enter__(self) -> MaintenanceStore:
         return self
