@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     finally:
         spark.stop()
+        shutil.rmtree(warehouse, ignore_errors=True)
         drop_database(args.admin_url, name)
     result.update(load_end())
     print(json.dumps(result, sort_keys=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -155,6 +156,7 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
         }
     finally:
         spark.stop()
+        shutil.rmtree(warehouse, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
