@@ -112,12 +112,14 @@ def test_one_domain_upgraded_leaves_the_other_domains_rows_in_the_shared_ledger(
         added = [m.version for m in migrations.upgrade(store, "eventstore")]
 
         left = [row[0] for row in _ledger(fresh_database, "half", "schema_migrations")]
-        migrations.require_current(store, "maintenance")
+        # The maintenance domain still reads its legacy rows: only its files added since are pending.
+        pending = [m.version for m in migrations.status(store, "maintenance") if not m.applied]
     finally:
         store.close()
 
     assert added == _added_since("postgres", "eventstore")
     assert left == ["010", "011", "012", "013"]
+    assert pending == _added_since("postgres", "maintenance")
 
 
 def test_a_snowflake_schema_with_the_shared_ledger_upgrades_in_place(snowflake_schema):
