@@ -34,8 +34,9 @@ def snowflake_connect_kwargs(values: Mapping[str, str]) -> dict[str, Any] | None
     kwargs: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_KEYS if values.get(key)}
     if values.get("port"):
         kwargs["port"] = int(values["port"])
-    # fakesnow answers a failed statement with HTTP 500, which the connector retries until network_timeout
-    # (unset: for ever); its own server fixture disables retries the same way. Real Snowflake: unset.
+    # A server fault (HTTP 5xx) is retried by the connector until network_timeout (unset: for ever). Against
+    # fakesnow (plain http) only its own bugs still answer 500 (services/fakesnow_errors.py): give up after
+    # a second rather than never. Real Snowflake: unset.
     if values.get("network_timeout"):
         kwargs["network_timeout"] = int(values["network_timeout"])
     elif values.get("protocol") == "http":

@@ -207,9 +207,13 @@ def s3(moto_endpoint: str):
 
 @pytest.fixture(scope="session")
 def fakesnow_server() -> Iterator[dict]:
-    """fakesnow's server; the dict is connection kwargs for snowflake.connector.connect."""
+    """fakesnow's server, as `runstate services` runs it; the dict is connection kwargs for
+    snowflake.connector.connect."""
     import fakesnow
 
+    from runstate.services.fakesnow_errors import answer_statement_errors_as_snowflake
+
+    answer_statement_errors_as_snowflake()
     with fakesnow.server() as conn_kwargs:
         yield conn_kwargs
 

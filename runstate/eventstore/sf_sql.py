@@ -34,8 +34,8 @@ _RETRY_WORDS = ("conflict", "lock", "aborted", "deadlock", "duplicate key", "tim
 
 
 def retryable(exc: BaseException) -> bool:
-    """Races and transient failures: ours (Retry), Snowflake lock/abort errors, and fakesnow's
-    HTTP 500 (how its server reports a DuckDB write-write conflict)."""
+    """Races and transient failures: ours (Retry), server faults (HTTP 5xx), and Snowflake's lock,
+    abort and conflict errors (fakesnow's DuckDB conflicts and duplicate keys arrive worded so)."""
     from snowflake.connector import errors as sf_errors
 
     transient = (

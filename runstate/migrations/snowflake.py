@@ -85,7 +85,8 @@ def _current(cur: Any, schema: str, domain: str, migrations: list[Migration]) ->
 
 def _held_or_transient(exc: BaseException) -> bool:
     """The lock table exists (another upgrade holds it), or the server failed the CREATE transiently
-    (fakesnow answers two concurrent catalog writes with HTTP 500): both are worth waiting for."""
+    (a server fault): both are worth waiting for. fakesnow's two concurrent CREATEs arrive as the
+    former, as on Snowflake."""
     from snowflake.connector import errors as sf_errors
 
     transient = (sf_errors.InternalServerError, sf_errors.ServiceUnavailableError, sf_errors.OperationalError)

@@ -15,11 +15,9 @@ from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.services.http import http_answers
 from runstate.services.state import (
     LOOPBACK,
-    ServiceError,
     ServiceRecord,
     embedded_service,
     external_record,
-    find_binary,
     port_answers,
     require_module,
 )
@@ -34,11 +32,17 @@ def healthy(url: str) -> bool:
 
 
 def fakesnow_argv(port: int) -> list[str]:
-    try:
-        binary = str(find_binary("fakesnow", hint=""))
-        return [binary, "-s", "--host", LOOPBACK, "-p", str(port)]
-    except ServiceError:
-        return [sys.executable, "-m", "fakesnow", "-s", "--host", LOOPBACK, "-p", str(port)]
+    """fakesnow's server with its failed statements answered as Snowflake answers them."""
+    return [
+        sys.executable,
+        "-m",
+        "runstate.services.fakesnow_server",
+        "-s",
+        "--host",
+        LOOPBACK,
+        "-p",
+        str(port),
+    ]
 
 
 def ensure_fakesnow(
