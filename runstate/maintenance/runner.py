@@ -9,6 +9,7 @@ until the queue is empty or its time budget is spent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -114,19 +115,35 @@ def run_job(
     job is claimed again later, or fails at its maximum attempts. The lock lives as long as the lease
     unless told otherwise.
     """
-    if session is None:
-        with fenced_session(spark, store, claim.worker, catalog) as own_session:
-            return run_job(
-                spark,
-                store,
-                claim,
-                session=own_session,
-                settings=settings,
-                catalog=catalog,
-                lock_ttl_seconds=lock_ttl_seconds,
-                heartbeat_seconds=heartbeat_seconds,
-                after_action=after_action,
-            )
+    job = functools.partial(
+        _run_claimed,
+        spark,
+        store,
+        claim,
+        settings=settings,
+        catalog=catalog,
+        lock_ttl_seconds=lock_ttl_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        after_action=after_action,
+    )
+    if session is not None:
+        return job(session)
+    with fenced_session(spark, store, claim.worker, catalog) as own_session:
+        return job(own_session)
+
+
+def _run_claimed(
+    spark: SparkSession,
+    store: MaintenanceStore,
+    claim: Claim,
+    session: SparkSession,
+    *,
+    settings: ActionSettings | None,
+    catalog: str,
+    lock_ttl_seconds: float | None,
+    heartbeat_seconds: float | None,
+    after_action: Callable[[ActionResult], None] | None,
+) -> JobOutcome:
     try:
         action_settings = ActionSettings.from_options(claim.options, settings)
     except InvalidActionOption as exc:

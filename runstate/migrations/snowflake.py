@@ -27,6 +27,8 @@ from runstate.migrations import (
 
 # Snowflake's "object does not exist or not authorized" (fakesnow answers a missing schema with it too).
 MISSING_OBJECT_ERRNO = 2003
+# Snowflake's "statement has locked table ... not yet released": a DDL that waited on another in vain.
+LOCKED_ERRNO = 625
 
 
 def _missing_object(exc: BaseException) -> bool:
@@ -84,13 +86,16 @@ def _current(cur: Any, schema: str, domain: str, migrations: list[Migration]) ->
 
 
 def _held_or_transient(exc: BaseException) -> bool:
-    """The lock table exists (another upgrade holds it), or the server failed the CREATE transiently
-    (a server fault): both are worth waiting for. fakesnow's two concurrent CREATEs arrive as the
-    former, as on Snowflake."""
+    """The lock table exists (another upgrade holds it), another DDL on it held its lock too long, or
+    the server failed the CREATE (a server fault): all are worth waiting for."""
     from snowflake.connector import errors as sf_errors
 
     transient = (sf_errors.InternalServerError, sf_errors.ServiceUnavailableError, sf_errors.OperationalError)
-    return "already exists" in str(exc) or isinstance(exc, transient)
+    return (
+        "already exists" in str(exc)
+        or getattr(exc, "errno", None) == LOCKED_ERRNO
+        or isinstance(exc, transient)
+    )
 
 
 @contextmanager

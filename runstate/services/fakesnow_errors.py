@@ -9,7 +9,9 @@ again (fakesnow, unlike Snowflake, does not recognise the retry and runs it twic
 network timeout. Every failed statement cost a second and a second execution.
 
 `answer_statement_errors_as_snowflake()` wraps fakesnow's DuckDB call so those errors become the
-statement errors Snowflake would give. Both ways runstate starts fakesnow install it: the
+statement errors Snowflake would give, and runs a CREATE, DROP or ALTER that raced another session's
+change of the same object again after a pause, as Snowflake's waiting on that object's lock would.
+Both ways runstate starts fakesnow install it: the
 `runstate services` server (`python -m runstate.services.fakesnow_server`) and the tests' fixture.
 An unhandled fakesnow bug is still HTTP 500.
 """
@@ -17,16 +19,21 @@ An unhandled fakesnow bug is still HTTP 500.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
-# (DuckDB exception class name, Snowflake errno, SQLSTATE): what Snowflake reports for the same event.
-# A write that conflicts with a concurrent transaction, or a statement in a transaction an earlier
-# error aborted: Snowflake's "transaction aborted / lock" family (000625, 57014) for retryable conflicts.
+# (Snowflake errno, SQLSTATE) for what DuckDB reports. A write that conflicts with a concurrent
+# transaction (DuckDB fails it at once, where Snowflake makes it wait on the lock and gives up after a
+# while), or a statement in a transaction an earlier error aborted: Snowflake's lock error, 000625
+# (57014), which callers retry.
 _CONFLICT = (625, "57014")
 # A duplicate key: Snowflake does not enforce keys, fakesnow does; an integrity error is the closest.
 _CONSTRAINT = (100072, "23000")
-# Two concurrent CREATEs of one object: Snowflake lets one win and tells the other it already exists.
-_EXISTS = (2002, "42710")
+# DDL on an object another session is changing: Snowflake serialises the two (the second waits for the
+# first's lock); DuckDB fails the second at once. Run it again after a pause, as a waiter would, this
+# many times (about 2 s in all) before answering with the lock error.
+_DDL_WAITS = 100
+_DDL_PAUSE_S = 0.02
 
 
 def answer_statement_errors_as_snowflake() -> None:
@@ -38,29 +45,31 @@ def answer_statement_errors_as_snowflake() -> None:
         return
 
     @functools.wraps(execute)
-    def translated(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def translated(self: Any, transformed: Any, *args: Any, **kwargs: Any) -> Any:
         import duckdb
         import snowflake.connector
 
-        try:
-            return execute(self, *args, **kwargs)
-        except (duckdb.TransactionException, duckdb.ConstraintException) as exc:
-            msg, errno, sqlstate = _snowflake_error(exc)
-            raise snowflake.connector.errors.ProgrammingError(
-                msg=msg, errno=errno, sqlstate=sqlstate
-            ) from exc
+        for wait in range(_DDL_WAITS + 1):
+            try:
+                return execute(self, transformed, *args, **kwargs)
+            except (duckdb.TransactionException, duckdb.ConstraintException) as exc:
+                if wait < _DDL_WAITS and _ddl_racing_ddl(exc, transformed):
+                    time.sleep(_DDL_PAUSE_S)
+                    continue
+                errno, sqlstate = _CONSTRAINT if isinstance(exc, duckdb.ConstraintException) else _CONFLICT
+                raise snowflake.connector.errors.ProgrammingError(
+                    msg=str(exc).split("\n")[0], errno=errno, sqlstate=sqlstate
+                ) from exc
+        raise AssertionError("unreachable: the last wait raises")
 
     translated._runstate_faithful = True  # type: ignore[attr-defined]
     FakeSnowflakeCursor._execute = translated  # noqa: SLF001
 
 
-def _snowflake_error(exc: Exception) -> tuple[str, int, str]:
-    """(message, errno, SQLSTATE); DuckDB's own words stay in the message."""
-    import duckdb
+def _ddl_racing_ddl(exc: Exception, transformed: Any) -> bool:
+    """A CREATE, DROP or ALTER that met another session's change of the same catalog entry."""
+    from sqlglot import exp
 
-    message = str(exc).split("\n")[0]
-    if "write-write conflict on create" in message:
-        return f"Object already exists ({message})", *_EXISTS
-    if isinstance(exc, duckdb.ConstraintException):
-        return message, *_CONSTRAINT
-    return message, *_CONFLICT
+    return "Catalog write-write conflict" in str(exc) and isinstance(
+        transformed, (exp.Create, exp.Drop, exp.Alter)
+    )

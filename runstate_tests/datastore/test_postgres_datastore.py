@@ -106,19 +106,24 @@ def test_a_closed_datastore_refuses_checkouts(store):
         pass
 
 
-def test_a_pinned_block_keeps_one_connection_and_replaces_it_when_it_dies(store, pg_database):
-    with store.pinned():
+def test_a_pinned_block_keeps_one_connection_and_replaces_it_when_it_dies(pg_database, pg_schema):
+    # One connection in all: a pinned connection the block did not give back would starve the checkout after it.
+    store = PostgresDatastore(pg_database, schema=pg_schema, pool_size=1, connect_timeout=5)
+    try:
+        with store.pinned():
+            with store.connection() as conn:
+                first_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            with store.connection() as conn:
+                assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == first_pid
+            with psycopg.connect(pg_database, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
+            with pytest.raises(psycopg.OperationalError), store.connection() as conn:
+                conn.execute("SELECT 1")  # the statement that meets the dead session fails, as unpinned
+            with store.connection() as conn:
+                replaced_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         with store.connection() as conn:
-            first_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-        with store.connection() as conn:
-            assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == first_pid
-        with psycopg.connect(pg_database, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
-        with pytest.raises(psycopg.OperationalError), store.connection() as conn:
-            conn.execute("SELECT 1")  # the statement that meets the dead session fails, as unpinned
-        with store.connection() as conn:
-            replaced_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            after_pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+    finally:
+        store.close()
 
-    assert replaced_pid != first_pid
-    with store.connection() as conn:  # the block gave its connection back to the pool
-        assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] == replaced_pid
+    assert replaced_pid != first_pid and after_pid == replaced_pid
