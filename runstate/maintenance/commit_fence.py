@@ -97,7 +97,7 @@ def worker_session(spark: SparkSession, catalog: str, tag: str) -> Iterator[Spar
 
     With a non-JDBC catalog there is nothing to tag: the base session is used as it is. The session
     keeps Iceberg's table cache (a job's figures, procedure and commit share one load of the table);
-    `current_table` brings a cached table up to date at the start of each job.
+    `ActionRunner.refresh_table` brings a cached table up to date at the start of each job.
     """
     if not is_jdbc_catalog(spark, catalog):
         yield spark
