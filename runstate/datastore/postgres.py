@@ -99,6 +99,20 @@ class PostgresDatastore:
                 _stamp_used(conn)
 
     @contextmanager
+    def cursor(self) -> Iterator[psycopg.Cursor]:
+        """A cursor on a pooled connection; inside `pinned()`, the pinned connection's own cursor, made
+        once: a new cursor per statement costs about a fifth of a short statement's client time."""
+        with self.connection() as conn:
+            if conn is getattr(self._pinned, "conn", None):
+                cursor = getattr(self._pinned, "cursor", None)
+                if cursor is None or cursor.connection is not conn:
+                    cursor = self._pinned.cursor = conn.cursor()
+                yield cursor
+            else:
+                with conn.cursor() as cursor:
+                    yield cursor
+
+    @contextmanager
     def pinned(self) -> Iterator[None]:
         """Keep one pooled connection for this thread's statements until the block ends.
 
@@ -114,7 +128,7 @@ class PostgresDatastore:
         try:
             yield
         finally:
-            conn, self._pinned.conn = self._pinned.conn, None
+            conn, self._pinned.conn, self._pinned.cursor = self._pinned.conn, None, None
             pool.putconn(conn)
 
     def _usable(self, conn: psycopg.Connection) -> psycopg.Connection:

@@ -48,17 +48,23 @@ class Database:
         with self.connection() as conn, conn.transaction(), conn.cursor() as cur:
             yield cur
 
+    @contextmanager
+    def cursor(self) -> Iterator[psycopg.Cursor]:
+        """A cursor for autocommit statements (inside `pinned()`, the pinned connection's, reused)."""
+        with _store_errors(), self.datastore.cursor() as cur:
+            yield cur
+
     def fetchone(self, query: Any, params: Sequence[Any] | dict[str, Any] | None = None) -> tuple | None:
-        with self.connection() as conn:
-            return conn.execute(query, params).fetchone()
+        with self.cursor() as cur:
+            return cur.execute(query, params).fetchone()
 
     def fetchall(self, query: Any, params: Sequence[Any] | dict[str, Any] | None = None) -> list[tuple]:
-        with self.connection() as conn:
-            return conn.execute(query, params).fetchall()
+        with self.cursor() as cur:
+            return cur.execute(query, params).fetchall()
 
     def rowcount(self, query: Any, params: Sequence[Any] | dict[str, Any] | None = None) -> int:
-        with self.connection() as conn:
-            return conn.execute(query, params).rowcount
+        with self.cursor() as cur:
+            return cur.execute(query, params).rowcount
 
 
 @contextmanager

@@ -130,16 +130,16 @@ class JobQueue:
         )
 
     def _claim_row(self, params: dict[str, Any]) -> Sequence[Any] | None:
-        with self.db.connection() as conn:
+        with self.db.cursor() as cur:
             for _ in range(_CLAIM_ROUNDS):
-                *job, picked = conn.execute(_sql("dequeue_with_claim"), params).fetchone()
+                *job, picked = cur.execute(_sql("dequeue_with_claim"), params).fetchone()
                 if job[0] is not None:
                     return job
                 if not picked:
                     return None
                 # The row picked belonged to a job that must not run again (out of attempts, cancelled
                 # with a dead worker): finish it now, so it fails the moment a claim meets it; look again.
-                conn.execute(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
+                cur.execute(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
         return None  # only rows that must not run in every round: leave them to the sweep schedule
 
     def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool:
@@ -202,10 +202,10 @@ class JobQueue:
             "status": status,
             "error": free_text(error),
         }
-        with self.db.connection() as conn:
-            if conn.execute(_sql("complete"), params).fetchone() is not None:
+        with self.db.cursor() as cur:
+            if cur.execute(_sql("complete"), params).fetchone() is not None:
                 return True
-            return conn.execute(_sql("completed_by_attempt"), params).fetchone() is not None
+            return cur.execute(_sql("completed_by_attempt"), params).fetchone() is not None
 
     def fail(self, claim: Claim, error: str) -> bool:
         """complete(claim, "failed", error)."""

@@ -127,3 +127,16 @@ def test_a_pinned_block_keeps_one_connection_and_replaces_it_when_it_dies(pg_dat
         store.close()
 
     assert replaced_pid != first_pid and after_pid == replaced_pid
+
+
+def test_a_pinned_block_reuses_one_cursor_and_outside_it_each_cursor_is_new(store):
+    with store.pinned():
+        with store.cursor() as first:
+            first.execute("SELECT 1")
+        with store.cursor() as second:
+            assert second.execute("SELECT 2").fetchone() == (2,)
+    with store.cursor() as outside:
+        outside.execute("SELECT 3")
+
+    assert second is first and outside is not first
+    assert outside.closed  # an unpinned cursor is closed with its block
