@@ -4,8 +4,10 @@
   (4 workers: the median of --queue-rounds drains, alternating with the bare loop's);
 - raw_skip_locked_jobs_per_s: a bare `FOR UPDATE SKIP LOCKED` claim + delete loop, 4 workers, same server;
 - rewrite_overhead_pct: run_job (claim, table lock, heartbeat thread, record_action, fenced complete)
-  around rewrite_data_files of a 500-file table, against the bare `CALL` on an identical table in the
-  same Spark session (after a warm-up compaction, so JIT warm-up favours neither side).
+  around rewrite_data_files of a 500-file table, in a worker's fenced session as work_queue runs it,
+  against the bare `CALL` on an identical table in the same Spark session (after a warm-up
+  compaction, so JIT warm-up favours neither side); worker_session_s: opening that session, which a
+  worker pays once for all its jobs.
 - --drain N (instead of the above): N jobs on small tables drained through a `runstate dev` it starts
   (own RUNSTATE_HOME, databases and warehouse): `drain_s` from submit until every job is done, and
   `runs`, the iceberg_maintenance worker runs that took (floor: runs <= W + 1), beside the same N jobs
@@ -35,7 +37,7 @@ from common import create_database, drop_database, load_end, load_start, timed_t
 from drain import drain_through_dev  # noqa: E402
 
 from runstate.maintenance.models import CachedTable  # noqa: E402
-from runstate.maintenance.runner import run_job  # noqa: E402
+from runstate.maintenance.runner import fenced_session, run_job  # noqa: E402
 from runstate.maintenance.store import MaintenanceStore  # noqa: E402
 
 ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -119,6 +121,31 @@ def small_file_table(spark, name: str, files: int) -> None:
     frame.writeTo(f"lake.bench.{name}").append()
 
 
+def direct_rewrite(spark, table: str, files: int) -> float:
+    """The procedure alone, as a user would CALL it; returns its seconds."""
+    began = time.perf_counter()
+    rows = spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => 'bench.{table}', strategy => 'binpack', "
+        "options => map('target-file-size-bytes', '134217728'))"
+    ).collect()
+    seconds = time.perf_counter() - began
+    assert rows[0]["rewritten_data_files_count"] == files
+    return seconds
+
+
+def runstate_rewrite(spark, session, store: MaintenanceStore, table: str, files: int) -> float:
+    """The same through runstate: submit, then claim and run_job in the worker's session; returns the
+    seconds from the claim to the completion."""
+    store.submit("bench", table, ["rewrite_data_files"])
+    began = time.perf_counter()
+    claim = store.claim("bench-worker", lease_seconds=300)
+    outcome = run_job(spark, store, claim, session=session)
+    seconds = time.perf_counter() - began
+    assert outcome.status == "completed", outcome.error
+    assert outcome.results[0].figures["rewritten_data_files_count"] == files
+    return seconds
+
+
 def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int) -> dict:
     from runstate.spark import SparkSettings, build_session
 
@@ -143,33 +170,27 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
             small_file_table(spark, f"managed_{round_}", files)
         store.replace_table_cache([CachedTable("bench", f"managed_{r}", True, {}) for r in range(repeats)])
         jvm = spark.sparkContext._jvm
-        for round_ in range(repeats):
-            # Alternate the order each round, so neither side always runs on the warmer JVM.
-            for side in ("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct"):
-                jvm.System.gc()
-                if side == "direct":
-                    began = time.perf_counter()
-                    rows = spark.sql(
-                        f"CALL lake.system.rewrite_data_files(table => 'bench.direct_{round_}',"
-                        " strategy => 'binpack', "
-                        "options => map('target-file-size-bytes', '134217728'))"
-                    ).collect()
-                    direct_times.append(time.perf_counter() - began)
-                    assert rows[0]["rewritten_data_files_count"] == files
-                else:
-                    store.submit("bench", f"managed_{round_}", ["rewrite_data_files"])
-                    began = time.perf_counter()
-                    claim = store.claim("bench-worker", lease_seconds=300)
-                    outcome = run_job(spark, store, claim)
-                    runstate_times.append(time.perf_counter() - began)
-                    assert outcome.status == "completed", outcome.error
-                    assert outcome.results[0].figures["rewritten_data_files_count"] == files
+        # As a worker run: one fenced session for all its jobs, opened once (timed on its own).
+        began = time.perf_counter()
+        with fenced_session(spark, store, "bench-worker") as session:
+            session_s = time.perf_counter() - began
+            for round_ in range(repeats):
+                # Alternate the order each round, so neither side always runs on the warmer JVM.
+                for side in ("direct", "runstate") if round_ % 2 == 0 else ("runstate", "direct"):
+                    jvm.System.gc()
+                    if side == "direct":
+                        direct_times.append(direct_rewrite(spark, f"direct_{round_}", files))
+                    else:
+                        runstate_times.append(
+                            runstate_rewrite(spark, session, store, f"managed_{round_}", files)
+                        )
         direct_s, runstate_s = statistics.median(direct_times), statistics.median(runstate_times)
         return {
             "rewrite_direct_s": round(direct_s, 3),
             "rewrite_runstate_s": round(runstate_s, 3),
             "rewrite_overhead_pct": round(100.0 * (runstate_s - direct_s) / direct_s, 2),
             "rewrite_rounds": repeats,
+            "worker_session_s": round(session_s, 3),
         }
     finally:
         spark.stop()
