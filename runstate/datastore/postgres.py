@@ -104,10 +104,9 @@ class PostgresDatastore:
         once: a new cursor per statement costs about a fifth of a short statement's client time."""
         with self.connection() as conn:
             if conn is getattr(self._pinned, "conn", None):
-                cursor = getattr(self._pinned, "cursor", None)
-                if cursor is None or cursor.connection is not conn:
-                    cursor = self._pinned.cursor = conn.cursor()
-                yield cursor
+                if self._pinned.cursor is None:
+                    self._pinned.cursor = conn.cursor()
+                yield self._pinned.cursor
             else:
                 with conn.cursor() as cursor:
                     yield cursor
@@ -124,7 +123,7 @@ class PostgresDatastore:
             yield
             return
         pool = self._get_pool()
-        self._pinned.conn = pool.getconn()
+        self._pinned.conn, self._pinned.cursor = pool.getconn(), None
         try:
             yield
         finally:
@@ -141,7 +140,7 @@ class PostgresDatastore:
         except psycopg.Error:
             pool = self._get_pool()
             pool.putconn(conn)  # the pool discards a closed or broken connection
-            self._pinned.conn = pool.getconn()
+            self._pinned.conn, self._pinned.cursor = pool.getconn(), None
             return self._pinned.conn
 
     @contextmanager

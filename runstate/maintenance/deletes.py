@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runstate.maintenance.catalog import CATALOG
 from runstate.maintenance.errors import MaintenanceError
 from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.models import CachedTable
+
+if TYPE_CHECKING:
+    from runstate.maintenance.store import MaintenanceStore
 
 
 @dataclass
@@ -31,7 +34,9 @@ class DeletesSubmission:
         return "; ".join(parts)
 
 
-def submit_apply_deletes(store: Any, idents: Iterable[str], *, added_by: str) -> DeletesSubmission:
+def submit_apply_deletes(
+    store: MaintenanceStore, idents: Iterable[str], *, added_by: str
+) -> DeletesSubmission:
     """One job per `lake.<database>.<table>` in `idents`; `added_by` marks cache rows this adds."""
     outcome = DeletesSubmission()
     cached = {entry.ref.key: entry for entry in store.cached_tables()}

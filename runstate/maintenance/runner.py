@@ -238,7 +238,7 @@ class WorkerReport:
 
 def work_queue(
     spark: SparkSession | Callable[[], SparkSession],
-    store: Any,
+    store: MaintenanceStore,
     worker: str,
     *,
     lease_seconds: float,

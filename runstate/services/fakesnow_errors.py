@@ -49,18 +49,19 @@ def answer_statement_errors_as_snowflake() -> None:
         import duckdb
         import snowflake.connector
 
-        for wait in range(_DDL_WAITS + 1):
+        waits = 0
+        while True:
             try:
                 return execute(self, transformed, *args, **kwargs)
             except (duckdb.TransactionException, duckdb.ConstraintException) as exc:
-                if wait < _DDL_WAITS and _ddl_racing_ddl(exc, transformed):
+                if waits < _DDL_WAITS and _ddl_racing_ddl(exc, transformed):
+                    waits += 1
                     time.sleep(_DDL_PAUSE_S)
                     continue
                 errno, sqlstate = _CONSTRAINT if isinstance(exc, duckdb.ConstraintException) else _CONFLICT
                 raise snowflake.connector.errors.ProgrammingError(
                     msg=str(exc).split("\n")[0], errno=errno, sqlstate=sqlstate
                 ) from exc
-        raise AssertionError("unreachable: the last wait raises")
 
     translated._runstate_faithful = True  # type: ignore[attr-defined]
     FakeSnowflakeCursor._execute = translated  # noqa: SLF001

@@ -51,16 +51,12 @@ def merge_datasets(
     A merged table is a materialization of its partition; a table that was already current is an
     observation, so whoever reads the run (the CLI) sees every dataset it was asked for."""
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
+    limit = copy_on_write_max_bytes(wal)
     failures: dict[str, WalError] = {}
     for dataset_id in config.dataset_ids:
         try:
             result = merge_dataset(
-                session,
-                location,
-                dataset_id,
-                rebuild=config.rebuild,
-                s3=s3,
-                copy_on_write_max_bytes=copy_on_write_max_bytes(wal),
+                session, location, dataset_id, rebuild=config.rebuild, s3=s3, copy_on_write_max_bytes=limit
             )
         except WalError as error:
             context.log.error(str(error))
