@@ -220,6 +220,18 @@ class JobQueue:
         row = self.db.fetchone(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
         return int(row[0])
 
+    def claim_holders(self, prefix: str) -> list[str]:
+        """The workers whose name starts with `prefix` and that hold a live lease now."""
+        rows = self.db.fetchall(_sql("claim_holders"), {"prefix": non_empty_text(prefix, "worker prefix")})
+        return sorted(row[0] for row in rows)
+
+    def expire_leases_of(self, workers: Iterable[str]) -> list[str]:
+        """End the live leases of `workers` (known dead), so their jobs are claimable now; the job ids."""
+        names = [non_empty_text(worker, "worker") for worker in workers]
+        if not names:
+            return []
+        return [row[0] for row in self.db.fetchall(_sql("expire_leases_of"), {"workers": names})]
+
     # -- cancel / delete ---------------------------------------------------------------------------
 
     def cancel(self, job_id: str) -> str:

@@ -231,6 +231,7 @@ class WorkerReport:
     outcomes: list[JobOutcome] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
+    stopped: bool = False  # stop_claiming() ended it, not the queue, the budget or max_jobs
 
     def count(self, status: str) -> int:
         return sum(1 for outcome in self.outcomes if outcome.status == status)
@@ -245,11 +246,13 @@ def work_queue(
     budget_seconds: float,
     max_jobs: int | None = None,
     on_outcome: Callable[[Claim, JobOutcome], None] | None = None,
+    stop_claiming: Callable[[], bool] | None = None,
     catalog: str = CATALOG,
     **job_options: Any,
 ) -> WorkerReport:
     """Claim and run jobs one after another on one Spark session until the queue is empty, the time
-    budget is spent (checked before each claim, so a job is never cut short) or `max_jobs` ran.
+    budget is spent (checked before each claim, so a job is never cut short), `max_jobs` ran or
+    `stop_claiming()` says so (asked before each claim: e.g. the worker was told to stop, or declared dead).
 
     `spark` may be a factory: then the session (a JVM) starts only when a job was claimed.
     """
@@ -262,6 +265,9 @@ def work_queue(
         while time.monotonic() - started < budget_seconds and (
             max_jobs is None or len(report.outcomes) < max_jobs
         ):
+            if stop_claiming is not None and stop_claiming():
+                report.stopped = True
+                break
             claim = store.claim(worker, lease_seconds)
             if claim is None:
                 break

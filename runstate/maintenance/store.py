@@ -123,6 +123,8 @@ class MaintenanceStore:
     fail = _forward("queue", JobQueue.fail)
     is_cancel_requested = _forward("queue", JobQueue.is_cancel_requested)
     sweep_stale_claims = _forward("queue", JobQueue.sweep_stale_claims)
+    claim_holders = _forward("queue", JobQueue.claim_holders)
+    expire_leases_of = _forward("queue", JobQueue.expire_leases_of)
     cancel = _forward("queue", JobQueue.cancel)
     soft_delete = _forward("queue", JobQueue.soft_delete)
     get_job = _forward("queue", JobQueue.get_job)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import dagster as dg
 import pytest
 
@@ -9,6 +11,7 @@ from runstate.defs.maintenance import build_defs
 from runstate.defs.maintenance.jobs import submit_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
+from runstate.defs.runs.liveness import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.models import CachedTable
 
@@ -119,3 +122,41 @@ def test_sweep_jobs_run_against_the_store(resource):
 
     assert swept.output_for_node("sweep_expired_locks") == 1 and store.table_lock("db.t0") is None
     assert claims.success and pruned.success
+
+
+def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, tmp_path):
+    store = resource.get_store()
+    jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(3)]
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
+        job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def(
+            "iceberg_maintenance"
+        )
+        dead, alive = (_started_run(instance, job) for _ in range(2))
+        beat(instance, dead.run_id, now=time.time() - 600)  # killed ten minutes ago with the deployment
+        beat(instance, alive.run_id)
+        held = {
+            resource.worker_id(dead.run_id): store.claim(resource.worker_id(dead.run_id), 120),
+            resource.worker_id(alive.run_id): store.claim(resource.worker_id(alive.run_id), 120),
+            "cli-worker": store.claim("cli-worker", 120),  # not a run of this deployment: left alone
+        }
+        assert store.queue_depth() == (0, 3)
+
+        evaluate(resource, instance)
+
+        assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert store.queue_depth() == (1, 3)
+        taken_over = store.claim("successor", 120)
+        assert taken_over.job_id == held[resource.worker_id(dead.run_id)].job_id
+        assert taken_over.attempt_count == 2
+        assert not store.heartbeat(held[resource.worker_id(dead.run_id)])  # the dead worker is fenced out
+        assert store.heartbeat(held[resource.worker_id(alive.run_id)]) and store.heartbeat(held["cli-worker"])
+        assert sorted(c.job_id for c in held.values()) == sorted(jobs)
+
+
+def _started_run(instance: dg.DagsterInstance, job) -> dg.DagsterRun:
+    run = instance.create_run_for_job(job, run_config={})
+    instance.handle_run_event(
+        run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
+    )
+    return run

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runstate.maintenance.commit_fence import worker_tag
+from runstate.maintenance.models import CachedTable
 from runstate.maintenance.runner import work_queue
 from runstate_tests.maintenance.conftest import cache, make_table, sql, wait_for
 
@@ -72,3 +73,23 @@ def test_a_spent_budget_stops_claiming_and_an_empty_queue_never_starts_spark(sto
     empty = work_queue(no_spark, store, "worker-1", lease_seconds=120, budget_seconds=600)
 
     assert report.outcomes == [] and empty.outcomes == []
+
+
+def test_a_worker_told_to_stop_claims_nothing_more(store):
+    store.replace_table_cache([CachedTable("db", f"t{i}", True, {}) for i in range(2)])
+    jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(2)]
+    asked = []
+
+    def told_to_stop() -> bool:
+        asked.append(True)
+        return True
+
+    def no_spark():
+        raise AssertionError("Spark must not start when told to stop")
+
+    report = work_queue(
+        no_spark, store, "worker-1", lease_seconds=120, budget_seconds=600, stop_claiming=told_to_stop
+    )
+
+    assert report.stopped and report.outcomes == [] and asked == [True]
+    assert [store.get_job(job_id).status for job_id in jobs] == ["pending", "pending"]

@@ -28,6 +28,9 @@ DEFAULT_ACTIONS = [
     "rewrite_manifests",
     "expire_snapshots",
 ]
+STOPPED_STATUSES = frozenset(
+    {dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.FAILURE}
+)
 FIGURES = ("data_files", "data_bytes", "delete_files", "manifests")
 
 
@@ -67,6 +70,13 @@ def _figure_totals(jobs: list[dict[str, Any]]) -> dict[str, float]:
     return totals
 
 
+def _told_to_stop(context: dg.OpExecutionContext) -> bool:
+    """Claim no more once the run is being terminated (the UI's Terminate) or was declared dead (no
+    heartbeat: the sensor has released its claims, so new ones would stay held by a dead worker)."""
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is None or run.status in STOPPED_STATUSES
+
+
 @dg.op(
     retry_policy=TRANSIENT_RETRY,
     description="Claim jobs one after another on one Spark session until the queue is empty or time is up.",
@@ -86,16 +96,17 @@ def run_maintenance_worker(
     report = work_queue(
         spark.get_session,
         maintenance.get_store(),
-        f"{maintenance.worker_name}:{context.run_id[:8]}",
+        maintenance.worker_id(context.run_id),
         lease_seconds=maintenance.lease_seconds,
         budget_seconds=config.budget_seconds or maintenance.worker_budget_seconds,
         max_jobs=config.max_jobs,
         on_outcome=on_outcome,
+        stop_claiming=lambda: _told_to_stop(context),
         settings=maintenance.action_settings(),
         lock_ttl_seconds=maintenance.lock_ttl_seconds,
     )
     summary = {status: report.count(status) for status in ("completed", "failed", "cancelled", "fenced_out")}
-    summary.update(jobs=len(report.outcomes), table_locked=len(report.locked))
+    summary.update(jobs=len(report.outcomes), table_locked=len(report.locked), stopped=report.stopped)
     metadata: dict[str, Any] = {
         **summary,
         "worker_seconds": round(report.elapsed_seconds, 3),

@@ -38,7 +38,9 @@ class MaintenanceResource(dg.ConfigurableResource):
         description="A worker run claims no new job after this long (a job is never cut short).",
     )
     worker_name: str = Field(
-        default="dagster", description="Prefix of job_queue.claimed_by (plus the run id)."
+        default="dagster",
+        description="Prefix of job_queue.claimed_by (plus the run id); one per deployment sharing a schema, "
+        "since the sensor releases the claims of this prefix whose run is dead.",
     )
     # Health thresholds (defaults: Snowpack's anchors).
     small_file_mb: float = Field(default=16.0, description="Data files under this size count as small.")
@@ -85,6 +87,14 @@ class MaintenanceResource(dg.ConfigurableResource):
                 store.ensure_schema()
             self._store = store
         return self._store
+
+    def worker_id(self, run_id: str) -> str:
+        """The claimed_by of the worker run `run_id`: the sensor finds a claim's run by it."""
+        return f"{self.worker_prefix}{run_id[:8]}"
+
+    @property
+    def worker_prefix(self) -> str:
+        return f"{self.worker_name}:"
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._store is not None:

@@ -2,9 +2,11 @@
 
 A worker run claims its jobs itself, one after another on one Spark session, so the sensor claims
 nothing: it reads the queue depth and the instance's live worker runs, and requests the difference.
-A worker run in progress without a heartbeat is reported failed first (`runstate.defs.runs.liveness`):
-its Spark slot is freed and the jobs it held are taken over once their lease ends. Run keys come from
-the cursor's request counter, so a re-evaluated tick never doubles them.
+A worker run in progress without a heartbeat is reported failed first (`runstate.defs.runs.liveness`),
+which frees its Spark slot, and the leases of every claim held by a worker run that is not alive end
+now, so the next worker takes those jobs over within a tick instead of when the lease (15 minutes) runs
+out: after a restart of the deployment, its jobs resume in seconds. Run keys come from the cursor's
+request counter, so a re-evaluated tick never doubles them.
 """
 
 import json
@@ -38,8 +40,14 @@ def live_workers(instance: dg.DagsterInstance) -> list[RunLiveness]:
     description="Keep up to W iceberg_maintenance worker runs alive while maintenance jobs are queued.",
 )
 def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: MaintenanceResource):
-    alive = live_workers(context.instance)  # first: a dead worker's Spark slot is freed even when idle
-    ready, _ = maintenance.get_store().queue_depth()
+    store = maintenance.get_store()
+    # The holders before the runs: a worker run that claims after this read is in the runs read next.
+    holders = store.claim_holders(maintenance.worker_prefix)
+    alive = live_workers(context.instance)  # a dead worker's Spark slot is freed even when idle
+    released = store.expire_leases_of(set(holders) - {maintenance.worker_id(w.run_id) for w in alive})
+    if released:
+        context.log.info(f"took back {len(released)} job(s) held by dead worker runs: {', '.join(released)}")
+    ready, _ = store.queue_depth()
     if not ready:
         return dg.SkipReason("no ready maintenance jobs")
     wanted = min(maintenance.max_worker_runs - len(alive), ready)

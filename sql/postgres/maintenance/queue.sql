@@ -138,6 +138,19 @@ reset AS (
 SELECT (SELECT count(*) FROM exhausted_finished) + (SELECT count(*) FROM cancelled_finished)
      + (SELECT count(*) FROM reset);
 
+-- name: claim_holders
+-- The workers holding a live lease, among those whose name starts with the prefix.
+SELECT DISTINCT claimed_by FROM job_queue
+WHERE claimed_at IS NOT NULL AND visible_at > now() AND starts_with(claimed_by, %(prefix)s);
+
+-- name: expire_leases_of
+-- Ends the leases of workers known dead now, so the next claim takes their jobs over at once instead of
+-- when the leases run out. The claim's usual rules apply then (attempts left, cancels); a worker wrongly
+-- named here is only fenced out, never run twice beside its successor.
+UPDATE job_queue SET visible_at = now()
+WHERE claimed_at IS NOT NULL AND visible_at > now() AND claimed_by = ANY(%(workers)s)
+RETURNING job_id;
+
 -- name: heartbeat
 -- The fence: same attempt and a lease that has not run out.
 UPDATE job_queue SET visible_at = now() + make_interval(secs => %(lease_seconds)s) WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s AND visible_at > now();
