@@ -19,7 +19,7 @@ from runstate.wal.errors import (
     WalIntegrityError,
     WalServiceError,
 )
-from runstate.wal.flush import FlushResult, flush_batch, flush_dataset
+from runstate.wal.flush import FlushResult, flush_dataset
 from runstate.wal.layout import ensure_blob_bucket, ensure_wal_table
 from runstate.wal.producer import Change, WalProducer
 from runstate.wal.reader import DatasetReader, state_document
@@ -50,7 +50,6 @@ __all__ = [
     "compact",
     "ensure_blob_bucket",
     "ensure_wal_table",
-    "flush_batch",
     "flush_dataset",
     "last_applied_seqs",
     "oldest_pending_age_s",

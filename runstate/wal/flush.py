@@ -19,7 +19,6 @@ Order of the steps, and why each crash point is safe (re-running gives the same 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -118,34 +117,6 @@ def flush_dataset(
         blob_bytes=written.bytes if written else 0,
         changes=written.rows if written else 0,
         version=manifest.version,
-    )
-
-
-def flush_batch(
-    dynamodb: Any,
-    s3: Any,
-    *,
-    table: str,
-    bucket: str,
-    prefix: str,
-    dataset_id: str,
-    seqs: Iterable[int],
-    now: datetime | None = None,
-    max_workers: int | None = None,
-) -> FlushResult:
-    """Deprecated: `flush_dataset(WalTable(dynamodb, table), BlobStore(s3, bucket, prefix), ...)`."""
-    warnings.warn(
-        "flush_batch is deprecated: call flush_dataset(WalTable(...), BlobStore(...), dataset_id, seqs)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return flush_dataset(
-        WalTable(dynamodb, table),
-        BlobStore(s3, bucket, prefix),
-        dataset_id,
-        seqs,
-        now=now,
-        max_workers=max_workers,
     )
 
 
