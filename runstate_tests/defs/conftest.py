@@ -1,7 +1,9 @@
 """Fixtures of the tests in this folder."""
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from runstate.defs.eventstore.resources import EventStoreResource
@@ -22,3 +24,20 @@ def store(resource: EventStoreResource) -> Iterator[PostgresEventStore]:
     """The resource's store (schema applied), closed after the test."""
     yield resource.get_store()
     resource.close()
+
+
+@pytest.fixture
+def bare_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
+    """An on-disk instance of the test's own, without the WAL world's table and bucket."""
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with dg.DagsterInstance.from_config(str(tmp_path)) as inst:
+        yield inst
+
+
+def started_run(on: dg.DagsterInstance, job: dg.JobDefinition) -> dg.DagsterRun:
+    """A run of `job` that the instance `on` reads as STARTED, with no process behind it."""
+    run = on.create_run_for_job(job, run_config={})
+    on.handle_run_event(
+        run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
+    )
+    return on.get_run_by_id(run.run_id)

@@ -14,6 +14,7 @@ from runstate.defs.maintenance.sensors import maintenance_queue_sensor
 from runstate.defs.runs.liveness import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.models import CachedTable
+from runstate_tests.defs.conftest import started_run
 
 
 @pytest.fixture
@@ -124,39 +125,27 @@ def test_sweep_jobs_run_against_the_store(resource):
     assert claims.success and pruned.success
 
 
-def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, tmp_path):
+def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, bare_instance):
     store = resource.get_store()
     jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(3)]
-    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    with dg.DagsterInstance.from_config(str(tmp_path)) as instance:
-        job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def(
-            "iceberg_maintenance"
-        )
-        dead, alive = (_started_run(instance, job) for _ in range(2))
-        beat(instance, dead.run_id, now=time.time() - 600)  # killed ten minutes ago with the deployment
-        beat(instance, alive.run_id)
-        held = {
-            resource.worker_id(dead.run_id): store.claim(resource.worker_id(dead.run_id), 120),
-            resource.worker_id(alive.run_id): store.claim(resource.worker_id(alive.run_id), 120),
-            "cli-worker": store.claim("cli-worker", 120),  # not a run of this deployment: left alone
-        }
-        assert store.queue_depth() == (0, 3)
+    job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def("iceberg_maintenance")
+    dead, alive = (started_run(bare_instance, job) for _ in range(2))
+    beat(bare_instance, dead.run_id, now=time.time() - 600)  # killed ten minutes ago with the deployment
+    beat(bare_instance, alive.run_id)
+    held = {
+        resource.worker_id(dead.run_id): store.claim(resource.worker_id(dead.run_id), 120),
+        resource.worker_id(alive.run_id): store.claim(resource.worker_id(alive.run_id), 120),
+        "cli-worker": store.claim("cli-worker", 120),  # not a run of this deployment: left alone
+    }
+    assert store.queue_depth() == (0, 3)
 
-        evaluate(resource, instance)
+    evaluate(resource, bare_instance)
 
-        assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
-        assert store.queue_depth() == (1, 3)
-        taken_over = store.claim("successor", 120)
-        assert taken_over.job_id == held[resource.worker_id(dead.run_id)].job_id
-        assert taken_over.attempt_count == 2
-        assert not store.heartbeat(held[resource.worker_id(dead.run_id)])  # the dead worker is fenced out
-        assert store.heartbeat(held[resource.worker_id(alive.run_id)]) and store.heartbeat(held["cli-worker"])
-        assert sorted(c.job_id for c in held.values()) == sorted(jobs)
-
-
-def _started_run(instance: dg.DagsterInstance, job) -> dg.DagsterRun:
-    run = instance.create_run_for_job(job, run_config={})
-    instance.handle_run_event(
-        run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
-    )
-    return run
+    assert bare_instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert store.queue_depth() == (1, 3)
+    taken_over = store.claim("successor", 120)
+    assert taken_over.job_id == held[resource.worker_id(dead.run_id)].job_id
+    assert taken_over.attempt_count == 2
+    assert not store.heartbeat(held[resource.worker_id(dead.run_id)])  # the dead worker is fenced out
+    assert store.heartbeat(held[resource.worker_id(alive.run_id)]) and store.heartbeat(held["cli-worker"])
+    assert sorted(c.job_id for c in held.values()) == sorted(jobs)

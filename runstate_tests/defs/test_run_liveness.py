@@ -2,8 +2,6 @@
 
 import re
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -17,6 +15,7 @@ from runstate.defs.runs.liveness import (
     judge,
     last_beats,
 )
+from runstate_tests.defs.conftest import started_run
 from runstate_tests.devserver import poll
 
 POLICY = LivenessPolicy(dead_after_s=20, start_grace_s=60)
@@ -44,18 +43,8 @@ def beating_job() -> None:
 
 
 @pytest.fixture
-def instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
-    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    with dg.DagsterInstance.from_config(str(tmp_path)) as inst:
-        yield inst
-
-
-def started_run(instance: dg.DagsterInstance) -> dg.DagsterRun:
-    run = instance.create_run_for_job(tiny)
-    instance.handle_run_event(
-        run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
-    )
-    return instance.get_run_by_id(run.run_id)
+def instance(bare_instance: dg.DagsterInstance) -> dg.DagsterInstance:
+    return bare_instance  # not the WAL world's instance of this folder's conftest: no services needed
 
 
 def record(instance: dg.DagsterInstance, run: dg.DagsterRun):
@@ -63,7 +52,7 @@ def record(instance: dg.DagsterInstance, run: dg.DagsterRun):
 
 
 def test_a_started_run_is_alive_while_it_beats_and_dead_once_its_beat_is_stale(instance):
-    run = started_run(instance)
+    run = started_run(instance, tiny)
     now = time.time()
 
     fresh = judge(record(instance, run), now - 5, now, POLICY)
@@ -74,7 +63,7 @@ def test_a_started_run_is_alive_while_it_beats_and_dead_once_its_beat_is_stale(i
 
 
 def test_a_run_that_never_beat_gets_the_start_grace(instance):
-    run = started_run(instance)
+    run = started_run(instance, tiny)
     started = record(instance, run).start_time
 
     assert judge(record(instance, run), None, started + 59, POLICY).alive
@@ -101,7 +90,7 @@ def test_a_finished_run_is_neither_alive_nor_reaped_and_its_last_beat_is_dropped
 
 
 def test_check_runs_reports_a_dead_run_failed_and_leaves_a_live_one(instance):
-    dead, live = started_run(instance), started_run(instance)
+    dead, live = started_run(instance, tiny), started_run(instance, tiny)
     beat(instance, dead.run_id, now=time.time() - 60)
     beat(instance, live.run_id)
 
@@ -115,7 +104,7 @@ def test_check_runs_reports_a_dead_run_failed_and_leaves_a_live_one(instance):
 
 
 def test_the_heartbeat_thread_beats_until_the_block_ends_then_drops_the_key(instance):
-    run = started_run(instance)
+    run = started_run(instance, tiny)
 
     with heartbeat(instance, run.run_id, ends_run=True):
         during = poll(lambda: last_beats(instance, [run.run_id]), timeout=30, every=0.1, what="a beat")
@@ -135,7 +124,7 @@ def test_a_job_with_the_beating_executor_beats_while_it_executes(instance):
 def test_the_launcher_answers_the_run_worker_health_check_from_the_heartbeat(instance):
     launcher = HeartbeatRunLauncher()
     launcher.register_instance(instance)
-    run = started_run(instance)
+    run = started_run(instance, tiny)
     beat(instance, run.run_id)
     healthy = launcher.check_run_worker_health(run)
     beat(instance, run.run_id, now=time.time() - 600)

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.maintenance.health import HealthAnalyzer
@@ -28,9 +29,7 @@ DEFAULT_ACTIONS = [
     "rewrite_manifests",
     "expire_snapshots",
 ]
-STOPPED_STATUSES = frozenset(
-    {dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED, dg.DagsterRunStatus.FAILURE}
-)
+STOPPED_STATUSES = DEAD_STATUSES | {dg.DagsterRunStatus.CANCELING}
 FIGURES = ("data_files", "data_bytes", "delete_files", "manifests")
 
 
