@@ -16,6 +16,9 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from itertools import chain, repeat
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
+from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
 from runstate.eventstore.contract import (
@@ -40,6 +43,22 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 # One encoder for every payload: json.dumps with any non-default argument builds a new one per call.
 _JSON_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+
+
+def _reused_c_encoder() -> Callable[[Any], str]:
+    """The same encoding as _JSON_ENCODER.encode, for the batch path: JSONEncoder.encode builds its C
+    encoder anew on every call, which costs as much as encoding a small payload. Without cycle
+    markers, a cyclic value ends in RecursionError, and the batch path then hands the batch to
+    validate_event, whose encoder names the cycle."""
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return _JSON_ENCODER.encode
+    encode = c_make_encoder(
+        None, _JSON_ENCODER.default, encode_basestring, None, ":", ",", False, False, False
+    )
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode_json_fast = _reused_c_encoder()
 
 Bad = Callable[[str, str], InvalidEvent]
 
@@ -77,7 +96,7 @@ def validate_event(
     if not isinstance(event, NewEvent):
         raise InvalidEvent("event", f"expected a NewEvent, got {type(event).__name__}", index=index)
     run_id = event.run_id
-    if checked_run_id is None or run_id != checked_run_id:
+    if checked_run_id is None or type(run_id) is not str or run_id != checked_run_id:
         check_run_id(run_id, index=index)
 
     def bad(field_name: str, message: str) -> InvalidEvent:
@@ -121,6 +140,11 @@ def validate_batch(
         raise InvalidEvent(
             "events", f"a batch holds at most {MAX_BATCH_EVENTS} events, got {len(events)}", run_id=run_id
         )
+    valid = _validate_columns(run_id, events, max_event_bytes)
+    return valid if valid is not None else _validate_events(run_id, events, max_event_bytes)
+
+
+def _validate_events(run_id: str, events: Sequence[NewEvent], max_event_bytes: int) -> list[ValidEvent]:
     valid = []
     for index, event in enumerate(events):
         checked = validate_event(event, max_event_bytes=max_event_bytes, index=index, checked_run_id=run_id)
@@ -130,6 +154,91 @@ def validate_batch(
             )
         valid.append(checked)
     return valid
+
+
+# NewEvent's fields in ValidEvent's order (data and engine_run_ref are encoded on the way).
+_NEW_EVENT_ROW = attrgetter(*(name.removesuffix("_json") for name in ValidEvent._fields))
+_CANONICAL_UUIDS = re.compile(f"(?:{_CANONICAL_UUID.pattern})+")
+_NONE = type(None)
+
+
+def _validate_columns(run_id: str, events: Sequence[NewEvent], max_bytes: int) -> list[ValidEvent] | None:
+    """The batch checked column by column, in a few C calls per column instead of a dozen Python calls
+    per event: the same rules as validate_event, on the common shapes only (exact str, datetime in UTC,
+    canonical UUID text, ASCII JSON). None when anything is unusual or wrong: validate_event then looks
+    at each event and names the field at fault. test_validation.py holds the two paths to one verdict."""
+    if not events or set(map(type, events)) != {NewEvent}:
+        return None
+    columns = list(zip(*map(_NEW_EVENT_ROW, events), strict=True))
+    run_ids, types, emitted, data, step, engine, logical, plan, ids, keys, caused, parent, adapter, ref = (
+        columns
+    )
+    if set(map(type, run_ids)) != {str} or run_ids.count(run_id) != len(events):
+        return None
+    optional = list(
+        chain.from_iterable(c for c in (step, engine, logical, plan, adapter) if not _all_none(c))
+    )
+    if None in optional:
+        optional = [value for value in optional if value is not None]
+    if not (
+        _texts_ok(types, MAX_TEXT_CHARS)
+        and all(map(str.strip, types))
+        and _texts_ok(keys, MAX_KEY_CHARS)
+        and all(keys)
+        and _texts_ok(optional, MAX_TEXT_CHARS)
+        and _utc_times_ok(emitted)
+        and set(map(type, ids)) == {str}
+        and set(map(len, ids)) == {36}
+        and _CANONICAL_UUIDS.fullmatch("".join(ids))
+        and _all_none(caused + parent)
+    ):
+        return None
+    data_json, ref_json = _json_column(data, max_bytes), _json_column(ref, max_bytes)
+    if data_json is None or ref_json is None:
+        return None
+    columns[3], columns[13] = data_json, ref_json
+    return list(map(ValidEvent._make, zip(*columns)))
+
+
+def _all_none(values: Sequence[Any]) -> bool:
+    return set(map(type, values)) == {_NONE}
+
+
+def _texts_ok(values: Sequence[Any], max_chars: int) -> bool:
+    """_check_text's rules for a whole column: printable text is printable when joined, and back."""
+    return not values or (
+        set(map(type, values)) == {str}
+        and max(map(len, values)) <= max_chars
+        and "".join(values).isprintable()
+    )
+
+
+def _utc_times_ok(values: Sequence[Any]) -> bool:
+    return (
+        set(map(type, values)) == {datetime}
+        and all(map(is_, map(attrgetter("tzinfo"), values), repeat(UTC)))
+        and EARLIEST_EMITTED_AT <= min(values)
+        and max(values) <= LATEST_EMITTED_AT
+    )
+
+
+def _json_column(values: Sequence[Any], max_bytes: int) -> Sequence[str | None] | None:
+    """encode_json's rules for a whole column, on ASCII output: the texts, or None to look closer."""
+    if _all_none(values):
+        return values
+    try:
+        texts = [None if value is None else _encode_json_fast(value) for value in values]
+    except (RecursionError, TypeError, ValueError):
+        return None
+    present = [text for text in texts if text is not None]
+    joined = "".join(present)
+    if not joined.isascii() or "\\u0000" in joined or max(map(len, present)) > max_bytes:
+        return None
+    if joined.count("[") + joined.count("{") > MAX_JSON_DEPTH and any(
+        text.count("[") + text.count("{") > MAX_JSON_DEPTH for text in present
+    ):
+        return None
+    return texts
 
 
 def check_run_id(run_id: Any, *, index: int | None = None) -> str:

@@ -3,10 +3,13 @@ accepted and read back identically; refused input writes nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runstate.eventstore import (
     MAX_JSON_DEPTH,
@@ -15,6 +18,7 @@ from runstate.eventstore import (
     NewEvent,
     validate_event,
 )
+from runstate.eventstore.validation import _validate_columns, _validate_events
 from runstate_tests.eventstore.conftest import ev
 
 
@@ -125,3 +129,115 @@ def test_json_numbers_read_back_by_value(store):
 
     (got,) = store.fetch("r1")
     assert json.dumps(got.data, sort_keys=True) == json.dumps(data, sort_keys=True)
+
+
+# -- the batch path and the event-by-event path agree ---------------------------------------------
+
+
+def _mostly(valid: object, hostile: st.SearchStrategy) -> st.SearchStrategy:
+    """`valid` nine times in ten: whole batches of valid events must come up too."""
+    return st.integers(0, 9).flatmap(lambda n: st.just(valid) if n else hostile)
+
+
+_hostile_texts = st.sampled_from(["", " ", "a" * 257, "\x1b[31m", "\ud800", "é", "x\ny"]) | st.just(7)
+_hostile_data = st.sampled_from(
+    [{"n": float("nan")}, "é", "\\u0000", "\x00", nested(MAX_JSON_DEPTH + 1), {"t": ["a"] * 60}, {1j: 1}]
+)
+_hostile_times = st.sampled_from(
+    [
+        datetime(2026, 1, 1, tzinfo=timezone(timedelta(0))),
+        datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=2))),
+        datetime(2026, 1, 1),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, tzinfo=UTC),
+        "2026-01-01T00:00:00Z",
+    ]
+)
+_hostile_uuids = st.sampled_from(["6F1C2A1E-6E4B-4D7E-9A43-0A7A1B2C3D4E", "nope", ""]) | st.uuids()
+_UUID = "6f1c2a1e-6e4b-4d7e-9a43-0a7a1b2c3d4e"
+
+
+@st.composite
+def _events(draw: st.DrawFn) -> NewEvent:
+    return NewEvent(
+        run_id=draw(_mostly("r-1", st.sampled_from(["r-2", 1]))),
+        event_type=draw(_mostly("StepStarted", _hostile_texts | st.just("T" * 300))),
+        emitted_at=draw(_mostly(datetime(2026, 1, 1, tzinfo=UTC), _hostile_times)),
+        data=draw(_mostly({"i": 1, "tags": ["a"]}, _hostile_data | st.none())),
+        step_id=draw(_mostly("step-1", _hostile_texts | st.none())),
+        logical_attempt_id=draw(_mostly(None, _hostile_texts | st.just("0"))),
+        adapter_version=draw(_mostly(None, _hostile_texts)),
+        event_id=draw(_mostly(_UUID, _hostile_uuids)),
+        idempotency_key=draw(_mostly(None, _hostile_texts | st.just("k" * 513))),
+        caused_by_signal_id=draw(_mostly(None, _hostile_uuids | st.just(_UUID))),
+        engine_run_ref=draw(_mostly(None, _hostile_data | st.just({"ref": 1}))),
+    )
+
+
+@given(st.lists(_events(), min_size=1, max_size=4))
+@settings(max_examples=300, deadline=None)
+def test_the_batch_path_and_the_event_by_event_path_give_one_verdict(events):
+    """_validate_columns either declines (None) or returns exactly what validate_event returns for
+    every event; whatever validate_event refuses, it declines."""
+    try:
+        expected = _validate_events("r-1", events, 1024)
+    except InvalidEvent:
+        expected = None
+    fast = _validate_columns("r-1", events, 1024)
+    assert fast is None or fast == expected
+
+
+def test_the_batch_path_takes_the_common_shape():
+    """The shape every writer sends (fresh UUIDs, UTC times, small ASCII payloads) takes the batch path."""
+    batch = [ev("r-1", "StepStarted", step_id=f"s{i}", data={"i": i, "tags": ["a"]}) for i in range(100)]
+    assert _validate_columns("r-1", batch, 1024) == _validate_events("r-1", batch, 1024)
+
+
+class _EqualToAll:
+    """Hostile: claims to equal anything, the batch's run id included."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+_HOSTILE = {
+    "run_id": ["r-2", 1, _EqualToAll()],
+    "event_type": ["", "  ", "\x1b[31m", "T" * 300, 7, None],
+    "emitted_at": [
+        datetime(2026, 1, 1),
+        datetime(2026, 1, 1, tzinfo=timezone(timedelta(seconds=30))),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, tzinfo=UTC),
+        "2026-01-01T00:00:00Z",
+    ],
+    "data": [
+        {"n": float("nan")},
+        "\x00",
+        "\ud800",
+        nested(MAX_JSON_DEPTH + 1),
+        "a" * 2000,
+        {1j: 1},
+        object(),
+    ],
+    "step_id": ["", "a" * 257, "\x1b", "\ud800", "x\ny", 7],
+    "event_id": ["6F1C2A1E-6E4B-4D7E-9A43-0A7A1B2C3D4E", "nope", "", 7],
+    "idempotency_key": ["", "k" * 513, "\x00", 7],
+    "caused_by_signal_id": ["nope", 7, "6f1c2a1e-6e4b-4d7e-9a43-0a7a1b2c3d4e"],
+    "engine_run_ref": [{"n": float("nan")}, "\x00", "a" * 2000],
+}
+
+
+@pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in _HOSTILE.items() for v in values])
+def test_one_odd_field_in_a_batch_gets_the_event_by_event_verdict(field, value):
+    """Each rule of the batch path, broken alone in the middle of a valid batch: the batch path declines
+    whatever the event-by-event path refuses, and gives what it gives otherwise."""
+    batch = [ev("r-1", "StepStarted", n, step_id="s", data={"i": n}) for n in range(3)]
+    batch[1] = dataclasses.replace(batch[1], **{field: value})
+    try:
+        expected = _validate_events("r-1", batch, 1024)
+    except InvalidEvent:
+        expected = None
+    fast = _validate_columns("r-1", batch, 1024)
+    assert fast is None or fast == expected
