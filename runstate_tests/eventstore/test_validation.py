@@ -174,17 +174,23 @@ def _events(draw: st.DrawFn) -> NewEvent:
     )
 
 
+def _assert_one_verdict(batch: list[NewEvent]) -> None:
+    """The batch path declines (None) whatever the event-by-event path refuses, and otherwise returns
+    exactly what that path returns."""
+    try:
+        expected = _validate_events("r-1", batch, 1024)
+    except InvalidEvent:
+        expected = None
+    fast = _validate_columns("r-1", batch, 1024)
+    assert fast is None or fast == expected
+
+
 @given(st.lists(_events(), min_size=1, max_size=4))
 @settings(max_examples=300, deadline=None)
 def test_the_batch_path_and_the_event_by_event_path_give_one_verdict(events):
     """_validate_columns either declines (None) or returns exactly what validate_event returns for
     every event; whatever validate_event refuses, it declines."""
-    try:
-        expected = _validate_events("r-1", events, 1024)
-    except InvalidEvent:
-        expected = None
-    fast = _validate_columns("r-1", events, 1024)
-    assert fast is None or fast == expected
+    _assert_one_verdict(events)
 
 
 def test_the_batch_path_takes_the_common_shape():
@@ -235,9 +241,4 @@ def test_one_odd_field_in_a_batch_gets_the_event_by_event_verdict(field, value):
     whatever the event-by-event path refuses, and gives what it gives otherwise."""
     batch = [ev("r-1", "StepStarted", n, step_id="s", data={"i": n}) for n in range(3)]
     batch[1] = dataclasses.replace(batch[1], **{field: value})
-    try:
-        expected = _validate_events("r-1", batch, 1024)
-    except InvalidEvent:
-        expected = None
-    fast = _validate_columns("r-1", batch, 1024)
-    assert fast is None or fast == expected
+    _assert_one_verdict(batch)
