@@ -117,3 +117,24 @@ def test_health_analyzes_records_and_reads_back(store, spark, iceberg_namespace)
     report = json.loads(fresh.output)
     assert (report["total_data_files"], report["recommended_actions"]) == (6, ["rewrite_data_files"])
     assert json.loads(cached.output)["total_data_files"] == 6
+
+
+@pytest.mark.spark
+def test_sync_copies_the_catalog_into_the_cache_with_the_opt_in(store, spark, iceberg_namespace):
+    """`maintenance sync` on the worker's Spark session (the CLI's builder gets the running one back)."""
+    spark.sql(
+        f"CREATE TABLE lake.{iceberg_namespace}.opted (id BIGINT) USING iceberg "
+        "TBLPROPERTIES ('runstate.maintenance.enabled'='true', 'runstate.maintenance.cadence-hours'='6')"
+    )
+    spark.sql(f"CREATE TABLE lake.{iceberg_namespace}.plain (id BIGINT) USING iceberg")
+
+    synced = run("maintenance", "sync")
+
+    assert synced.exit_code == 0, synced.output
+    assert synced.output.startswith("cached "), synced.output
+    cached = {(t.database, t.table): t for t in store.cached_tables()}
+    assert cached[(iceberg_namespace, "opted")].maintenance_enabled is True
+    assert cached[(iceberg_namespace, "plain")].maintenance_enabled is None
+    assert ("db", "orders") not in cached  # the whole cache is replaced by the catalog's listing
+    submitted = run("maintenance", "submit", f"{iceberg_namespace}.opted", "-a", "rewrite_manifests")
+    assert submitted.exit_code == 0, submitted.output

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from runstate.maintenance.models import CachedTable
+from runstate.maintenance.store import MaintenanceStore
 from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
@@ -221,7 +223,10 @@ def test_a_maintenance_job_submitted_from_the_cli_is_run_by_the_daemon(deploymen
     table = f"events_{uuid.uuid4().hex[:8]}"
     create_iceberg_table(deployment, "lakedb", table, snapshots=3)
 
-    deployment.cli("maintenance", "sync", timeout=900)  # the catalog into the table cache, as a user does
+    # The catalog cache as `maintenance sync` leaves it (that command is tested in-process on the worker's
+    # Spark session, test_maintenance_cli.py): here it would only start one more JVM.
+    with MaintenanceStore(deployment.pg_url, schema="runstate") as store:
+        store.replace_table_cache([CachedTable("lakedb", table, True, {})])
     job_id = deployment.cli(
         "maintenance", "submit", f"lakedb.{table}", "-a", "rewrite_manifests"
     ).stdout.strip()

@@ -81,7 +81,7 @@ def _snowflake_backend(kwargs: dict, schema: str) -> Backend:
         finally:
             conn.close()
 
-    backend = Backend("snowflake", make, sql, scale=62)
+    backend = Backend("snowflake", make, sql, scale=100)
     backend._stores = stores  # type: ignore[attr-defined]
     return backend
 
