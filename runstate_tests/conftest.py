@@ -167,7 +167,7 @@ class MotoProcess:
 
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile()  # what it prints if it fails to start; a pipe could fill and stall it
+        self.log = tempfile.TemporaryFile()  # its output: a pipe nobody reads could fill and stall it
         self.process = subprocess.Popen(moto_argv(port), stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while not healthy(self.url):
