@@ -24,8 +24,11 @@ from runstate.wal.dataset_tables.table import ensure_table, marker_version
 
 from .killing import MergeChild, StallingProxy
 
-ROUNDS = int(os.environ.get("RUNSTATE_LAKE_MODEL_ROUNDS", "6"))
-SEED = int(os.environ.get("RUNSTATE_LAKE_MODEL_SEED", "20261126"))
+# The default seed's 4 rounds hold every event the model is about: 2 kills (each of a dataset whose table
+# exists), 2 compactions, 3 stale plans applied late (2 of them rebuilds) and merges repeated at once.
+# Each round costs tens of seconds of Spark; another seed may need more rounds for the same events.
+ROUNDS = int(os.environ.get("RUNSTATE_LAKE_MODEL_ROUNDS", "4"))
+SEED = int(os.environ.get("RUNSTATE_LAKE_MODEL_SEED", "20261162"))
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -106,7 +109,7 @@ def test_tables_equal_the_reader_and_the_fold_after_kills_repeats_and_stale_retr
         stale.append((dataset_id, feed.reader(dataset_id).manifest()))
         if rng.random() < 0.3:
             compact(*wal.owners(), dataset_id, retention_days=30)
-        if round_ % 4 == 1 and kills < 2:
+        if round_ % 2 == 1 and kills < 2:  # rounds 1 and 3: a kill with a table behind it and one after
             _kill_mid_merge(spark, wal, feed, spark_settings, dataset_id, rng, stall=kills == 0)
             kills += 1
         for _ in range(rng.randint(1, 2)):  # a merge, sometimes repeated at once
