@@ -6,16 +6,15 @@ on one key can therefore both succeed on a busy server (two WAL appends were see
 seq), which DynamoDB never allows. S3 conditional puts (`IfNoneMatch`, `IfMatch`) have the same
 read-check-write shape.
 
-`SerializedApp` runs moto itself under one lock: the request body is read before the lock is taken,
-and the response is produced in full before it is released, so one stalled or killed client never
-holds up the others. moto is CPU-bound under the GIL, so the lock costs little throughput.
+`SerializedApp` keeps moto's threaded server (slow clients and keep-alive connections don't block
+each other) but runs moto itself under one lock: the request body is read before the lock is
+taken, and the response is produced in full before it is released, so one stalled or killed client
+never holds up the others. moto is CPU-bound under the GIL, so the lock costs little throughput.
 
-The HTTP server is waitress, not werkzeug's development server: werkzeug closes every connection after
-one response (boto3 then connects anew for each request) and starts a thread per connection, about a
-fifth of moto's CPU per request. Two lookups moto repeats on every request are cached as well (its
-backend folder listing, a stat per folder, and the handler class's method names). A GetItem measured
-on a quiet 2-core machine: the server's CPU a third less, boto3's a fifth less (no connect per
-request), 9.1 ms per request down to 6.4. Every WAL test and the dev deployment's WAL run on it.
+Why werkzeug's server, which closes every connection after one response: waitress (keep-alive, a thread
+pool) was a third faster per request on a quiet machine and two to three times slower on a loaded one
+(the WAL model check: 159 s against 60 s beside three busy processes), since each request crosses from
+its event loop to a worker thread and back, and each crossing waits for a CPU.
 
 Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT` (the tests do, one process per
 pytest worker); the benches start it in-process with `SerializedMotoServer`, which has the interface of
@@ -59,9 +58,6 @@ class SerializedApp:
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         buffer_request_body(environ)
-        # moto matches S3 keys against the path as sent (RAW_URI, werkzeug's name); waitress calls it REQUEST_URI.
-        if "RAW_URI" not in environ and "REQUEST_URI" in environ:
-            environ["RAW_URI"] = environ["REQUEST_URI"]
         with self._lock:
             result = self._app(environ, start_response)
             try:
@@ -95,7 +91,8 @@ def serialized_moto_app() -> SerializedApp:
 def cache_moto_lookups() -> None:
     """Cache two answers moto recomputes per request and that cannot change while it runs: the list of its
     backend folders (an os.listdir and a stat per folder, to see whether the Host names a service) and the
-    method names of a response class (inspect.getmembers, to find the action's handler)."""
+    method names of a response class (inspect.getmembers, to find the action's handler). A GetItem on a
+    quiet machine: the server's CPU a sixth less, 9.0 ms per request down to 7.5."""
     import moto.backends
     import moto.core.responses
 
@@ -109,11 +106,11 @@ def cache_moto_lookups() -> None:
 
 
 def make_moto_server(host: str, port: int) -> Any:
-    """waitress around the serialised moto application: keep-alive connections, a pool of threads."""
-    from waitress import create_server
+    """A threaded werkzeug server (moto's request handler) around the serialised moto application."""
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
 
-    # Threads only wait on the lock or on a slow client; 8 leaves room for clients a test holds.
-    return create_server(serialized_moto_app(), host=host, port=port, threads=8)
+    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=MotoRequestHandler)
 
 
 class SerializedMotoServer:
@@ -121,21 +118,19 @@ class SerializedMotoServer:
 
     def __init__(self, ip_address: str = "127.0.0.1", port: int = 0) -> None:
         self._server = make_moto_server(ip_address, port)
-        self._thread = threading.Thread(target=self._server.run, name="moto-server", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def get_host_and_port(self) -> tuple[str, int]:
-        return str(self._server.effective_host), int(self._server.effective_port)
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
 
     def stop(self) -> None:
-        from waitress import wasyncore
-
-        # Closed from the server's own loop (the trigger runs it there); the loop ends once nothing is open.
-        self._server.trigger.pull_trigger(lambda: wasyncore.close_all(self._server._map))
+        self._server.shutdown()
         self._thread.join()
-        self._server.task_dispatcher.shutdown()
+        self._server.server_close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,10 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-p", "--port", type=int, default=5000)
     args = parser.parse_args(argv)
     server = make_moto_server(args.host, args.port)
-    # run() returns on SystemExit (after stopping its threads); SIGTERM/SIGINT end the process as moto_server does.
+    # serve_forever returns on shutdown(); SIGTERM/SIGINT end the process the way moto_server does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-    server.run()
+    server.serve_forever()
 
 
 if __name__ == "__main__":
