@@ -13,8 +13,8 @@ never holds up the others. moto is CPU-bound under the GIL, so the lock costs li
 
 Why werkzeug's server, which closes every connection after one response: waitress (keep-alive, a thread
 pool) was a third faster per request on a quiet machine and two to three times slower on a loaded one
-(the WAL model check: 159 s against 60 s beside three busy processes), since each request crosses from
-its event loop to a worker thread and back, and each crossing waits for a CPU.
+(the WAL scenarios' model check: 159 s against 60 s beside three busy processes), since each request
+crosses from its event loop to a worker thread and back, and each crossing waits for a CPU.
 
 Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT` (the tests do, one process per
 pytest worker); the benches start it in-process with `SerializedMotoServer`, which has the interface of

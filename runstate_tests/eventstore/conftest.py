@@ -38,7 +38,8 @@ class Backend:
     name: str
     make: Callable[..., Any]
     sql: Callable[[str, tuple], list[tuple]]
-    # Scale for thread tests: fakesnow is one DuckDB behind HTTP, orders of magnitude slower.
+    # Divides the thread tests' work: fakesnow is one DuckDB behind HTTP, orders of magnitude slower.
+    # Snowflake's 100 leaves 5 appends a thread, the fewest that still re-send an earlier key.
     scale: int
 
 
