@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runstate.maintenance.models import CachedTable
-from runstate.maintenance.store import MaintenanceStore
+from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client

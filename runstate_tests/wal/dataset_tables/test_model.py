@@ -109,7 +109,7 @@ def test_tables_equal_the_reader_and_the_fold_after_kills_repeats_and_stale_retr
         stale.append((dataset_id, feed.reader(dataset_id).manifest()))
         if rng.random() < 0.3:
             compact(*wal.owners(), dataset_id, retention_days=30)
-        if round_ % 2 == 1 and kills < 2:  # rounds 1 and 3: a kill with a table behind it and one after
+        if round_ % 2 == 1 and kills < 2:  # rounds 1 and 3
             _kill_mid_merge(spark, wal, feed, spark_settings, dataset_id, rng, stall=kills == 0)
             kills += 1
         for _ in range(rng.randint(1, 2)):  # a merge, sometimes repeated at once
