@@ -27,6 +27,7 @@ import pytest
 
 from runstate.services import spark_cluster
 from runstate.services.state import free_port
+from runstate_tests.conftest import SHORT_LIVED_JVM_OPTIONS
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.devserver import poll
 
@@ -74,7 +75,11 @@ def spark_settings(cluster, pg_database: str, tmp_path_factory: pytest.TempPathF
         pg_url=pg_database,
         warehouse_dir=tmp_path_factory.mktemp("cluster-warehouse"),
         app_name="runstate-cluster-tests",
-        extra_conf={"spark.ui.enabled": "true", "spark.ui.port": str(free_port())},
+        extra_conf={
+            "spark.ui.enabled": "true",
+            "spark.ui.port": str(free_port()),
+            "spark.executor.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,  # the driver's: SPARK_SUBMIT_OPTS
+        },
     )
 
 

@@ -80,13 +80,13 @@ def launch(deployment: Deployment, job: str, run_config: dict) -> str:
     return launched["run"]["runId"]
 
 
-def append_events_config(run_id: str) -> dict:
-    now = datetime.now(UTC).isoformat()
+def append_events_config(run_id: str, started: datetime | None = None) -> dict:
+    emitted_at = (started or datetime.now(UTC)).isoformat()
     events = [
-        {"event_type": "RunStarted", "emitted_at": now},
-        {"event_type": "StepStarted", "step_id": "extract", "emitted_at": now},
-        {"event_type": "StepCompleted", "step_id": "extract", "emitted_at": now},
-        {"event_type": "RunCompleted", "emitted_at": now},
+        {"event_type": "RunStarted", "emitted_at": emitted_at},
+        {"event_type": "StepStarted", "step_id": "extract", "emitted_at": emitted_at},
+        {"event_type": "StepCompleted", "step_id": "extract", "emitted_at": emitted_at},
+        {"event_type": "RunCompleted", "emitted_at": emitted_at},
     ]
     return {"ops": {"append_events_op": {"config": {"run_id": run_id, "events": events}}}}
 
@@ -183,9 +183,10 @@ def _cmdline(pid: int) -> str:
 
 def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deployment: Deployment):
     workflow_run = f"wf-{uuid.uuid4().hex[:8]}"
+    started = datetime.now(UTC)
     store = deployment.event_store()
 
-    run_id = launch(deployment, "append_events", append_events_config(workflow_run))
+    run_id = launch(deployment, "append_events", append_events_config(workflow_run, started))
     status = poll(lambda: finished(deployment, run_id), timeout=RUN_DEADLINE_S, every=2, what="append_events")
 
     assert status == "SUCCESS", deployment.log_tail()
@@ -197,7 +198,9 @@ def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deploymen
     ]
     assert workflow_run in store.stale_runs()
 
-    day = datetime.now(UTC).strftime("%Y-%m-%d")
+    # The partition of the run's start day: read from the clock again, it would be the next day when the
+    # run crossed midnight (UTC), and that partition holds no run of this test.
+    day = started.strftime("%Y-%m-%d")
     params = {"assetSelection": [{"path": ["run_snapshots"]}], "partitionNames": [day], "fromFailure": False}
     launched = deployment.graphql(BACKFILL, {"params": params})["launchPartitionBackfill"]
     assert launched["__typename"] == "LaunchBackfillSuccess", launched
