@@ -13,11 +13,13 @@ import signal
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal import DatasetReader, WalTable, wal_status
+from runstate.wal.dataset_tables.naming import NAMESPACE, VERSION_PROPERTY, table_name
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
@@ -28,6 +30,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.ma
 # The sensor's 30 s timer, the queue, a run worker's start and the flush, on a loaded 2-core machine.
 FLUSH_DEADLINE_S = 400
 RUN_DEADLINE_S = 400
+# The merge sensor's 60 s timer, a free Spark slot, a run worker and its JVM.
+MERGE_DEADLINE_S = 600
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 
 LAUNCH = """mutation($params: ExecutionParams!) { launchPipelineExecution(executionParams: $params) {
@@ -101,6 +105,28 @@ def test_wal_appends_are_flushed_by_the_daemons_sensor(deployment: Deployment):
         lambda: visible(deployment, dataset, 3), timeout=FLUSH_DEADLINE_S, every=2, what=f"{dataset} flushed"
     )
     assert (version, state) == (3, {"sku1": 3, "sku2": 2})
+    # ... and the dataset_tables_sensor's merge run brings its Iceberg table to the same version and rows.
+    table = poll(
+        lambda: merged_table(deployment, dataset, 3),
+        timeout=MERGE_DEADLINE_S,
+        every=3,
+        what=f"{dataset} merged",
+    )
+    assert table == state
+
+
+def merged_table(deployment: Deployment, dataset: str, version: int) -> dict | None:
+    """The live rows of `lake.datasets.<dataset>` once it reached `version` (read by pyiceberg: no JVM)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = lake_catalog(deployment).load_table(f"{NAMESPACE}.{table_name(dataset)}")
+    except NoSuchTableError:
+        return None
+    if int(table.properties.get(VERSION_PROPERTY, 0)) < version:
+        return None
+    rows = table.scan(row_filter="deleted == false").to_arrow().to_pylist()
+    return {json.loads(row["key"]): json.loads(row["value"]) for row in rows}
 
 
 def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(deployment: Deployment):
@@ -245,20 +271,26 @@ def test_a_maintenance_job_submitted_from_the_cli_is_run_by_the_daemon(deploymen
 def create_iceberg_table(deployment: Deployment, namespace: str, table: str, snapshots: int) -> None:
     """A small table in the deployment's `lake` catalog (pyiceberg writes the catalog tables Spark reads)."""
     import pyarrow as pa
-    from pyiceberg.catalog.sql import SqlCatalog
 
-    warehouse = deployment.home / ".runstate" / "warehouse"  # where the deployment's Spark looks
-    warehouse.mkdir(parents=True, exist_ok=True)
-    catalog = SqlCatalog(
-        "lake",
-        uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        warehouse=warehouse.as_uri(),
-    )
+    catalog = lake_catalog(deployment)
     catalog.create_namespace_if_not_exists(namespace)
     schema = pa.schema([("id", pa.int64()), ("kind", pa.string())])
     created = catalog.create_table(f"{namespace}.{table}", schema=schema)
     for n in range(snapshots):
         created.append(pa.table({"id": [n], "kind": ["click"]}))
+
+
+def lake_catalog(deployment: Deployment) -> Any:
+    """The deployment's `lake` catalog through pyiceberg, which reads and writes the tables Spark uses."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    warehouse = deployment.home / ".runstate" / "warehouse"  # where the deployment's Spark looks
+    warehouse.mkdir(parents=True, exist_ok=True)
+    return SqlCatalog(
+        "lake",
+        uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        warehouse=warehouse.as_uri(),
+    )
 
 
 def maintenance_job_finished(deployment: Deployment, job_id: str) -> str | None:
