@@ -19,7 +19,7 @@ import pytest
 
 from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal import DatasetReader, WalTable, wal_status
-from runstate.wal.dataset_tables.naming import NAMESPACE, VERSION_PROPERTY, table_name
+from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
@@ -106,8 +106,9 @@ def test_wal_appends_are_flushed_by_the_daemons_sensor(deployment: Deployment):
     )
     assert (version, state) == (3, {"sku1": 3, "sku2": 2})
     # ... and the dataset_tables_sensor's merge run brings its Iceberg table to the same version and rows.
+    catalog = lake_catalog(deployment)
     table = poll(
-        lambda: merged_table(deployment, dataset, 3),
+        lambda: merged_table(catalog, dataset, 3),
         timeout=MERGE_DEADLINE_S,
         every=3,
         what=f"{dataset} merged",
@@ -115,12 +116,12 @@ def test_wal_appends_are_flushed_by_the_daemons_sensor(deployment: Deployment):
     assert table == state
 
 
-def merged_table(deployment: Deployment, dataset: str, version: int) -> dict | None:
+def merged_table(catalog: Any, dataset: str, version: int) -> dict | None:
     """The live rows of `lake.datasets.<dataset>` once it reached `version` (read by pyiceberg: no JVM)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
-        table = lake_catalog(deployment).load_table(f"{NAMESPACE}.{table_name(dataset)}")
+        table = catalog.load_table(f"{NAMESPACE}.{table_name(dataset)}")
     except NoSuchTableError:
         return None
     if int(table.properties.get(VERSION_PROPERTY, 0)) < version:
