@@ -69,12 +69,25 @@ def listening_pids(port: int) -> set[int]:
                 fields = line.split()
                 if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                     inodes.add(f"socket:[{fields[9]}]")
-    pids = set()
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+    return {
+        int(proc.name)
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and _fd_targets(proc) & inodes
+    }
+
+
+def _fd_targets(proc: Path) -> set[str]:
+    """What the process's descriptors point to; empty once it has exited. (A glob over /proc/*/fd/* raises
+    when a process exits between the listing of /proc and the reading of its fd folder.)"""
+    try:
+        fds = list((proc / "fd").iterdir())
+    except OSError:
+        return set()
+    targets = set()
+    for fd in fds:
         with contextlib.suppress(OSError):
-            if os.readlink(fd) in inodes:
-                pids.add(int(fd.parent.parent.name))
-    return pids
+            targets.add(os.readlink(fd))
+    return targets
 
 
 def descendants(pid: int) -> list[int]:
