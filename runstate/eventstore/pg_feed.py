@@ -4,8 +4,9 @@ the query is feed.sql's `feed`).
 A read returns only events whose position is below (horizon << 20), the horizon being the oldest
 transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no
 event can appear later below what was returned. Transactions of other databases cannot write these
-tables and do not count. The price: a transaction held open in this database holds the feed back
-until it ends (it never makes it skip).
+tables and do not count; they are listed in a statement of their own before the read (feed.sql says
+why). The price: a transaction held open in this database holds the feed back until it ends (it never
+makes it skip).
 LISTEN runstate_feed wakes subscribers at each commit; they also poll, so a lost notification (or
 a LISTEN connection that cannot be had) only delays them by `poll_seconds`. A lost LISTEN
 connection is opened again (with backoff), so a server restart does not leave them polling.
@@ -39,11 +40,13 @@ class _PgFeed:
     def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """Every event with position > after_position that no later commit can precede, in position order."""
         check_position(after_position, limit)
-        rows = self._run(
-            "read the feed",
-            lambda conn: conn.execute(_sql("feed"), {"after": after_position, "limit": limit}).fetchall(),
-            transactional=False,
-        )
+
+        def read(conn: psycopg.Connection) -> list:
+            other_xids = conn.execute(_sql("other_databases_xids")).fetchone()[0]
+            params = {"after": after_position, "limit": limit, "other_xids": other_xids}
+            return conn.execute(_sql("feed"), params).fetchall()
+
+        rows = self._run("read the feed", read, transactional=False)
         return [row_to_event(row) for row in rows]
 
     def subscribe(

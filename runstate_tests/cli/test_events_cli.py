@@ -4,6 +4,7 @@ migrate)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,15 +16,27 @@ from runstate.config import settings
 from runstate.eventstore import NewEvent, PostgresEventStore
 
 
-@pytest.fixture
-def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """Point the CLI at the test's schema; settings() is cached, so clear it around the test."""
-    env = {"RUNSTATE_PG_URL": pg_database, "RUNSTATE_SCHEMA": pg_schema, "RUNSTATE_EVENTSTORE": "postgres"}
+def point_the_cli_at(monkeypatch: pytest.MonkeyPatch, pg_url: str, schema: str) -> Iterator[dict[str, str]]:
+    """settings() is cached, so it is cleared around the test."""
+    env = {"RUNSTATE_PG_URL": pg_url, "RUNSTATE_SCHEMA": schema, "RUNSTATE_EVENTSTORE": "postgres"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings.cache_clear()
     yield env
     settings.cache_clear()
+
+
+@pytest.fixture
+def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The CLI on the test's schema in the worker's database."""
+    yield from point_the_cli_at(monkeypatch, pg_database, pg_schema)
+
+
+@pytest.fixture
+def own_database_env(fresh_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+    """The CLI on a database of the test's own: the feed stops below the oldest transaction still open in
+    its database, and the worker's shared one may hold a stray transaction of an earlier test."""
+    yield from point_the_cli_at(monkeypatch, fresh_database, "runstate")
 
 
 @pytest.fixture
@@ -156,9 +169,11 @@ def test_restore_moves_an_archived_run_back(store):
     assert "nothing archived" in again.output
 
 
-def test_tail_prints_the_feed_across_runs(store):
-    store.append(NewEvent("t1", "RunStarted", datetime.now(UTC)))
-    store.append(NewEvent("t2", "RunStarted", datetime.now(UTC)))
+def test_tail_prints_the_feed_across_runs(own_database_env: dict[str, str]):
+    with PostgresEventStore(own_database_env["RUNSTATE_PG_URL"], schema="runstate") as store:
+        store.ensure_schema()
+        store.append(NewEvent("t1", "RunStarted", datetime.now(UTC)))
+        store.append(NewEvent("t2", "RunStarted", datetime.now(UTC)))
 
     result = run("tail")
     after = run("tail", "--after", str(json.loads(result.output.splitlines()[0])["position"]))

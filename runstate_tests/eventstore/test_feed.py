@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from runstate.eventstore import InvalidEvent, StoredEvent
+from runstate_tests.conftest import ADMIN_URL
 from runstate_tests.eventstore.conftest import ev
 
 WRITERS = 8
@@ -125,6 +126,17 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
     )
     assert all(a.position < b.position for a, b in zip(got, got[1:]))
     assert keys.index("long-0") < keys.index("long-1") < keys.index("long-2")
+
+
+def test_a_transaction_open_in_another_database_does_not_hold_the_feed_back(pg_store):
+    """Its xid is older than the appends' and in the read's snapshot; it is listed as another database's
+    before the read, so the read passes it (one of this database's would hold the read below it)."""
+    with psycopg.connect(ADMIN_URL) as elsewhere:
+        elsewhere.execute("SELECT pg_current_xact_id()")  # a transaction with an xid, left open
+        pg_store.append(ev("r1", "A"))
+        pg_store.append(ev("r2", "B"))
+
+        assert [e.run_id for e in pg_store.fetch_all()] == ["r1", "r2"]
 
 
 def test_a_lost_notification_only_delays_the_subscriber(pg_store, pg_database, pg_schema):

@@ -1,17 +1,25 @@
 -- Named queries of runstate/eventstore/pg_feed.py: the global feed on Postgres (002_event_feed.sql).
 -- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
 
+-- name: other_databases_xids
+-- The transactions in progress in other databases, read in a statement BEFORE the feed's: one of them
+-- still in progress at the feed's snapshot was in progress here too, so every xid of that snapshot that
+-- is missing from this list belongs to this database (or started in between: it then holds the read
+-- back one poll, never makes it skip). Read in the feed's own statement, after its snapshot, a
+-- transaction ending in between looked like one of ours and held back every event after it: a one-shot
+-- `runstate events tail` printed nothing. pg_stat_activity gives 32-bit xids.
+SELECT COALESCE(array_agg(backend_xid::text::bigint), '{}') FROM pg_stat_activity
+WHERE datname <> current_database() AND backend_xid IS NOT NULL;
+
 -- name: feed
 -- Only positions below the horizon, which no later commit can precede: the snapshot's xmax, or its
--- oldest in-progress xid not known to belong to another database (pg_stat_activity gives 32-bit xids;
--- one that ended meanwhile, or is hidden from this role, still counts: a reader waits one poll, never
--- skips). `%%` is a literal `%`: the query has parameters.
+-- oldest in-progress xid not among `other_xids` (other_databases_xids). `%%` is a literal `%`: the query
+-- has parameters.
 WITH snap AS (
   SELECT pg_current_snapshot() AS s
 ), horizon AS (
   SELECT LEAST(pg_snapshot_xmax(snap.s), (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
-    WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname <> current_database()
-      AND a.backend_xid::text::bigint = x::text::bigint %% 4294967296)))::text::bigint << 20 AS below
+    WHERE NOT x::text::bigint %% 4294967296 = ANY(%(other_xids)s::bigint[])))::text::bigint << 20 AS below
   FROM snap
 )
 SELECT * FROM (
