@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from typing import Any
 
 import pytest
@@ -12,6 +11,7 @@ from runstate.eventstore import (
     PostgresEventStore,
     SnowflakeEventStore,
 )
+from runstate_tests.conftest import racing_processes
 from runstate_tests.eventstore.conftest import ev
 
 WRITERS = 12
@@ -79,7 +79,7 @@ def test_twelve_processes_race_and_exactly_one_wins_each_round(backend, request)
     else:
         kwargs, schema = request.getfixturevalue("snowflake_schema")
         config = {"kwargs": kwargs, "schema": schema}
-    context = multiprocessing.get_context("spawn")
+    context = racing_processes()
     barrier, results = context.Barrier(WRITERS), context.Queue()
     workers = [
         context.Process(target=_race, args=(backend.name, config, w, rounds, barrier, results))

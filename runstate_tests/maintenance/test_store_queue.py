@@ -31,6 +31,7 @@ from runstate.maintenance import (
     TableNotCached,
     UnknownAction,
 )
+from runstate_tests.conftest import racing_processes
 from runstate_tests.maintenance.conftest import run_out_lease
 from runstate_tests.maintenance.conftest import store_sql as _sql
 
@@ -259,7 +260,7 @@ def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceSt
     store.replace_table_cache([CachedTable("db", f"p{i}") for i in range(100)])
     for i in range(100):
         store.submit("db", f"p{i}", ["rewrite_manifests"])
-    context = multiprocessing.get_context("spawn")
+    context = racing_processes()
     with context.Manager() as manager:
         start = manager.Event()
         pool = context.Pool(4)

@@ -3,7 +3,6 @@ processes, checked without migrating, and `db status` (test_legacy_ledger.py: ol
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from runstate import migrations, sqlfiles
 from runstate.cli import main as runstate_main
 from runstate.config import settings
 from runstate.datastore import PostgresDatastore, SnowflakeDatastore
+from runstate_tests.conftest import racing_processes
 
 # A migration that fails when applied twice (duplicate primary key), so a lost race shows.
 COUNTED_MIGRATIONS = {
@@ -53,7 +53,7 @@ def _upgrade_in_process(dsn: str, schema: str, domain: str, sql_root: str | None
     """Runs in a child process: wait for the other one, then upgrade at the same moment."""
     if sql_root:
         sqlfiles.root = lambda: Path(sql_root)
-    barrier.wait(timeout=300)  # spawned interpreters start slowly on a loaded machine
+    barrier.wait(timeout=300)  # processes start slowly on a loaded machine
     try:
         applied = _upgrade(dsn, schema, domain)
         results.put(("ok", [m.version for m in applied]))
@@ -64,7 +64,7 @@ def _upgrade_in_process(dsn: str, schema: str, domain: str, sql_root: str | None
 def _race(
     dsn: str, schema: str, domain: str, sql_root: Path | None, processes: int = 2
 ) -> list[tuple[str, object]]:
-    context = multiprocessing.get_context("spawn")
+    context = racing_processes()
     barrier = context.Barrier(processes)
     results = context.Queue()
     workers = [
