@@ -68,6 +68,7 @@ WAL_FLUSH_SHARDS_MAX = 256
 MAINTENANCE_WORKERS_MAX = 64
 APPLY_DELETES_AT_MAX = 10_000
 COPY_ON_WRITE_MAX_MB_MAX = 1 << 20
+DATASET_MERGE_INTERVAL_MAX_S = 3600
 LINGER_MAX_S = 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 
@@ -100,6 +101,8 @@ class Settings:
     apply_deletes_at: int = 8
     # Dataset tables merge copy-on-write up to this many MB, merge-on-read above (0: always on read).
     copy_on_write_max_mb: int = 16
+    # How often dataset_tables_sensor looks for flushed datasets to merge into their Iceberg tables.
+    dataset_merge_interval_s: int = 60
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -132,6 +135,9 @@ class Settings:
             ),
             copy_on_write_max_mb=_bounded_int(
                 env, "RUNSTATE_COPY_ON_WRITE_MAX_MB", 16, COPY_ON_WRITE_MAX_MB_MAX, minimum=0
+            ),
+            dataset_merge_interval_s=_bounded_int(
+                env, "RUNSTATE_DATASET_MERGE_INTERVAL_S", 60, DATASET_MERGE_INTERVAL_MAX_S, minimum=5
             ),
         )
 

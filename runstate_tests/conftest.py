@@ -267,7 +267,9 @@ def fakesnow_server() -> Iterator[dict]:
 
     answer_statement_errors_as_snowflake()
     with fakesnow.server() as conn_kwargs:
-        yield conn_kwargs
+        # The connector probes cloud metadata endpoints (AWS, Azure, GCP, in threads) at every connect
+        # unless told not to; fakesnow on loopback has no platform to find.
+        yield {**conn_kwargs, "platform_detection_timeout_seconds": 0.0}
 
 
 @pytest.fixture

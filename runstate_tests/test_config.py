@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from runstate.config import (
     APPLY_DELETES_AT_MAX,
     COPY_ON_WRITE_MAX_MB_MAX,
+    DATASET_MERGE_INTERVAL_MAX_S,
     LINGER_MAX_S,
     MAINTENANCE_WORKERS_MAX,
     WAL_FLUSH_SHARDS_MAX,
@@ -27,6 +28,7 @@ WHOLE_NUMBER_KNOBS = {
     "RUNSTATE_MAINTENANCE_WORKERS": ("maintenance_workers", 1, MAINTENANCE_WORKERS_MAX),
     "RUNSTATE_APPLY_DELETES_AT": ("apply_deletes_at", 0, APPLY_DELETES_AT_MAX),
     "RUNSTATE_COPY_ON_WRITE_MAX_MB": ("copy_on_write_max_mb", 0, COPY_ON_WRITE_MAX_MB_MAX),
+    "RUNSTATE_DATASET_MERGE_INTERVAL_S": ("dataset_merge_interval_s", 5, DATASET_MERGE_INTERVAL_MAX_S),
 }
 CHOICE_KNOBS = {
     "RUNSTATE_EVENTSTORE": ("eventstore", {"postgres", "snowflake"}),

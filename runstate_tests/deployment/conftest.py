@@ -111,6 +111,8 @@ def deployment() -> Iterator[Deployment]:
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
         DAGSTER_TELEMETRY_ENABLED="false",
+        # A merge every 10 s instead of every minute: the wait for a dataset's table is the sensor's timer.
+        RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
     )
     log = home / "dev.log"
     for _ in range(3):  # a port another process took before our webserver bound it: another port

@@ -7,19 +7,19 @@ import warnings
 
 import dagster as dg
 
+from runstate.config import Settings, settings
 from runstate.defs.dataset_tables.assets import dataset_tables
 from runstate.defs.dataset_tables.jobs import merge_dataset_tables
-from runstate.defs.dataset_tables.sensors import dataset_tables_sensor
+from runstate.defs.dataset_tables.sensors import build_dataset_tables_sensor
 
 # The maintenance service reads every table of the catalog, dataset tables included: the lineage says so.
 CATALOG_ASSET = "table_inventory"
 
 
-def build_defs() -> dg.Definitions:
+def build_defs(s: Settings | None = None) -> dg.Definitions:
     """The domain's definitions; the `wal` and `spark` resources come from the WAL and shared definitions."""
-    return dg.Definitions(
-        assets=[dataset_tables], jobs=[merge_dataset_tables], sensors=[dataset_tables_sensor]
-    )
+    sensor = build_dataset_tables_sensor((s or settings()).dataset_merge_interval_s)
+    return dg.Definitions(assets=[dataset_tables], jobs=[merge_dataset_tables], sensors=[sensor])
 
 
 def link_to_maintenance(defs: dg.Definitions) -> dg.Definitions:

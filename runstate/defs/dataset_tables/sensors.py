@@ -128,15 +128,21 @@ def evaluate_merge_tick(
     return MergeTick(requests, MergeCursor(requested, tick), holders)
 
 
-@dg.sensor(
-    job_name=MERGE_JOB,
-    minimum_interval_seconds=MERGE_INTERVAL_S,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Every minute: datasets flushed since their last merge get one merge_dataset_tables run per "
-    "merge shard (runstate/merge_shard tag), at most one live run per shard.",
-)
-def dataset_tables_sensor(context: dg.SensorEvaluationContext, wal: WalResource) -> dg.SensorResult:
-    plan = evaluate_merge_tick(context.instance, MergeCursor.parse(context.cursor), wal)
-    if not plan.requests:
-        return dg.SensorResult(skip_reason=plan.skip_reason, cursor=plan.cursor.dump())
-    return dg.SensorResult(run_requests=plan.requests, cursor=plan.cursor.dump())
+def build_dataset_tables_sensor(interval_s: int = MERGE_INTERVAL_S) -> dg.SensorDefinition:
+    """dataset_tables_sensor, ticking every `interval_s` (RUNSTATE_DATASET_MERGE_INTERVAL_S)."""
+
+    @dg.sensor(
+        name="dataset_tables_sensor",
+        job_name=MERGE_JOB,
+        minimum_interval_seconds=interval_s,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=f"Every {interval_s} s: datasets flushed since their last merge get one merge_dataset_tables "
+        "run per merge shard (runstate/merge_shard tag), at most one live run per shard.",
+    )
+    def dataset_tables_sensor(context: dg.SensorEvaluationContext, wal: WalResource) -> dg.SensorResult:
+        plan = evaluate_merge_tick(context.instance, MergeCursor.parse(context.cursor), wal)
+        if not plan.requests:
+            return dg.SensorResult(skip_reason=plan.skip_reason, cursor=plan.cursor.dump())
+        return dg.SensorResult(run_requests=plan.requests, cursor=plan.cursor.dump())
+
+    return dataset_tables_sensor

@@ -22,3 +22,15 @@ def test_the_merge_job_sensor_and_backfill_policy_are_in_the_code_location():
     tables = defs.resolve_assets_def("dataset_tables")
     assert tables.backfill_policy.max_partitions_per_run == 25
     assert tables.partitions_def.name == "datasets"
+
+
+def test_the_merge_sensor_ticks_as_often_as_configured():
+    from runstate.config import Settings
+    from runstate.defs.dataset_tables import build_defs
+
+    def interval(environ: dict[str, str]) -> int | None:
+        [sensor] = build_defs(Settings.from_env(environ)).sensors
+        return sensor.minimum_interval_seconds
+
+    assert interval({}) == 60
+    assert interval({"RUNSTATE_DATASET_MERGE_INTERVAL_S": "10"}) == 10
