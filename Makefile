@@ -30,7 +30,7 @@ lint: setup
 	$(BIN)/ruff format --check .
 
 test: lint services
-	$(BIN)/pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -n 3 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 dev: services
 	$(BIN)/runstate dev

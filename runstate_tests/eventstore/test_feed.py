@@ -72,6 +72,30 @@ def _raw_append(
     store._append_tx(conn, run_id, valid, None, None, written)
 
 
+def follow_until_caught_up(
+    store: Any,
+    all_committed: threading.Event,
+    committed: set[str],
+    linger_s: float = 1.0,
+    deadline_s: float = 60,
+) -> list[StoredEvent]:
+    """Subscribe from 0 until, every writer done, each committed key has arrived and `linger_s` more passed
+    (an event delivered twice would come in that time too), or the deadline passed."""
+    got: list[StoredEvent] = []
+    deadline = time.monotonic() + deadline_s
+    caught_up_at: list[float] = []
+
+    def stop() -> bool:
+        now = time.monotonic()
+        if not caught_up_at and all_committed.is_set() and committed <= {e.idempotency_key for e in got}:
+            caught_up_at.append(now)
+        return now > deadline or bool(caught_up_at) and now > caught_up_at[0] + linger_s
+
+    for event in store.subscribe(0, poll_seconds=0.3, stop=stop):
+        got.append(event)
+    return got
+
+
 def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_store, pg_database, pg_schema):
     """Every committed event reaches a subscriber exactly once, in position order, none skipped,
     although one transaction stays open for seconds while the others commit past it."""
@@ -109,7 +133,10 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
         threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)
     ]
     got: list[StoredEvent] = []
-    subscriber = threading.Thread(target=lambda: got.extend(collect(store, 10**9, deadline_s=12, poll=0.3)))
+    all_committed = threading.Event()  # set once every writer and the long transaction are done
+    subscriber = threading.Thread(
+        target=lambda: got.extend(follow_until_caught_up(store, all_committed, committed))
+    )
     for thread in threads:
         thread.start()
     subscriber.start()
@@ -117,6 +144,7 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
         thread.join()
     others_done.set()
     threads[0].join()
+    all_committed.set()
     subscriber.join()
 
     keys = [e.idempotency_key for e in got]
