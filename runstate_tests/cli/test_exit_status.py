@@ -2,12 +2,13 @@
 
 `wal read` died with SIGABRT at interpreter exit, after printing its answer, a few runs in a hundred:
 pyarrow's native teardown racing a thread still alive, with every pyarrow wheel and allocator tried.
-The console script now exits past the native destructors (`runstate.cli.entry`). The loop is what
-catches a regression; the subprocesses run a few at a time so the test stays short.
-
-`wal read` died in 2 runs of 50: it keeps 50 runs, which catch that rate 87 times in 100 (1 - 0.96**50).
-The other verbs never died and leave by the same exit (`runstate.cli.entry`); 5 runs each prove they
-do. Every run is a whole interpreter (boto3, pyarrow, psycopg imported), so runs are what this test costs.
+The console script now exits past the interpreter's finalization and the native destructors
+(`runstate.cli.entry`). Two tests keep it so:
+- `test_the_console_script_skips_the_interpreters_finalization` proves the mechanism every run: an
+  object that only finalization would destroy is never destroyed, and the status still comes through.
+- the loop runs each read verb as a real process against real data: 10 runs of `wal read` (which died
+  in 2 runs of 50 before the fix) and 5 of each other verb. Every run is a whole interpreter (boto3,
+  pyarrow, psycopg imported), so runs are what it costs; the subprocesses run a few at a time.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ VERBS = {
     "maintenance status": ["maintenance", "status"],
     "db status": ["db", "status"],
 }
-RUNS = {verb: 50 if verb == "wal read" else 5 for verb in VERBS}
+RUNS = {verb: 10 if verb == "wal read" else 5 for verb in VERBS}
 
 
 def test_read_verbs_never_end_by_a_signal(env: dict[str, str]) -> None:
@@ -91,3 +92,32 @@ def test_read_verbs_never_end_by_a_signal(env: dict[str, str]) -> None:
     unclean = [(verb, code, err) for verb, code, err in outcomes if code not in CLEAN_EXITS]
     assert not unclean, f"exit statuses {dict(statuses)}; first: {unclean[0]}"
     assert all(code == 0 for _, code, _ in outcomes), dict(statuses)  # real data: every call succeeds
+
+
+# An object that only the interpreter's finalization destroys (builtins are cleared last); its __del__
+# leaves a file. `entry` then ends the process by os._exit with click's status.
+FINALIZATION_PROBE = """
+import builtins, sys
+from runstate.cli import entry
+
+class Probe:
+    def __del__(self, write=open, path=sys.argv[1]):  # bound now: finalization clears the builtins
+        write(path, "w").write("finalized")
+
+builtins._runstate_probe = Probe()
+sys.argv = ["runstate", *sys.argv[2:]]
+entry()
+"""
+
+
+@pytest.mark.parametrize("args, status", [(["--version"], 0), (["no-such-verb"], 2)])
+def test_the_console_script_skips_the_interpreters_finalization(tmp_path: Path, args: list[str], status: int):
+    marker = tmp_path / "finalized"
+    plain = [sys.executable, "-c", FINALIZATION_PROBE.replace("entry()", "sys.exit(0)"), str(marker)]
+    assert subprocess.run(plain, timeout=120).returncode == 0 and marker.exists()  # the probe works
+    marker.unlink()
+
+    done = subprocess.run([sys.executable, "-c", FINALIZATION_PROBE, str(marker), *args], timeout=120)
+
+    assert done.returncode == status
+    assert not marker.exists(), "the interpreter was finalized: native destructors ran"
