@@ -28,7 +28,6 @@ from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
 from runstate.wal.shards import shard_of
 
-MERGE_INTERVAL_S = 60
 MERGE_SHARDS = 4
 CURSOR_VERSION = 1
 
@@ -128,7 +127,7 @@ def evaluate_merge_tick(
     return MergeTick(requests, MergeCursor(requested, tick), holders)
 
 
-def build_dataset_tables_sensor(interval_s: int = MERGE_INTERVAL_S) -> dg.SensorDefinition:
+def build_dataset_tables_sensor(interval_s: int) -> dg.SensorDefinition:
     """dataset_tables_sensor, ticking every `interval_s` (RUNSTATE_DATASET_MERGE_INTERVAL_S)."""
 
     @dg.sensor(
