@@ -32,6 +32,7 @@ from runstate.eventstore.contract import (
 from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import (
+    COMPRESS_OVER_BYTES,
     KIND_PROJECTION,
     KIND_STATE,
     EncodedSnapshot,
@@ -72,7 +73,7 @@ class EventStore(ABC):
             interval=int(snapshot_interval),
             keep=int(keep_snapshots),
             warn_bytes=large_snapshot_bytes,
-            compress_over=large_snapshot_bytes,
+            compress_over=min(COMPRESS_OVER_BYTES, large_snapshot_bytes),
         )
         self.snapshot_interval = self.policy.interval
         self.metrics = SnapshotMetrics()

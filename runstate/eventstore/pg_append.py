@@ -1,23 +1,27 @@
-"""The Postgres store's append: one statement in the common case, a locked transaction otherwise.
+"""The Postgres store's append: one pipelined flight in the common case, a locked transaction otherwise.
 
-The common case (a batch of new keys, the run where this store last left it) is ONE statement in
-autocommit, so one round trip (sql/postgres/eventstore/005_one_statement_append.sql): it upserts the stream
-row (the run's row lock), inserts the batch after its last_seq, and writes the snapshot computed
-from the store's hint of the run (hints.py) when the batch crosses a snapshot point. The database
-checks every guess in that statement. When one was wrong (a key already stored: a retried append;
-an archived run; another writer moved the run; a stale `expected_last_seq`) the statement rolls
-back whole and the append runs the slow way: in a transaction, lock the stream row, look up the
-stored keys when needed, insert, snapshot, commit. The statements are named queries in
-sql/postgres/eventstore/append.sql.
+The common case (a batch of new keys, the run where this store last left it) is ONE statement
+(sql/postgres/eventstore/005_one_statement_append.sql): it upserts the stream row (the run's row
+lock) and inserts the batch after its last_seq. It leaves in pipeline mode, so the client does the
+rest of its work while the server inserts: it folds the run's projection (the store's hint, hints.py)
+and, when the batch crosses a snapshot point, encodes the snapshot and sends it behind the insert in
+the same transaction. One round trip either way. The database checks every guess in the insert's
+statement. When one was wrong (a key already stored: a retried append; an archived run; another
+writer moved the run; a stale `expected_last_seq`) the transaction rolls back whole and the append
+runs the slow way: in a transaction, lock the stream row, look up the stored keys when needed,
+insert, snapshot, commit. The statements are named queries in sql/postgres/eventstore/append.sql.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import errors
+from psycopg.pq import TransactionStatus
 
 from runstate import sqlfiles
 from runstate.eventstore.contract import AppendResult, EventType, RunSnapshot
@@ -27,14 +31,12 @@ from runstate.eventstore.pg_sql import (
     Stream,
     batch_params,
     one_statement_params,
-    snapshot_row_params,
 )
 from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.snapshots import (
     KIND_PROJECTION,
     KIND_STATE,
     EncodedSnapshot,
-    SnapshotPolicy,
     encode_snapshot,
 )
 from runstate.eventstore.validation import ValidEvent
@@ -51,13 +53,13 @@ class GuessedWrong(Exception):
 
 
 @dataclass(frozen=True)
-class _Snapshot:
-    seq: int
+class _Pipelined:
+    """What the one-statement append wrote, as the client computed it beside the server's insert."""
+
+    before: int
     count_before: int
-    kind: str
-    reason: str
-    encoded: EncodedSnapshot
-    projection: RunSnapshot | None
+    projection: RunSnapshot | None  # the run's projection after the batch, if the hint had one before it
+    snapshot: EncodedSnapshot | None
 
 
 class _PgAppend:
@@ -67,50 +69,75 @@ class _PgAppend:
         self, run_id: str, valid: list[ValidEvent], state: Any, expected_last_seq: int | None
     ) -> list[AppendResult]:
         new, places = _dedupe(valid)
-        what = f"append to run {run_id!r}"
-        snapshot = self._guess_snapshot(run_id, new, state)
-        if snapshot is not False:
+        hint = self.hints.get(run_id)
+        reason = self.policy.reason(
+            hint.event_count, hint.event_count + len(new), (e.event_type for e in new)
+        )
+        # Without the run's projection the pipeline cannot make a due projection snapshot.
+        if reason is None or state is not None or hint.projection is not None:
             try:
-                before, count_before = self._run(
-                    what,
-                    lambda conn: _one_statement(conn, run_id, new, expected_last_seq, snapshot, self.policy),
+                done = self._run(
+                    f"append to run {run_id!r}",
+                    lambda conn: self._pipelined(conn, run_id, new, state, expected_last_seq, hint, reason),
                     transactional=False,
                 )
             except (GuessedWrong, KeyTaken):
                 pass
             else:
-                self._committed(run_id, before, count_before, new, snapshot)
+                if done.snapshot is not None:
+                    self.metrics.record_written(done.snapshot)
+                rows = list(enumerate(new, done.before + 1))
+                self.hints.after_append(run_id, done.before, done.count_before, rows, done.projection)
                 return [
-                    AppendResult(before + place, idempotent=dup, persisted=not dup) for place, dup in places
+                    AppendResult(done.before + place, idempotent=dup, persisted=not dup)
+                    for place, dup in places
                 ]
         return self._locked_append(run_id, valid, state, expected_last_seq)
 
-    def _guess_snapshot(self, run_id: str, new: list[ValidEvent], state: Any) -> _Snapshot | None | bool:
-        """The snapshot this batch writes if the run stands where the hint says (None: no snapshot is
-        due; False: one is due but the hint lacks the projection to make it: append the slow way)."""
-        hint: RunHint = self.hints.get(run_id)
-        reason = self.policy.reason(
-            hint.event_count, hint.event_count + len(new), (e.event_type for e in new)
+    def _pipelined(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        new: list[ValidEvent],
+        state: Any,
+        expected: int | None,
+        hint: RunHint,
+        reason: str | None,
+    ) -> _Pipelined:
+        """The insert leaves first; the fold and the snapshot are computed while the server inserts.
+        GuessedWrong or KeyTaken when the database refused a guess (nothing was written)."""
+        snapshot_seq = hint.last_seq + len(new) if reason else None
+        params = one_statement_params(run_id, new)
+        params.update(
+            expected=expected,
+            every=self.policy.interval,
+            signal_waiting=any(e.event_type == EventType.SIGNAL_WAITING for e in new),
+            snapshot_seq=snapshot_seq,
+            snapshot_count_before=hint.event_count if reason else None,
         )
-        if reason is None:
-            return None
-        seq = hint.last_seq + len(new)
-        if state is not None:
-            encoded = encode_snapshot(run_id, seq, state, self.policy)
-            return _Snapshot(seq, hint.event_count, KIND_STATE, reason, encoded, None)
-        if hint.projection is None:
-            return False
-        projection = fold_new(hint.projection, list(enumerate(new, hint.last_seq + 1)))
-        encoded = encode_snapshot(run_id, seq, projection.to_dict(), self.policy)
-        return _Snapshot(seq, hint.event_count, KIND_PROJECTION, reason, encoded, projection)
-
-    def _committed(
-        self, run_id: str, before: int, count_before: int, new: list[ValidEvent], snapshot: _Snapshot | None
-    ) -> None:
-        if snapshot is not None:
-            self.metrics.record_written(snapshot.encoded)
-        rows = list(enumerate(new, before + 1))
-        self.hints.after_append(run_id, before, count_before, rows, snapshot.projection if snapshot else None)
+        encoded = projection = None
+        try:
+            # A snapshot makes two statements, which must commit together (and roll back together if the
+            # client fails between them); a lone statement is its own transaction, and faster without
+            # pipeline mode.
+            with _one_flight_transaction(conn) if snapshot_seq is not None else nullcontext():
+                cursor = conn.execute(_sql("append_events"), params, prepare=True)
+                if hint.projection is not None:
+                    projection = fold_new(hint.projection, list(enumerate(new, hint.last_seq + 1)))
+                if reason and snapshot_seq is not None:
+                    kind = KIND_STATE if state is not None else KIND_PROJECTION
+                    # _append_valid comes here for a projection snapshot only with the hint's projection.
+                    doc = state if state is not None else projection.to_dict()
+                    encoded = encode_snapshot(run_id, snapshot_seq, doc, self.policy)
+                    self._store_snapshot(conn, run_id, snapshot_seq, kind, encoded, reason)
+        except errors.UniqueViolation as exc:
+            raise KeyTaken() from exc
+        except psycopg.Error as exc:
+            if exc.sqlstate == GUESSED_WRONG_SQLSTATE:
+                raise GuessedWrong() from exc
+            raise
+        before, count_before = cursor.fetchone()
+        return _Pipelined(before, count_before, projection, encoded)
 
     # -- the slow way -------------------------------------------------------------------------
 
@@ -186,6 +213,27 @@ class _PgAppend:
         return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
 
 
+@contextmanager
+def _one_flight_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """The block's statements between a BEGIN and a COMMIT, in pipeline mode: they leave as the block
+    sends them, and the client waits once, when the block ends. Any error, the server's or the
+    block's, rolls them back. (psycopg's own transaction() syncs at its edges in pipeline mode: three
+    more round trips.)"""
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            try:
+                yield
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()  # a server error left the transaction open and failed
+        raise
+
+
 def _dedupe(valid: list[ValidEvent]) -> tuple[list[ValidEvent], list[tuple[int, bool]]]:
     """The batch's distinct keys in order, and for each event (its 1-based place among them, whether
     it repeats a key earlier in the batch)."""
@@ -201,43 +249,3 @@ def _dedupe(valid: list[ValidEvent]) -> tuple[list[ValidEvent], list[tuple[int, 
         else:
             places.append((place, True))
     return new, places
-
-
-def _snapshot_params(snapshot: _Snapshot | None) -> dict[str, Any]:
-    """The statement's snapshot parameters: all NULL when the batch carries none (its snapshot CTEs then
-    touch nothing)."""
-    if snapshot is None:
-        return {"snapshot_seq": None, "snapshot_count_before": None, **snapshot_row_params()}
-    return {
-        "snapshot_seq": snapshot.seq,
-        "snapshot_count_before": snapshot.count_before,
-        **snapshot_row_params(snapshot.kind, snapshot.encoded, snapshot.reason),
-    }
-
-
-def _one_statement(
-    conn: psycopg.Connection,
-    run_id: str,
-    new: list[ValidEvent],
-    expected: int | None,
-    snapshot: _Snapshot | None,
-    policy: SnapshotPolicy,
-) -> tuple[int, int]:
-    """(the run's last_seq and event count before the batch), or GuessedWrong / KeyTaken."""
-    params = one_statement_params(run_id, new)
-    params.update(
-        expected=expected,
-        every=policy.interval,
-        signal_waiting=any(e.event_type == EventType.SIGNAL_WAITING for e in new),
-        older=policy.keep - 1,
-        **_snapshot_params(snapshot),
-    )
-    try:
-        row = conn.execute(_sql("append_one_statement"), params, prepare=True).fetchone()
-    except errors.UniqueViolation as exc:
-        raise KeyTaken() from exc
-    except psycopg.Error as exc:
-        if exc.sqlstate == GUESSED_WRONG_SQLSTATE:
-            raise GuessedWrong() from exc
-        raise
-    return row[0], row[1]

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
+from runstate.eventstore.pg_arrays import text_array, timestamptz_array
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
@@ -21,7 +22,8 @@ GUESSED_WRONG_SQLSTATE = "RSK02"
 
 
 # The event arrays of every batch insert (append.sql, archive.sql): parameter name -> ValidEvent field.
-_EVENT_ARRAYS = {
+# Every column but emitted_at goes as text[] (the statements cast the UUIDs and JSON on the server).
+_TEXT_ARRAYS = {
     "event_id": "event_id",
     "step_id": "step_id",
     "engine_attempt_id": "engine_attempt_id",
@@ -32,20 +34,20 @@ _EVENT_ARRAYS = {
     "key": "idempotency_key",
     "caused_by": "caused_by_signal_id",
     "parent": "parent_event_id",
-    "emitted_at": "emitted_at",
     "adapter_version": "adapter_version",
     "ref": "engine_run_ref_json",
 }
 
 
-def _event_arrays(events: Sequence[ValidEvent]) -> dict[str, list[Any] | None]:
-    """One array per column; an all-NULL column as a NULL array, which the statements' unnest pads."""
+def _event_arrays(events: Sequence[ValidEvent]) -> dict[str, bytes | None]:
+    """One binary array per column; an all-NULL column as a NULL array, which the statements' unnest pads."""
     columns = dict(zip(ValidEvent._fields, zip(*events)))
-    return {param: _column(columns[field]) for param, field in _EVENT_ARRAYS.items()}
+    arrays = {param: _column(columns[field]) for param, field in _TEXT_ARRAYS.items()}
+    return {**arrays, "emitted_at": timestamptz_array(columns["emitted_at"])}
 
 
-def _column(values: tuple[Any, ...]) -> list[Any] | None:
-    return None if values.count(None) == len(values) else list(values)
+def _column(values: tuple[Any, ...]) -> bytes | None:
+    return None if values.count(None) == len(values) else text_array(values)
 
 
 def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
@@ -58,7 +60,7 @@ def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
 
 
 def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
-    """The parameters of append.sql's append_one_statement."""
+    """The parameters of append.sql's append_events."""
     return {"run_id": run_id, "added": len(new), **_event_arrays(new), **_stream_params(new)}
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import pq
 
-from runstate.eventstore import EventType, PostgresEventStore, RunSnapshot, fold
+from runstate.eventstore import EventType, PostgresEventStore, RunSnapshot, fold, pg_append
+from runstate.eventstore.snapshots import decode_snapshot
 from runstate_tests.eventstore.conftest import ev
 
 
@@ -64,13 +65,14 @@ def test_a_run_written_by_two_stores_keeps_true_snapshots(pg_database, pg_schema
     events = stores[0].fetch("shared", limit=100)
     with psycopg.connect(pg_database, autocommit=True) as conn:
         snapshots = conn.execute(
-            f'SELECT seq, payload FROM "{pg_schema}".run_state_snapshots WHERE run_id = %s ORDER BY seq',
+            f'SELECT seq, encoding, payload, checksum FROM "{pg_schema}".run_state_snapshots'
+            " WHERE run_id = %s ORDER BY seq",
             ("shared",),
         ).fetchall()
-    assert [seq for seq, _ in snapshots] == [27, 30, 36]  # the latest three of 6, 12, 15, 21, 27, 30, 36
-    for seq, payload in snapshots:
+    assert [row[0] for row in snapshots] == [27, 30, 36]  # the latest three of 6, 12, 15, 21, 27, 30, 36
+    for seq, encoding, payload, checksum in snapshots:
         expected = fold(RunSnapshot.empty("shared"), [e for e in events if e.run_seq <= seq])
-        assert json.loads(bytes(payload)) == expected.to_dict()
+        assert decode_snapshot("shared", seq, encoding, bytes(payload), checksum) == expected.to_dict()
     for store in stores:
         store.close()
 
@@ -87,3 +89,24 @@ def test_a_retried_append_returns_the_stored_seqs_and_writes_nothing(pg_store, p
     assert [(r.run_seq, r.idempotent, r.persisted) for r in mixed] == [(2, True, False), (4, False, True)]
     assert [e.run_seq for e in pg_store.fetch("r")] == [1, 2, 3, 4]
     other.close()
+
+
+def test_a_failure_between_the_insert_and_its_snapshot_writes_neither(pg_database, pg_schema, monkeypatch):
+    """The insert leaves before the snapshot is made; an interrupt while it is being made rolls the
+    insert back, and the connection goes back to the pool clean."""
+    store = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1, snapshot_interval=2)
+    store.ensure_schema()
+    batch = [ev("r", "Tick", i, key=f"k{i}") for i in range(2)]
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pg_append, "encode_snapshot", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.append_batch("r", batch)
+    monkeypatch.undo()
+
+    assert store.fetch("r") == []
+    assert [r.run_seq for r in store.append_batch("r", batch)] == [1, 2]
+    assert store.metrics.written == 1 and store.resume("r").snapshot_seq == 2
+    store.close()

@@ -3,12 +3,11 @@
 -- The arrays go as binary parameters (%(x)b): no text escaping of every element on the client.
 -- The position packs the transaction id with the row's place in the batch (002_event_feed.sql).
 
--- name: append_one_statement
--- The common case in one round trip (005_one_statement_append.sql): the stream row's upsert takes the
--- run's row lock and gives the seq the batch follows; the check, last, aborts the whole statement when
--- a guess of the client was wrong (RSK02). An all-NULL column goes as a NULL array, which unnest pads.
--- With a snapshot_seq it also writes the snapshot and prunes old ones (the DELETE sees the table as it
--- was before the INSERT: keep the newest keep-1 older snapshots); without one both CTEs touch nothing.
+-- name: append_events
+-- The common case (005_one_statement_append.sql): the stream row's upsert takes the run's row lock and
+-- gives the seq the batch follows; the check, last, aborts the whole statement when a guess of the
+-- client was wrong (RSK02), and with it the snapshot the client sends behind it in the same
+-- transaction (snapshots.sql's write_snapshot). An all-NULL column goes as a NULL array, which unnest pads.
 WITH stream AS (
   INSERT INTO run_streams AS s (run_id, last_seq, event_count, first_event_at, started_at, completed_at)
   VALUES (%(run_id)s, %(added)s, %(added)s, %(first_event_at)s, %(started_at)s, %(completed_at)s)
@@ -37,17 +36,6 @@ WITH stream AS (
     %(adapter_version)b::text[], %(ref)b::text[]
   ) WITH ORDINALITY AS u(event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
                          event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)
-), snapshot AS (
-  INSERT INTO run_state_snapshots
-    (run_id, seq, kind, encoding, payload, checksum, raw_bytes, stored_bytes, reason)
-  SELECT %(run_id)s, %(snapshot_seq)s::bigint, %(kind)s::text, %(encoding)s::text, %(payload)s::bytea,
-         %(checksum)s::text, %(raw)s::bigint, %(stored)s::bigint, %(reason)s::text
-  WHERE %(snapshot_seq)s::bigint IS NOT NULL
-  ON CONFLICT (run_id, seq) DO NOTHING
-), pruned AS (
-  DELETE FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s::bigint AND seq NOT IN (
-    SELECT seq FROM run_state_snapshots WHERE run_id = %(run_id)s AND seq < %(snapshot_seq)s
-    ORDER BY seq DESC LIMIT %(older)s)
 )
 SELECT runstate_check_append(before, count_before, archived, %(expected)s, %(added)s, %(every)s,
                              %(signal_waiting)s, %(snapshot_seq)s, %(snapshot_count_before)s),
