@@ -110,3 +110,22 @@ def test_a_failure_between_the_insert_and_its_snapshot_writes_neither(pg_databas
     assert [r.run_seq for r in store.append_batch("r", batch)] == [1, 2]
     assert store.metrics.written == 1 and store.resume("r").snapshot_seq == 2
     store.close()
+
+
+def test_a_retried_batch_that_crosses_a_snapshot_point_is_refused_whole_then_found(pg_database, pg_schema):
+    """The insert fails on a stored key with the snapshot already sent behind it in the same flight:
+    the transaction rolls back, the connection is clean again, and the slow way finds the stored seqs."""
+    writer = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1, snapshot_interval=2)
+    writer.ensure_schema()
+    batch = [ev("r", "Tick", i, key=f"k{i}") for i in range(2)]
+    writer.append_batch("r", batch)
+    retrier = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1, snapshot_interval=2)
+
+    again = retrier.append_batch("r", batch)  # no hint of the run: guessed new, so a snapshot is due
+    after = retrier.append_batch("r", [ev("r", "Tick", 2, key="k2"), ev("r", "Tick", 3, key="k3")])
+
+    assert [(r.run_seq, r.idempotent) for r in again] == [(1, True), (2, True)]
+    assert [r.run_seq for r in after] == [3, 4] and retrier.resume("r").snapshot_seq == 4
+    assert writer.metrics.written + retrier.metrics.written == 2
+    writer.close()
+    retrier.close()
