@@ -1,6 +1,6 @@
 -- Named queries of runstate/eventstore/pg_append.py: the event store's append on Postgres.
 -- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
--- The arrays go as binary parameters (%(x)b): no text escaping of every element on the client.
+-- The arrays go as binary parameters (%(x)b), packed by runstate/eventstore/pg_arrays.py.
 -- The position packs the transaction id with the row's place in the batch (002_event_feed.sql).
 
 -- name: append_events
