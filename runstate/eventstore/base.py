@@ -43,7 +43,7 @@ from runstate.eventstore.snapshots import (
     choose_valid,
     encode_snapshot,
 )
-from runstate.eventstore.validation import ValidEvent, validate_batch
+from runstate.eventstore.validation import ValidEvent, check_run_id, validate_batch
 
 log = logging.getLogger("runstate.eventstore")
 
@@ -238,15 +238,7 @@ class EventStore(ABC):
     ) -> list[AppendResult]:
         """Append atomically; duplicates (stored or within the batch) return the existing run_seq.
         With `expected_last_seq`, ConcurrencyConflict unless the run is at that seq (or a pure retry)."""
-        valid = self._validate_append(run_id, events, state, expected_last_seq)
-        if not valid:
-            return []
-        return self._append_valid(run_id, valid, state, expected_last_seq)
-
-    def _validate_append(
-        self, run_id: str, events: Sequence[NewEvent], state: Any, expected_last_seq: int | None
-    ) -> list[ValidEvent]:
-        valid = validate_batch(run_id, list(events), max_event_bytes=self.max_event_bytes)
+        check_run_id(run_id)
         if state is not None:
             canonical_json(run_id, state)  # bad state is bad input: reject before any write
         if expected_last_seq is not None and (
@@ -259,7 +251,16 @@ class EventStore(ABC):
                 f"must be a non-negative integer, got {expected_last_seq!r}",
                 run_id=run_id,
             )
-        return valid
+        return self._append_events(run_id, list(events), state, expected_last_seq)
+
+    def _append_events(
+        self, run_id: str, events: list[NewEvent], state: Any, expected_last_seq: int | None
+    ) -> list[AppendResult]:
+        """Validate the whole batch, then write it (a backend may overlap the two: Postgres)."""
+        valid = validate_batch(run_id, events, max_event_bytes=self.max_event_bytes)
+        if not valid:
+            return []
+        return self._append_valid(run_id, valid, state, expected_last_seq)
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ _TEXT_ARRAYS = {
 
 def _event_arrays(events: Sequence[ValidEvent]) -> dict[str, bytes | None]:
     """One binary array per column; an all-NULL column as a NULL array, which the statements' unnest pads."""
+    if not events:
+        return dict.fromkeys([*_TEXT_ARRAYS, "emitted_at"])
     columns = dict(zip(ValidEvent._fields, zip(*events)))
     arrays = {param: _column(columns[field]) for param, field in _TEXT_ARRAYS.items()}
     return {**arrays, "emitted_at": timestamptz_array(columns["emitted_at"])}
@@ -59,9 +61,21 @@ def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
     }
 
 
-def one_statement_params(run_id: str, new: Sequence[ValidEvent]) -> dict[str, Any]:
-    """The parameters of append.sql's append_events."""
-    return {"run_id": run_id, "added": len(new), **_event_arrays(new), **_stream_params(new)}
+def one_statement_params(run_id: str, new: Sequence[ValidEvent], sent_ahead: int = 0) -> dict[str, Any]:
+    """The parameters of append.sql's append_events: the batch's `new` events but the first `sent_ahead`,
+    which head_params sent before them."""
+    return {
+        "run_id": run_id,
+        "added": len(new),
+        "offset": sent_ahead,
+        **_event_arrays(new[sent_ahead:]),
+        **_stream_params(new),
+    }
+
+
+def head_params(run_id: str, head: Sequence[ValidEvent], after: int) -> dict[str, Any]:
+    """The parameters of append.sql's insert_head: `head` at the seqs after `after`."""
+    return {"run_id": run_id, "after": after, **_event_arrays(head)}
 
 
 # The snapshot row's parameters, in snapshots.sql's write_snapshot and append.sql's snapshot CTE.

@@ -5,9 +5,10 @@
 - `append_batch` is one round trip in the common case: ONE statement upserts the stream row and
   inserts every event (`unnest` of arrays); when the event count crosses a multiple of
   `snapshot_interval` (or the batch has SignalWaiting), a second statement in the same flight and
-  transaction writes the state snapshot, which the client encodes while the server inserts. The
-  database refuses the insert when the store's guess of the run was wrong, and the append is then
-  made in a locked transaction (pg_append.py).
+  transaction writes the state snapshot, which the client encodes while the server inserts, and a
+  large batch sends its first third ahead while the client validates the rest. The database refuses
+  the inserts when the store's guess of the run was wrong, and the append is then made in a locked
+  transaction (pg_append.py).
 - `expected_last_seq` (optimistic concurrency) is checked under the stream row lock.
 - Every event gets a feed position (see sql/postgres/eventstore/002_event_feed.sql and pg_reads.py).
 - Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first

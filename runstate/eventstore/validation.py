@@ -132,21 +132,28 @@ def validate_event(
 
 
 def validate_batch(
-    run_id: str, events: Sequence[NewEvent], *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    run_id: str,
+    events: Sequence[NewEvent],
+    *,
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    first_index: int = 0,
 ) -> list[ValidEvent]:
-    """Validate a whole batch before any write: one bad event rejects the batch."""
+    """Validate a whole batch before any write: one bad event rejects the batch. `first_index`: the
+    place of events[0] in the caller's batch, when this is a part of it (errors name that place)."""
     check_run_id(run_id)
     if len(events) > MAX_BATCH_EVENTS:
         raise InvalidEvent(
             "events", f"a batch holds at most {MAX_BATCH_EVENTS} events, got {len(events)}", run_id=run_id
         )
     valid = _validate_columns(run_id, events, max_event_bytes)
-    return valid if valid is not None else _validate_events(run_id, events, max_event_bytes)
+    return valid if valid is not None else _validate_events(run_id, events, max_event_bytes, first_index)
 
 
-def _validate_events(run_id: str, events: Sequence[NewEvent], max_event_bytes: int) -> list[ValidEvent]:
+def _validate_events(
+    run_id: str, events: Sequence[NewEvent], max_event_bytes: int, first_index: int = 0
+) -> list[ValidEvent]:
     valid = []
-    for index, event in enumerate(events):
+    for index, event in enumerate(events, first_index):
         checked = validate_event(event, max_event_bytes=max_event_bytes, index=index, checked_run_id=run_id)
         if checked.run_id != run_id:
             raise InvalidEvent(

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from runstate.eventstore import EventType, PostgresEventStore, RunSnapshot, fold, pg_append
+from runstate.eventstore import EventType, InvalidEvent, PostgresEventStore, RunSnapshot, fold, pg_append
 from runstate.eventstore.snapshots import decode_snapshot
 from runstate_tests.eventstore.conftest import ev
 
@@ -129,3 +129,54 @@ def test_a_retried_batch_that_crosses_a_snapshot_point_is_refused_whole_then_fou
     assert writer.metrics.written + retrier.metrics.written == 2
     writer.close()
     retrier.close()
+
+
+# A batch of HEAD_AHEAD_FROM events or more sends its first third before the rest is validated.
+LARGE = pg_append.HEAD_AHEAD_FROM + 8
+
+
+def _large(run_id: str, start: int = 0) -> list:
+    return [ev(run_id, "Tick", start + i, key=f"{run_id}-{start + i}") for i in range(LARGE)]
+
+
+def test_a_bad_event_after_the_head_left_rolls_the_head_back(pg_database, pg_schema):
+    store = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1)
+    store.ensure_schema()
+    batch = _large("r")
+    batch[-1] = ev("r", "Tick\x1b[31m", LARGE - 1, key="bad")
+
+    with pytest.raises(InvalidEvent) as raised:
+        store.append_batch("r", batch)
+
+    assert (raised.value.field, raised.value.index) == ("event_type", LARGE - 1)
+    assert store.fetch("r") == []
+    assert [r.run_seq for r in store.append_batch("r", _large("r"))] == list(range(1, LARGE + 1))
+    store.close()
+
+
+def test_a_large_batch_keeps_its_seqs_and_snapshots_when_two_stores_write_the_run(pg_database, pg_schema):
+    """Each store's head goes ahead at the seqs its stale hint guesses; the database refuses them and
+    the slow way appends after the other store's events."""
+    stores = [PostgresEventStore(pg_database, schema=pg_schema, snapshot_interval=LARGE) for _ in range(2)]
+    stores[0].ensure_schema()
+    for n in range(4):
+        results = stores[n % 2].append_batch("shared", _large("shared", n * LARGE))
+        assert [r.run_seq for r in results] == list(range(n * LARGE + 1, (n + 1) * LARGE + 1))
+
+    events = stores[0].fetch("shared", limit=1000)
+    for store in stores:
+        resume = store.resume("shared")
+        assert resume.snapshot_seq == 4 * LARGE
+        assert resume.state == fold(RunSnapshot.empty("shared"), events).to_dict()
+        store.close()
+
+
+def test_a_large_batch_repeating_keys_across_its_head_and_rest_stores_each_once(pg_store):
+    batch = _large("r")
+    batch[-1] = ev("r", "Tick", 99, key=batch[0].idempotency_key)  # repeats the head's first key
+    again = pg_store.append_batch("r", batch)
+    retried = pg_store.append_batch("r", batch)
+
+    assert [r.run_seq for r in again] == [*range(1, LARGE), 1]
+    assert [(r.run_seq, r.idempotent) for r in retried] == [(r.run_seq, True) for r in again]
+    assert len(pg_store.fetch("r", limit=1000)) == LARGE - 1
