@@ -6,9 +6,9 @@ lock) and inserts the batch after its last_seq. The client overlaps its own work
 - when the batch crosses a snapshot point, the insert leaves in pipeline mode and the client folds the
   run's projection (the store's hint, hints.py) and encodes the snapshot while the server inserts, then
   sends it behind the insert, between a BEGIN and a COMMIT of the same flight;
-- a batch of HEAD_AHEAD_FROM events or more sends its first third ahead (at the seqs the hint guesses)
-  as soon as that third is validated, and the client validates and packs the rest while the server
-  inserts it; an invalid event in the rest rolls the head back.
+- a batch of HEAD_AHEAD_FROM events or more sends its first third ahead (it takes the stream row's
+  lock) as soon as that third is validated, and the client validates and packs the rest while the
+  server inserts it; an invalid event in the rest rolls the head back.
 One round trip either way. The database checks every guess in the insert's statement. When one was
 wrong (a key already stored: a retried append; an archived run; another writer moved the run; a
 stale `expected_last_seq`) the transaction rolls back whole and the append runs the slow way: in a
@@ -171,13 +171,12 @@ class _PgAppend:
         expected: int | None,
         hint: RunHint,
     ) -> _Flown:
-        """One round trip. With `rest`, `batch` is the head: it leaves first, at the seqs after the
-        hint's (or `expected`), and the rest is validated while the server inserts it (an invalid event
-        rolls the head back). Then the insert of the rest, which upserts the stream row and checks the
+        """One round trip. With `rest`, `batch` is the head: it leaves first, taking the run's stream
+        row lock, and the rest is validated while the server inserts it (an invalid event rolls the head
+        back). Then the insert of the rest, which updates the stream row and checks the client's
         guesses; the fold and the snapshot are computed while the server inserts. _Refused when the
-        database refused a guess."""
+        database refused a guess or found a key already stored (nothing was written)."""
         ahead = len(batch.new) if rest is not None else 0
-        guess = expected if expected is not None or rest is None else hint.last_seq
         reason = None if rest is not None else self._snapshot_reason(hint, batch)
         # Two statements must commit together, and roll back together if the client fails between
         # them; a lone statement is its own transaction, and faster without pipeline mode.
@@ -187,14 +186,14 @@ class _PgAppend:
         try:
             with _one_flight_transaction(conn) if one_flight else nullcontext():
                 if rest is not None:
-                    conn.execute(_sql("insert_head"), head_params(run_id, batch.new, guess), prepare=True)
+                    conn.execute(_sql("insert_head"), head_params(run_id, batch.new), prepare=True)
                     events, first_index = rest
                     more = validate_batch(
                         run_id, events, max_event_bytes=self.max_event_bytes, first_index=first_index
                     )
                     batch, complete = batch.extended(more), True
                     reason = self._snapshot_reason(hint, batch)
-                params = self._append_params(run_id, batch, ahead, guess, hint, reason)
+                params = self._append_params(run_id, batch, ahead, expected, hint, reason)
                 cursor = conn.execute(_sql("append_events"), params, prepare=True)
                 if hint.projection is not None:
                     projection = fold_new(hint.projection, list(enumerate(batch.new, hint.last_seq + 1)))

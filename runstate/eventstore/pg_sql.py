@@ -73,9 +73,9 @@ def one_statement_params(run_id: str, new: Sequence[ValidEvent], sent_ahead: int
     }
 
 
-def head_params(run_id: str, head: Sequence[ValidEvent], after: int) -> dict[str, Any]:
-    """The parameters of append.sql's insert_head: `head` at the seqs after `after`."""
-    return {"run_id": run_id, "after": after, **_event_arrays(head)}
+def head_params(run_id: str, head: Sequence[ValidEvent]) -> dict[str, Any]:
+    """The parameters of append.sql's insert_head."""
+    return {"run_id": run_id, **_event_arrays(head)}
 
 
 # The snapshot row's parameters, in snapshots.sql's write_snapshot and append.sql's snapshot CTE.

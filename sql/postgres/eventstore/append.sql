@@ -9,7 +9,7 @@
 -- client was wrong (RSK02), and with it the snapshot the client sends behind it in the same
 -- transaction (snapshots.sql's write_snapshot). An all-NULL column goes as a NULL array, which unnest pads.
 -- `added` counts the whole batch; when its first `offset` events went ahead (insert_head), the arrays
--- hold the rest, and `expected` is the seq the head was inserted after.
+-- hold the rest.
 WITH stream AS (
   INSERT INTO run_streams AS s (run_id, last_seq, event_count, first_event_at, started_at, completed_at)
   VALUES (%(run_id)s, %(added)s, %(added)s, %(first_event_at)s, %(started_at)s, %(completed_at)s)
@@ -45,17 +45,22 @@ SELECT runstate_check_append(before, count_before, archived, %(expected)s, %(add
 FROM stream;
 
 -- name: insert_head
--- The first part of a large batch, sent while the client still validates the rest: its seqs follow
--- `after`, the client's guess of the run's last_seq, which append_events (the rest, in the same
--- transaction) checks under the stream row's lock. A seq or key already stored aborts the transaction
--- (a unique violation): the append then runs the slow way.
+-- The first part of a large batch, sent while the client still validates the rest: it takes the run's
+-- stream row lock (as lock_stream does) and inserts after its last_seq; append_events inserts the rest
+-- in the same transaction, with `offset` the head's length. A key already stored aborts the
+-- transaction (a unique violation): the append then runs the slow way.
+WITH stream AS (
+  INSERT INTO run_streams AS s (run_id) VALUES (%(run_id)s)
+  ON CONFLICT (run_id) DO UPDATE SET updated_at = s.updated_at
+  RETURNING s.last_seq
+)
 INSERT INTO run_events (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
                         plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
                         parent_event_id, emitted_at, adapter_version, engine_run_ref, position)
-SELECT %(run_id)s, %(after)s + u.ord, u.event_id, u.step_id, u.engine_attempt_id, u.logical_attempt_id,
-       u.plan_version, u.event_type, u.data::jsonb, u.key, u.caused_by, u.parent, u.emitted_at,
-       u.adapter_version, u.ref::jsonb, (pg_current_xact_id()::text::bigint << 20) | u.ord
-FROM unnest(
+SELECT %(run_id)s, stream.last_seq + u.ord, u.event_id, u.step_id, u.engine_attempt_id,
+       u.logical_attempt_id, u.plan_version, u.event_type, u.data::jsonb, u.key, u.caused_by, u.parent,
+       u.emitted_at, u.adapter_version, u.ref::jsonb, (pg_current_xact_id()::text::bigint << 20) | u.ord
+FROM stream, unnest(
   %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
   %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
   %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
