@@ -2,7 +2,7 @@
 
 - `PostgresDatastore(dsn, schema=...)`: a psycopg_pool.ConnectionPool of autocommit connections whose
   search_path is the schema, `connection()`, `transaction(pipeline=...)`, `connect()` for a
-  connection of one's own; fork-safe.
+  connection of one's own; fork-safe. `pipelined_transaction(conn)`: BEGIN..COMMIT in one flight.
 - `SnowflakeDatastore(connect_kwargs | connection_factory, schema=...)`: a small pool of
   snowflake-connector connections, `connection()`, `cursor()`, `transaction()`, `connect()`.
 
@@ -12,7 +12,7 @@ translates them into its own error root.
 """
 
 from runstate.datastore.names import InvalidSchemaName, check_schema_name
-from runstate.datastore.postgres import PostgresDatastore, redact
+from runstate.datastore.postgres import PostgresDatastore, pipelined_transaction, redact
 from runstate.datastore.snowflake import SnowflakeDatastore
 
 Datastore = PostgresDatastore | SnowflakeDatastore
@@ -23,5 +23,6 @@ __all__ = [
     "PostgresDatastore",
     "SnowflakeDatastore",
     "check_schema_name",
+    "pipelined_transaction",
     "redact",
 ]

@@ -16,11 +16,12 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
 from runstate.datastore.names import check_schema_name
@@ -147,11 +148,10 @@ class PostgresDatastore:
     def transaction(self, *, pipeline: bool = False) -> Iterator[psycopg.Connection]:
         """A pooled connection inside BEGIN..COMMIT (ROLLBACK when the block raises).
 
-        With `pipeline`, statements leave without waiting for each other's results, up to the first
-        result the block reads, and the COMMIT leaves with the statements before it."""
+        With `pipeline`, see pipelined_transaction: one flight, up to the first result the block reads."""
         with self.connection() as conn:
             if pipeline:
-                with conn.pipeline(), conn.transaction():
+                with pipelined_transaction(conn):
                     yield conn
             else:
                 with conn.transaction():
@@ -222,3 +222,30 @@ def redact(url: str) -> str:
         netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
         return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     return url
+
+
+@contextmanager
+def pipelined_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """The block's statements between a BEGIN and a COMMIT, in pipeline mode: they leave as the block
+    sends them, and the client waits when the block reads a result and once at its end. Any error, the
+    server's or the block's, rolls them back, and the block's own exception is the one raised.
+    (psycopg's transaction() inside a pipeline syncs at its edges: three more round trips.) Inside a
+    transaction already (a pinned connection's), psycopg's nested transaction, a savepoint."""
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        with conn.pipeline(), conn.transaction():
+            yield
+        return
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            try:
+                yield
+            except BaseException:
+                with suppress(psycopg.Error):  # the block's exception, not the server's, is the one raised
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()  # a server error left the transaction open and failed
+        raise

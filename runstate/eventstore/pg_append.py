@@ -18,24 +18,23 @@ statements are named queries in sql/postgres/eventstore/append.sql.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg import errors
-from psycopg.pq import TransactionStatus
 
 from runstate import sqlfiles
+from runstate.datastore import pipelined_transaction
 from runstate.eventstore.contract import AppendResult, EventType, NewEvent, RunSnapshot
 from runstate.eventstore.hints import RunHint, fold_new
 from runstate.eventstore.pg_sql import (
     GUESSED_WRONG_SQLSTATE,
     Stream,
+    append_events_params,
     batch_params,
     head_params,
-    one_statement_params,
 )
 from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.snapshots import (
@@ -184,7 +183,7 @@ class _PgAppend:
         complete = rest is None
         encoded = projection = None
         try:
-            with _one_flight_transaction(conn) if one_flight else nullcontext():
+            with pipelined_transaction(conn) if one_flight else nullcontext():
                 if rest is not None:
                     conn.execute(_sql("insert_head"), head_params(run_id, batch.new), prepare=True)
                     events, first_index = rest
@@ -221,7 +220,7 @@ class _PgAppend:
         hint: RunHint,
         reason: str | None,
     ) -> dict[str, Any]:
-        params = one_statement_params(run_id, batch.new, ahead)
+        params = append_events_params(run_id, batch.new, ahead)
         params.update(
             expected=expected,
             every=self.policy.interval,
@@ -303,25 +302,3 @@ class _PgAppend:
         # Archived keys are in run_events_archive too (the insert's ON CONFLICT cannot see it).
         query = _sql("existing_keys_with_archive" if stream.archived else "existing_keys")
         return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
-
-
-@contextmanager
-def _one_flight_transaction(conn: psycopg.Connection) -> Iterator[None]:
-    """The block's statements between a BEGIN and a COMMIT, in pipeline mode: they leave as the block
-    sends them, and the client waits once, when the block ends. Any error, the server's or the
-    block's, rolls them back. (psycopg's own transaction() syncs at its edges in pipeline mode: three
-    more round trips.)"""
-    try:
-        with conn.pipeline():
-            conn.execute("BEGIN")
-            try:
-                yield
-            except BaseException:
-                with suppress(psycopg.Error):  # the block's exception, not the server's, is the one to raise
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-    except BaseException:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()  # a server error left the transaction open and failed
-        raise

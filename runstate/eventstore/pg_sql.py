@@ -61,7 +61,7 @@ def _stream_params(events: Sequence[ValidEvent]) -> dict[str, Any]:
     }
 
 
-def one_statement_params(run_id: str, new: Sequence[ValidEvent], sent_ahead: int = 0) -> dict[str, Any]:
+def append_events_params(run_id: str, new: Sequence[ValidEvent], sent_ahead: int = 0) -> dict[str, Any]:
     """The parameters of append.sql's append_events: the batch's `new` events but the first `sent_ahead`,
     which head_params sent before them."""
     return {
