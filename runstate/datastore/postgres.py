@@ -236,13 +236,17 @@ def pipelined_transaction(conn: psycopg.Connection) -> Iterator[None]:
             yield
         return
     try:
-        with conn.pipeline():
+        with conn.pipeline() as pipeline:
             conn.execute("BEGIN")
             try:
                 yield
             except BaseException:
-                with suppress(psycopg.Error):  # the block's exception, not the server's, is the one raised
+                # The block's exception, not the server's, is the one raised; syncing here collects
+                # the aborted statements' errors, which the pipeline's exit would log as warnings.
+                with suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
+                with suppress(psycopg.Error):
+                    pipeline.sync()
                 raise
             conn.execute("COMMIT")
     except BaseException:

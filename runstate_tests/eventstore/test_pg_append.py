@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -207,3 +208,19 @@ def test_writers_racing_large_batches_into_one_run_store_every_event_once_in_ord
 
     assert sorted(s for batch in seqs for s in batch) == list(range(1, 12 * LARGE + 1))
     assert all(batch == list(range(batch[0], batch[0] + LARGE)) for batch in seqs)
+
+
+def test_a_refused_flight_logs_no_driver_warning(pg_database, pg_schema, caplog):
+    """A retried large batch from a store that has not seen the run is refused in its flight (its head's
+    keys are stored, its snapshot already queued): the refusal is expected, so psycopg must not warn
+    about the aborted pipeline on the way out."""
+    stores = [PostgresEventStore(pg_database, schema=pg_schema, snapshot_interval=LARGE) for _ in range(2)]
+    stores[0].ensure_schema()
+    stores[0].append_batch("r", _large("r"))
+    with caplog.at_level(logging.WARNING):
+        again = stores[1].append_batch("r", _large("r"))
+
+    assert all(r.idempotent for r in again)
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
+    for store in stores:
+        store.close()
