@@ -39,6 +39,7 @@ VISIBLE_AFTER_RESTART_S = 60  # issue 19: the bound this test is about
 DATASET = "restart"
 RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
   runId status } } } }"""
+RUN = """query($runId: ID!) { runOrError(runId: $runId) { ... on Run { status endTime } } }"""
 
 
 class Server:
@@ -188,21 +189,40 @@ def a_run_lingering(server: Server) -> None:
         )
 
 
+def ends(deployment: Deployment, run_ids: list[str]) -> dict[str, tuple[str, float | None]]:
+    """Each run's status and recorded end time (epoch seconds, None while it has none)."""
+    found = {}
+    for run_id in run_ids:
+        run = deployment.graphql(RUN, {"runId": run_id})["runOrError"]
+        found[run_id[:8]] = (run["status"], run["endTime"])
+    return found
+
+
 def restart_then_append(server: Server, sig: int, changes: list[Change]) -> float:
-    """Stop mid-linger by `sig`, start again, append; returns the seconds from append to visible."""
+    """Stop mid-linger by `sig`, start again, append; returns the seconds from append to visible.
+
+    After a SIGTERM, the runs that lingered must have recorded their own end before they exited: a run
+    worker told to stop ends its run (Dagster's retry policy would otherwise re-run the interrupted step in
+    the dying process, and the run stayed STARTED until the restarted deployment found it dead)."""
     a_run_lingering(server)
+    lingering = lingering_runs(server.deployment)
     server.stop(sig)
+    stopped = time.time()
     server.start()
+    if sig == signal.SIGTERM:
+        recorded = ends(server.deployment, lingering)
+        assert all(end is not None and end <= stopped for _, end in recorded.values()), recorded
     change = Change.upsert(f"after-{signal.Signals(sig).name}", len(changes) + 1)
     changes.append(change)
     appended = time.monotonic()
     seq = append(server.deployment, change.key, change.value)
-    poll(
-        lambda: visible_at(server.deployment, seq),
-        timeout=VISIBLE_AFTER_RESTART_S,
-        every=0.5,
-        what=f"row {seq} visible after a restart by {signal.Signals(sig).name}",
-    )
+    with explained(server):
+        poll(
+            lambda: visible_at(server.deployment, seq),
+            timeout=VISIBLE_AFTER_RESTART_S,
+            every=0.5,
+            what=f"row {seq} visible after a restart by {signal.Signals(sig).name}",
+        )
     return time.monotonic() - appended
 
 

@@ -4,6 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.defs.wal.resources import WalResource
@@ -43,6 +44,7 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
 
 
 @dg.op(name=MERGE_OP, retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL))
+@ends_run_when_interrupted
 def merge_datasets(
     context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource
 ) -> None:

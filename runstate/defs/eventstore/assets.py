@@ -26,6 +26,7 @@ from pydantic import Field
 
 from runstate.defs.eventstore.jobs import RUN_EVENTS_ASSET, STORE_RETRY_POLICY
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.tags import DOMAIN_TAG, TABLE_TAG
 from runstate.eventstore import ProjectionReport
 
@@ -71,6 +72,7 @@ def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) ->
     op_tags={TABLE_TAG: "run_snapshots"},
     description="Projected state of each run (status, steps, artifacts), by the UTC day the run started.",
 )
+@ends_run_when_interrupted
 def run_snapshots(
     context: dg.AssetExecutionContext, config: RunSnapshotsConfig, event_store: EventStoreResource
 ) -> dg.MaterializeResult:

@@ -12,6 +12,7 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.eventstore.resources import EventStoreResource
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.tags import DOMAIN_TAG, TABLE_TAG
 from runstate.eventstore import (
     DEFAULT_ARCHIVE_AFTER_DAYS,
@@ -113,6 +114,7 @@ def conflict_failure(exc: ConcurrencyConflict) -> dg.Failure:
 
 
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={DOMAIN_TAG: "eventstore"})
+@ends_run_when_interrupted
 def append_events_op(
     context: dg.OpExecutionContext, config: AppendEventsConfig, event_store: EventStoreResource
 ) -> list[int]:
@@ -145,6 +147,7 @@ def append_events_op(
 
 
 @dg.op(retry_policy=STORE_RETRY_POLICY, tags={DOMAIN_TAG: "eventstore"})
+@ends_run_when_interrupted
 def archive_events_op(
     context: dg.OpExecutionContext, config: ArchiveConfig, event_store: EventStoreResource
 ) -> int:

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
@@ -80,6 +81,7 @@ def _told_to_stop(context: dg.OpExecutionContext) -> bool:
     retry_policy=TRANSIENT_RETRY,
     description="Claim jobs one after another on one Spark session until the queue is empty or time is up.",
 )
+@ends_run_when_interrupted
 def run_maintenance_worker(
     context: dg.OpExecutionContext,
     config: MaintenanceWorkerConfig,

@@ -7,6 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.runs.beating import beating
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.tags import PRIORITY_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
@@ -113,6 +114,7 @@ def build_flush_job(
     """The flush job; tests build one with a faster policy so a fault-then-recover run takes milliseconds."""
 
     @dg.op(name="flush_wal_shard", retry_policy=retry_policy)
+    @ends_run_when_interrupted
     def flush_wal_shard(
         context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource
     ) -> dg.Output:
@@ -170,6 +172,7 @@ flush_wal = build_flush_job()
 
 
 @dg.op(retry_policy=FLUSH_RETRY_POLICY)
+@ends_run_when_interrupted
 def compact_wal_datasets(context: dg.OpExecutionContext, config: CompactConfig, wal: WalResource) -> None:
     """Per dataset: a new snapshot from the old one plus its deltas, trim old Applied rows, archive old blobs."""
     table, blobs = wal.wal_table(), wal.blob_store()
