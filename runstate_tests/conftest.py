@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -88,6 +89,21 @@ def racing_processes() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(RACER_MODULES)
     return context
+
+
+def race_outcomes(results: Any, workers: list[Any], count: int, timeout: float = 600) -> list[Any]:
+    """`count` items from the racers' `results` queue. A racer that died fails the test at once, naming
+    its exit code (its traceback is in the captured stderr), instead of after `timeout`."""
+    outcomes: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(outcomes) < count:
+        try:
+            outcomes.append(results.get(timeout=1))
+        except queue.Empty:
+            died = [worker.exitcode for worker in workers if worker.exitcode not in (None, 0)]
+            assert not died, f"a racer died (exit codes {died}) after {len(outcomes)} of {count} outcomes"
+            assert time.monotonic() < deadline, f"{len(outcomes)} of {count} outcomes in {timeout:.0f} s"
+    return outcomes
 
 
 ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

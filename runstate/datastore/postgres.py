@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -236,20 +236,32 @@ def pipelined_transaction(conn: psycopg.Connection) -> Iterator[None]:
             yield
         return
     try:
-        with conn.pipeline() as pipeline:
+        with conn.pipeline():
             conn.execute("BEGIN")
             try:
                 yield
             except BaseException:
-                # The block's exception, not the server's, is the one raised; syncing here collects
-                # the aborted statements' errors, which the pipeline's exit would log as warnings.
-                with suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")
-                with suppress(psycopg.Error):
-                    pipeline.sync()
+                _roll_back(conn)  # the block's exception, not the server's, is the one raised
                 raise
             conn.execute("COMMIT")
     except BaseException:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()  # a server error left the transaction open and failed
         raise
+
+
+def _roll_back(conn: psycopg.Connection) -> None:
+    """Roll back a pipelined transaction with `conn.rollback()`, never a ROLLBACK statement.
+
+    psycopg forgets the connection's prepared statements on a rollback. rollback() deallocates them on
+    the server at once; after a ROLLBACK statement psycopg does it only at the end of the next execute,
+    after that execute prepared its own statement again, so the next use of that one failed with
+    `prepared statement "_pg3_N" does not exist`. The first call syncs the pipeline, which collects the
+    aborted statements' errors (the pipeline's exit would log them as warnings) and may raise the first
+    of them before it rolls back: then the second rolls back."""
+    for _ in range(2):
+        try:
+            conn.rollback()
+            return
+        except psycopg.Error:
+            continue

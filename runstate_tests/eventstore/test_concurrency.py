@@ -11,7 +11,7 @@ from runstate.eventstore import (
     PostgresEventStore,
     SnowflakeEventStore,
 )
-from runstate_tests.conftest import racing_processes
+from runstate_tests.conftest import race_outcomes, racing_processes
 from runstate_tests.eventstore.conftest import ev
 
 WRITERS = 12
@@ -87,7 +87,7 @@ def test_twelve_processes_race_and_exactly_one_wins_each_round(backend, request)
     ]
     for worker in workers:
         worker.start()
-    outcomes = [results.get(timeout=600) for _ in range(WRITERS * rounds)]
+    outcomes = race_outcomes(results, workers, WRITERS * rounds)
     for worker in workers:
         worker.join(timeout=120)
 

@@ -10,7 +10,15 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from runstate.eventstore import EventType, InvalidEvent, PostgresEventStore, RunSnapshot, fold, pg_append
+from runstate.eventstore import (
+    ConcurrencyConflict,
+    EventType,
+    InvalidEvent,
+    PostgresEventStore,
+    RunSnapshot,
+    fold,
+    pg_append,
+)
 from runstate.eventstore.snapshots import decode_snapshot
 from runstate_tests.eventstore.conftest import ev
 
@@ -224,3 +232,20 @@ def test_a_refused_flight_logs_no_driver_warning(pg_database, pg_schema, caplog)
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
     for store in stores:
         store.close()
+
+
+def test_appends_after_a_refused_expected_seq_keep_working_on_the_same_connection(pg_database, pg_schema):
+    """A conflict rolls the slow path's transaction back, and psycopg forgets its prepared statements on
+    a rollback. Had the flight sent a ROLLBACK statement, psycopg would have deallocated them only after
+    the next append prepared its own again, and the append after that failed: `prepared statement
+    "_pg3_1" does not exist` (12 racing writers hit it about one run in ten)."""
+    store = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1)  # one connection throughout
+    store.ensure_schema()
+    store.append(ev("r", "RunStarted", 0, key="k0"))  # the one-flight statement is prepared
+    with pytest.raises(ConcurrencyConflict):
+        store.append(ev("r", "Tick", 1, key="k1"), expected_last_seq=0)
+
+    seqs = [store.append(ev("r", "Tick", i, key=f"k{i}")).run_seq for i in range(1, 4)]
+
+    assert seqs == [2, 3, 4]
+    store.close()
