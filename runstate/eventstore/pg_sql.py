@@ -78,26 +78,17 @@ def head_params(run_id: str, head: Sequence[ValidEvent]) -> dict[str, Any]:
     return {"run_id": run_id, **_event_arrays(head)}
 
 
-# The snapshot row's parameters, in snapshots.sql's write_snapshot and append.sql's snapshot CTE.
-_SNAPSHOT_ROW = ("kind", "encoding", "payload", "checksum", "raw", "stored", "reason")
-
-
-def snapshot_row_params(
-    kind: str | None = None, encoded: EncodedSnapshot | None = None, reason: str | None = None
-) -> dict[str, Any]:
-    """The snapshot row's parameters; all NULL without an encoded snapshot (the statement then writes none)."""
-    if encoded is None:
-        return dict.fromkeys(_SNAPSHOT_ROW)
-    row = (
-        kind,
-        encoded.encoding,
-        encoded.payload,
-        encoded.checksum,
-        encoded.raw_bytes,
-        encoded.stored_bytes,
-        reason,
-    )
-    return dict(zip(_SNAPSHOT_ROW, row, strict=True))
+def snapshot_row_params(kind: str, encoded: EncodedSnapshot, reason: str) -> dict[str, Any]:
+    """The snapshot row's parameters in snapshots.sql's write_snapshot."""
+    return {
+        "kind": kind,
+        "encoding": encoded.encoding,
+        "payload": encoded.payload,
+        "checksum": encoded.checksum,
+        "raw": encoded.raw_bytes,
+        "stored": encoded.stored_bytes,
+        "reason": reason,
+    }
 
 
 @dataclass(frozen=True)

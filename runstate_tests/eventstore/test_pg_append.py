@@ -149,19 +149,16 @@ def _large(run_id: str, start: int = 0) -> list:
     return [ev(run_id, "Tick", start + i, key=f"{run_id}-{start + i}") for i in range(LARGE)]
 
 
-def test_a_bad_event_after_the_head_left_rolls_the_head_back(pg_database, pg_schema):
-    store = PostgresEventStore(pg_database, schema=pg_schema, pool_size=1)
-    store.ensure_schema()
+def test_a_bad_event_after_the_head_left_rolls_the_head_back(pg_store):
     batch = _large("r")
     batch[-1] = ev("r", "Tick\x1b[31m", LARGE - 1, key="bad")
 
     with pytest.raises(InvalidEvent) as raised:
-        store.append_batch("r", batch)
+        pg_store.append_batch("r", batch)
 
     assert (raised.value.field, raised.value.index) == ("event_type", LARGE - 1)
-    assert store.fetch("r") == []
-    assert [r.run_seq for r in store.append_batch("r", _large("r"))] == list(range(1, LARGE + 1))
-    store.close()
+    assert pg_store.fetch("r") == []
+    assert [r.run_seq for r in pg_store.append_batch("r", _large("r"))] == list(range(1, LARGE + 1))
 
 
 @pytest.mark.parametrize("interval", [LARGE, 10_000], ids=["a-snapshot-every-batch", "no-snapshot"])
