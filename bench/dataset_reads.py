@@ -114,12 +114,12 @@ def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
     """The maintenance service's own path: orchestrator (health, rules, submit), then one worker."""
     from runstate.maintenance import HealthAnalyzer, MaintenanceStore, Orchestrator, OrchestratorSettings
     from runstate.maintenance.models import CachedTable
-    from runstate.maintenance.runner import work_queue
+    from runstate.maintenance.runner import QueueWorker
 
     submitted = []
     with MaintenanceStore(dsn, schema="bench") as store:
         store.ensure_schema()
-        store.replace_table_cache([CachedTable(NAMESPACE, table, True, {})])
+        store.cache.replace_table_cache([CachedTable(NAMESPACE, table, True, {})])
         settings = OrchestratorSettings(default_cadence_hours=0)
         for _ in range(cycles):
             report = Orchestrator(store, HealthAnalyzer(spark).analyze, settings).run()
@@ -127,7 +127,7 @@ def maintain(spark, dsn: str, table: str, cycles: int) -> list[list[str]]:
             if not jobs:
                 break
             submitted.extend(jobs)
-            done = work_queue(spark, store, "bench", lease_seconds=600, budget_seconds=3600)
+            done = QueueWorker(store, "bench", lease_seconds=600).drain(spark, budget_seconds=3600)
             failed = [o.error for o in done.outcomes if o.status != "completed"]
             assert not failed, failed
     return submitted
@@ -141,13 +141,13 @@ def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
     from runstate.maintenance import MaintenanceStore
     from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS
     from runstate.maintenance.models import CachedTable
-    from runstate.maintenance.runner import work_queue
+    from runstate.maintenance.runner import QueueWorker
 
     busy, rng, ratios, peaks, seq = f"lake.{NAMESPACE}.busy", random.Random(11), [], [], 0
     create_table(spark, busy, args.initial_keys)
     with MaintenanceStore(dsn, schema="bench") as store:
         store.ensure_schema()
-        store.add_cached_table(CachedTable(NAMESPACE, "busy", True))
+        store.cache.add_cached_table(CachedTable(NAMESPACE, "busy", True))
         while seq < args.merges:
             seq += 1
             merge_changes(spark, busy, range(seq, seq + 1), args.changes, args.keys, rng, args.cow_max_bytes)
@@ -173,7 +173,7 @@ def apply_deletes_cycles(spark, dsn: str, args: argparse.Namespace) -> dict:
             ratios.append(round(worst["scan_s"] / written_once["scan_s"], 2))
             peaks.append(worst["delete_files"])
             store.submit(NAMESPACE, "busy", APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS)
-            done = work_queue(spark, store, "bench", lease_seconds=600, budget_seconds=3600)
+            done = QueueWorker(store, "bench", lease_seconds=600).drain(spark, budget_seconds=3600)
             assert all(o.status == "completed" for o in done.outcomes), done.outcomes
             assert table_files(spark, busy).delete_files == 0
     return {

@@ -22,7 +22,7 @@ import psycopg
 from common import create_database, drop_database
 
 from runstate.maintenance.models import CachedTable
-from runstate.maintenance.runner import work_queue
+from runstate.maintenance.runner import QueueWorker
 from runstate.maintenance.store import MaintenanceStore
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
@@ -50,7 +50,7 @@ def _tables(spark, prefix: str, count: int) -> list[CachedTable]:
 def _wait_until_done(store: MaintenanceStore, jobs: list[str], dev: subprocess.Popen) -> float:
     began = time.perf_counter()
     while True:
-        statuses = [store.get_job(job_id).status for job_id in jobs]
+        statuses = [store.queue.get_job(job_id).status for job_id in jobs]
         if all(status in ("completed", "failed", "cancelled") for status in statuses):
             assert statuses.count("completed") == len(jobs), statuses
             return time.perf_counter() - began
@@ -107,7 +107,7 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
     try:
         store.ensure_schema()
         served, baseline = _tables(spark, "d", jobs), _tables(spark, "b", jobs)
-        store.replace_table_cache(served + baseline)
+        store.cache.replace_table_cache(served + baseline)
         dev, log = _start_dev(env, home)
         try:
             submitted = [store.submit(t.database, t.table, ["rewrite_data_files"]) for t in served]
@@ -118,7 +118,9 @@ def drain_through_dev(admin_url: str, jobs: int, workers: int) -> dict:
         # The baseline: the same work drained in this process by one worker, with no Dagster around it.
         for table in baseline:
             store.submit(table.database, table.table, ["rewrite_data_files"])
-        report = work_queue(spark, store, "bench-inprocess", lease_seconds=300, budget_seconds=DEADLINE_S)
+        report = QueueWorker(store, "bench-inprocess", lease_seconds=300).drain(
+            spark, budget_seconds=DEADLINE_S
+        )
         assert [o.status for o in report.outcomes] == ["completed"] * jobs
         return {
             "bench": "maintenance_drain",

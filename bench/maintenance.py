@@ -4,7 +4,7 @@
   (4 workers: the median of --queue-rounds drains, alternating with the bare loop's);
 - raw_skip_locked_jobs_per_s: a bare `FOR UPDATE SKIP LOCKED` claim + delete loop, 4 workers, same server;
 - rewrite_overhead_pct: run_job (claim, table lock, heartbeat thread, record_action, fenced complete)
-  around rewrite_data_files of a 500-file table, in a worker's fenced session as work_queue runs it,
+  around rewrite_data_files of a 500-file table, in a worker's fenced session as QueueWorker runs it,
   against the bare `CALL` on an identical table in the same Spark session (after a warm-up
   compaction, so JIT warm-up favours neither side); worker_session_s: opening that session, which a
   worker pays once for all its jobs.
@@ -54,7 +54,7 @@ def drain(store: MaintenanceStore, workers: int) -> tuple[int, float]:
     done = [0] * workers
 
     def worker(index: int, start: threading.Barrier) -> None:
-        with store.pinned():  # as work_queue holds one connection for its loop
+        with store.pinned():  # as a QueueWorker holds one connection for its loop
             start.wait()
             while (claim := store.claim(f"bench-{index}", lease_seconds=60)) is not None:
                 if store.complete(claim, "completed"):
@@ -168,7 +168,9 @@ def rewrite_overhead(dsn: str, store: MaintenanceStore, files: int, repeats: int
         for round_ in range(repeats):
             small_file_table(spark, f"direct_{round_}", files)
             small_file_table(spark, f"managed_{round_}", files)
-        store.replace_table_cache([CachedTable("bench", f"managed_{r}", True, {}) for r in range(repeats)])
+        store.cache.replace_table_cache(
+            [CachedTable("bench", f"managed_{r}", True, {}) for r in range(repeats)]
+        )
         jvm = spark.sparkContext._jvm
         # As a worker run: one fenced session for all its jobs, opened once (timed on its own).
         began = time.perf_counter()
@@ -218,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with MaintenanceStore(dsn, schema=SCHEMA, max_attempts=3) as store:
             store.ensure_schema()
-            store.replace_table_cache([CachedTable("bench", f"t{i}", True, {}) for i in range(args.jobs)])
+            store.cache.replace_table_cache(
+                [CachedTable("bench", f"t{i}", True, {}) for i in range(args.jobs)]
+            )
             result: dict = {"bench": "maintenance", "jobs": args.jobs, **load}
             result["queue_jobs_per_s_1w"] = round(queue_rate(store, args.jobs, 1), 1)
             queue_4w, raw_4w = queue_against_raw(store, dsn, args.jobs, args.queue_rounds)

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from runstate.maintenance.store import MaintenanceStore
 
 SENSOR_NAME = "maintenance_queue_sensor"
-DEFAULT_ACTIONS = "rewrite_data_files,rewrite_position_delete_files,rewrite_manifests,expire_snapshots"
 MAX_OPTION_CHARS = 1000
 
 
@@ -78,14 +77,16 @@ def maintenance() -> None:
 )
 def submit(table: str, actions: tuple[str, ...], dry_run: bool, options: tuple[str, ...]) -> None:
     """Queue maintenance for TABLE (database.table); prints the job id (an active job's id if it has one)."""
-    from runstate.maintenance.identifiers import parse_table_ref, validate_actions
-    from runstate.maintenance.options import ActionSettings
+    from runstate.maintenance.identifiers import DEFAULT_ACTIONS, parse_table_ref
+    from runstate.maintenance.plan import ActionPlan
 
     ref = parse_table_ref(table)
-    names = validate_actions(",".join(actions) if actions else DEFAULT_ACTIONS)
-    parsed = dict(parse_option(o) for o in options)
-    ActionSettings.from_options(parsed)  # validated before anything is written
-    click.echo(_store().submit(ref.database, ref.table, names, dry_run=dry_run, options=parsed))
+    plan = ActionPlan.parse(
+        ",".join(actions) if actions else DEFAULT_ACTIONS,
+        dry_run=dry_run,
+        options=dict(parse_option(o) for o in options),
+    )
+    click.echo(_store().queue.submit(ref, plan))
 
 
 @maintenance.command()
@@ -95,11 +96,13 @@ def submit(table: str, actions: tuple[str, ...], dry_run: bool, options: tuple[s
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of text.")
 def status(job_id: str | None, table: str | None, limit: int, as_json: bool) -> None:
     """One job with its action results, or the most recent jobs."""
+    from runstate.maintenance.identifiers import parse_table_ref
+
     store = _store()
     if job_id:
         _show_job(store, job_id, as_json)
         return
-    jobs = store.list_jobs(table_key=table, limit=limit)
+    jobs = store.queue.list_jobs(table=parse_table_ref(table) if table is not None else None, limit=limit)
     if as_json:
         _echo_json(jobs)
         return
@@ -112,10 +115,10 @@ def status(job_id: str | None, table: str | None, limit: int, as_json: bool) -> 
 def _show_job(store: MaintenanceStore, job_id: str, as_json: bool) -> None:
     from runstate.maintenance.errors import JobNotFound
 
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     if job is None:
         raise JobNotFound(f"maintenance job {job_id[:64]!r} not found")
-    actions = store.job_actions(job_id)
+    actions = store.queue.job_actions(job_id)
     if as_json:
         _echo_json({"job": job, "actions": actions})
         return
@@ -141,7 +144,7 @@ def cancel(job_id: str) -> None:
 @click.argument("job_id")
 def delete(job_id: str) -> None:
     """Hide a job from `status` (cancelling it first when active); its row stays, marked deleted."""
-    if not _store().soft_delete(job_id):
+    if not _store().queue.soft_delete(job_id):
         raise click.ClickException(f"job {job_id} is already deleted")
     click.echo(f"{job_id} deleted")
 
@@ -172,7 +175,7 @@ def sync() -> None:
     from runstate.maintenance.catalog import list_tables
 
     listing = list_tables(_spark())
-    stored = _store().replace_table_cache([t.cached() for t in listing.tables])
+    stored = _store().cache.replace_table_cache([t.cached() for t in listing.tables])
     opted_in = sum(1 for t in listing.tables if t.maintenance_enabled)
     click.echo(
         f"cached {stored} tables ({opted_in} opted in)"
@@ -187,13 +190,8 @@ def orchestrate(dry_run: bool) -> None:
     from runstate.maintenance.health import HealthAnalyzer
     from runstate.maintenance.orchestrator import Orchestrator, OrchestratorSettings
 
-    analyzer: list = []
-
-    def analyze(ref):
-        if not analyzer:
-            analyzer.append(HealthAnalyzer(_spark()))
-        return analyzer[0].analyze(ref)
-
+    # Spark starts only when some table gets past the cheap skips.
+    analyze = HealthAnalyzer(_spark).analyze
     report = Orchestrator(_store(), analyze, OrchestratorSettings(dry_run=dry_run)).run()
     for d in report.decisions:
         click.echo(
@@ -227,7 +225,7 @@ def show(table: str, cached: bool, no_record: bool) -> None:
 
     ref = parse_table_ref(table)
     if cached:
-        snapshot = _store().latest_health(ref.key)
+        snapshot = _store().history.latest_health(ref)
         if snapshot is None:
             raise click.ClickException(f"no stored health for {ref.key}; run `runstate health {ref.key}`")
         click.echo(health_json(snapshot))
@@ -236,7 +234,7 @@ def show(table: str, cached: bool, no_record: bool) -> None:
 
     report = HealthAnalyzer(_spark()).analyze(ref)
     if not no_record:
-        _store().insert_health_snapshot(report)
+        _store().history.insert_health_snapshot(report)
     click.echo(health_json(report))
 
 
@@ -263,13 +261,11 @@ def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> No
     from runstate.maintenance.http import make_server
 
     store = _store()
-    analyzer: list = []
+    analyzer = HealthAnalyzer(_spark)  # Spark starts with the first valid request, not before
 
-    def analyze(ref):  # Spark starts with the first valid request, not before
-        if not analyzer:
-            analyzer.append(HealthAnalyzer(_spark()))
-        report = analyzer[0].analyze(ref)
-        store.insert_health_snapshot(report)
+    def analyze(ref):
+        report = analyzer.analyze(ref)
+        store.history.insert_health_snapshot(report)
         return report
 
     try:
@@ -277,7 +273,7 @@ def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> No
             host,
             port,
             analyze,
-            lambda ref: store.latest_health(ref.key),
+            store.history.latest_health,
             analysis_timeout=analysis_timeout,
             max_threads=max_threads,
         )

@@ -1,6 +1,6 @@
 """Iceberg table maintenance core: identifiers, value types, errors, the Postgres store (queue and
 fences, locks, catalog cache, health and audit history), the catalog inventory, the health analyzer,
-the actions, the fenced job runner and worker loop, and the orchestrator.
+the actions, the action plan, the fenced job runner and the queue worker, and the orchestrator.
 
 No dagster imports here; runstate/defs/maintenance is the Dagster shell around this package. Nothing
 here imports pyspark either until a Spark session is used. The status constants stay in their modules
@@ -25,6 +25,7 @@ from runstate.maintenance.errors import (
 from runstate.maintenance.health import MB, HealthAnalyzer, HealthThresholds
 from runstate.maintenance.identifiers import (
     ACTIONS,
+    DEFAULT_ACTIONS,
     IDENTIFIER_PATTERN,
     TableRef,
     parse_table_ref,
@@ -34,13 +35,16 @@ from runstate.maintenance.identifiers import (
 from runstate.maintenance.models import ActionRecord, CachedTable, Claim, HealthSnapshot, Job, OrchestratorRun
 from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator, OrchestratorReport, OrchestratorSettings
-from runstate.maintenance.runner import JobOutcome, WorkerReport, run_job, work_queue
+from runstate.maintenance.plan import ActionPlan
+from runstate.maintenance.runner import JobOutcome, QueueWorker, WorkerReport, run_job
 from runstate.maintenance.store import MaintenanceStore
 
 __all__ = [
     "ACTIONS",
+    "DEFAULT_ACTIONS",
     "IDENTIFIER_PATTERN",
     "MB",
+    "ActionPlan",
     "ActionRecord",
     "ActionSettings",
     "CachedTable",
@@ -63,6 +67,7 @@ __all__ = [
     "OrchestratorReport",
     "OrchestratorRun",
     "OrchestratorSettings",
+    "QueueWorker",
     "StoreError",
     "StoreUnavailable",
     "TableLocked",
@@ -76,5 +81,4 @@ __all__ = [
     "run_job",
     "validate_actions",
     "validate_identifier",
-    "work_queue",
 ]

@@ -86,7 +86,7 @@ class ActionRunner:
     ) -> None:
         self.spark = spark
         self.ref = ref
-        self.settings = (settings or ActionSettings()).validated()
+        self.settings = settings or ActionSettings()  # validated when made (ActionPlan, config)
         self.catalog = validate_identifier(catalog, "catalog name")
         self.now = now
 

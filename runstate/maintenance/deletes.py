@@ -16,9 +16,12 @@ from runstate.maintenance.catalog import CATALOG
 from runstate.maintenance.errors import MaintenanceError
 from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.models import CachedTable
+from runstate.maintenance.plan import ActionPlan
 
 if TYPE_CHECKING:
     from runstate.maintenance.store import MaintenanceStore
+
+APPLY_DELETES_PLAN = ActionPlan.parse(APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS)
 
 
 @dataclass
@@ -39,7 +42,7 @@ def submit_apply_deletes(
 ) -> DeletesSubmission:
     """One job per `lake.<database>.<table>` in `idents`; `added_by` marks cache rows this adds."""
     outcome = DeletesSubmission()
-    cached = {entry.ref.key: entry for entry in store.cached_tables()}
+    cached = {entry.ref.key: entry for entry in store.cache.cached_tables()}
     for ident in idents:
         ref = _lake_table(ident)
         if ref is None:
@@ -50,10 +53,8 @@ def submit_apply_deletes(
             outcome.skipped[ref.key] = "runstate.maintenance.enabled is not true"
             continue
         if entry is None:
-            store.add_cached_table(CachedTable(ref.database, ref.table, True, {"added_by": added_by}))
-        outcome.submitted[ref.key] = store.submit(
-            ref.database, ref.table, APPLY_DELETES_ACTIONS, options=APPLY_DELETES_OPTIONS
-        )
+            store.cache.add_cached_table(CachedTable(ref.database, ref.table, True, {"added_by": added_by}))
+        outcome.submitted[ref.key] = store.queue.submit(ref, APPLY_DELETES_PLAN)
     return outcome
 
 

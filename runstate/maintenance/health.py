@@ -89,16 +89,24 @@ class HealthAnalyzer:
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | Callable[[], SparkSession],
         thresholds: HealthThresholds | None = None,
         *,
         catalog: str = CATALOG,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.spark = spark
+        self._spark = spark
         self.thresholds = thresholds or HealthThresholds()
         self.catalog = validate_identifier(catalog, "catalog name")
         self.now = now
+
+    @property
+    def spark(self) -> SparkSession:
+        """The session. A factory passed in (a resource's `get_session`) is called on the first analysis,
+        so an orchestrator pass that skips every table never starts Spark."""
+        if not hasattr(self._spark, "sql"):
+            self._spark = self._spark()
+        return self._spark
 
     def _metadata(self, ref: TableRef, name: str):
         return self.spark.table(f"{ref.in_catalog(self.catalog)}.{name}")

@@ -11,7 +11,7 @@ from psycopg.rows import dict_row
 from runstate import sqlfiles
 from runstate.maintenance.db import Database
 from runstate.maintenance.errors import InvalidInput
-from runstate.maintenance.identifiers import parse_table_ref
+from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
 from runstate.maintenance.validation import flag, non_empty_text, positive_int, recommended_actions
 
@@ -40,8 +40,7 @@ class History:
         params.pop("id")
         return int(self.db.fetchone(_sql("insert_health"), params)[0])
 
-    def latest_health(self, table_key: str) -> HealthSnapshot | None:
-        ref = parse_table_ref(table_key)
+    def latest_health(self, ref: TableRef) -> HealthSnapshot | None:
         with self.db.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(_sql("latest_health"), (ref.database, ref.table)).fetchone()
         if row is None:

@@ -30,6 +30,9 @@ ACTIONS: tuple[str, ...] = (
     "remove_orphan_files",
 )
 _ACTION_RANK = {name: rank for rank, name in enumerate(ACTIONS)}
+# A request that names no action (the CLI's submit, the launchpad's submit_maintenance) gets every
+# action but remove_orphan_files: deleting files is only done when asked for.
+DEFAULT_ACTIONS: tuple[str, ...] = tuple(name for name in ACTIONS if name != "remove_orphan_files")
 
 # Applying a merge-on-read table's delete files: every data file with deletes is rewritten with them
 # applied (and small files compacted), then the delete files left dangling are dropped. A job of these

@@ -12,7 +12,7 @@ from typing import Any
 
 from runstate import sqlfiles
 from runstate.maintenance.db import Database
-from runstate.maintenance.identifiers import parse_table_ref
+from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import Claim
 from runstate.maintenance.validation import non_empty_text, seconds
 
@@ -20,22 +20,24 @@ _sql = sqlfiles.named("postgres", "maintenance", "locks.sql")
 
 
 class TableLocks:
+    """table_locks of one schema; tables come as TableRef, validated where the request entered."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def acquire_table_lock(self, table_key: str, holder: str, ttl_seconds: float) -> bool:
+    def acquire_table_lock(self, ref: TableRef, holder: str, ttl_seconds: float) -> bool:
         """Take the table's lock until now + ttl. A live lock of another holder is never taken over;
         an expired one is. The current holder calling again extends its lease (a lock heartbeat)."""
         params = {
-            "table_key": parse_table_ref(table_key).key,
+            "table_key": ref.key,
             "holder": non_empty_text(holder, "lock holder"),
             "ttl_seconds": seconds(ttl_seconds, "ttl_seconds"),
         }
         return self.db.fetchone(_sql("acquire_lock"), params) is not None
 
-    def release_table_lock(self, table_key: str, holder: str) -> bool:
+    def release_table_lock(self, ref: TableRef, holder: str) -> bool:
         """Release only when `holder` holds it; False otherwise (someone else's lock stays)."""
-        return self.db.rowcount(_sql("release_lock"), (parse_table_ref(table_key).key, holder)) == 1
+        return self.db.rowcount(_sql("release_lock"), (ref.key, holder)) == 1
 
     def lock_for_claim(self, claim: Claim, ttl_seconds: float) -> bool:
         """Take or refresh the lock of the claim's table for its job, while the claim's fence holds."""
@@ -45,9 +47,9 @@ class TableLocks:
     def unlock_for_claim(self, claim: Claim) -> bool:
         return self.db.rowcount(_sql("release_for_claim"), _claim_params(claim)) == 1
 
-    def table_lock(self, table_key: str) -> dict[str, Any] | None:
+    def table_lock(self, ref: TableRef) -> dict[str, Any] | None:
         """{holder, acquired_at, expires_at, live} of the table's lock row, or None."""
-        row = self.db.fetchone(_sql("get_lock"), (parse_table_ref(table_key).key,))
+        row = self.db.fetchone(_sql("get_lock"), (ref.key,))
         if row is None:
             return None
         return {"holder": row[0], "acquired_at": row[1], "expires_at": row[2], "live": row[3]}

@@ -1,7 +1,8 @@
 """Value types of the maintenance domain: jobs, claims, action records, cache entries, health, audit.
 
-Every type that names a table carries its `database` and `table` and exposes the validated
-`TableRef` as `ref`, so no caller rebuilds `"db.table"` strings by hand.
+A claim carries the job's `TableRef` and `ActionPlan` themselves. The rows read back or written as
+they are (jobs, cache entries, health) carry `database` and `table`, the columns' names, and expose
+the `TableRef` as `ref`, so no caller rebuilds `"db.table"` strings by hand.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from runstate.maintenance.identifiers import TableRef
+from runstate.maintenance.plan import ActionPlan
 
 JOB_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 ACTIVE_STATUSES = ("pending", "running")
@@ -30,25 +32,19 @@ class _OnTable:
         return TableRef(self.database, self.table)
 
     @property
-    def table_ref(self) -> TableRef:
-        return self.ref
-
-    @property
     def table_key(self) -> str:
         return self.ref.key
 
 
 @dataclass(frozen=True)
-class Claim(_OnTable):
-    """One fenced claim of a job: every write made with it matches `attempt_id`."""
+class Claim:
+    """One fenced claim of a job: every write made with it matches `attempt_id`. `plan` is the job's as
+    submit stored it (validated then), so the worker runs it as it is."""
 
     job_id: str
     attempt_id: str
-    database: str
-    table: str
-    actions: tuple[str, ...]
-    dry_run: bool
-    options: Mapping[str, Any] = field(hash=False)  # a dict: left out of the hash so a Claim stays hashable
+    ref: TableRef
+    plan: ActionPlan
     attempt_count: int = 0
     worker: str = ""
     lease_seconds: float = DEFAULT_LEASE_SECONDS
@@ -167,6 +163,7 @@ __all__ = [
     "COMPLETION_STATUSES",
     "DEFAULT_LEASE_SECONDS",
     "JOB_STATUSES",
+    "ActionPlan",
     "ActionRecord",
     "CachedTable",
     "Claim",

@@ -1,4 +1,4 @@
-"""Per-job action options (`jobs.options`) and their rules, checked at submit and again by the worker.
+"""Per-job action options (`jobs.options`) and their rules, checked once, when a request becomes an ActionPlan.
 
 Iceberg's `CALL` parser takes no bound parameters, so every option that reaches SQL text is an
 integer, a timestamp we format, or a sort order whose every term passed the ASCII-only validator.

@@ -16,11 +16,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runstate.maintenance.errors import InvalidIdentifier, TableNotFound
 from runstate.maintenance.identifiers import ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.models import HealthSnapshot, OrchestratorRun
+from runstate.maintenance.plan import ActionPlan
 from runstate.maintenance.rules import (
     DEFAULT_ORPHAN_INTERVAL_HOURS,
     DEFAULT_ORPHAN_MIN_AGE_HOURS,
@@ -29,6 +30,9 @@ from runstate.maintenance.rules import (
     orphan_min_age_hours,
     table_retention,
 )
+
+if TYPE_CHECKING:
+    from runstate.maintenance.store import MaintenanceStore
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +138,7 @@ def _cadence_hours(entry: Any, default: int) -> int:
 class Orchestrator:
     def __init__(
         self,
-        store: Any,
+        store: MaintenanceStore,
         analyze: Callable[[TableRef], HealthSnapshot],
         settings: OrchestratorSettings | None = None,
         *,
@@ -148,7 +152,7 @@ class Orchestrator:
     def run(self) -> OrchestratorReport:
         report = OrchestratorReport(started_at=self.now(), dry_run=self.settings.dry_run)
         try:
-            for entry in self.store.cached_tables():
+            for entry in self.store.cache.cached_tables():
                 report.decisions.append(self.decide(entry))
             self._count_finished_jobs(report)
             report.status = "completed_with_errors" if report.count(ERROR) else "completed"
@@ -159,7 +163,7 @@ class Orchestrator:
             raise
         finally:
             report.completed_at = self.now()
-            report.run_id = self.store.record_orchestrator_run(report.as_run())
+            report.run_id = self.store.history.record_orchestrator_run(report.as_run())
         return report
 
     def decide(self, entry: Any) -> TableDecision:
@@ -170,13 +174,13 @@ class Orchestrator:
             ref = TableRef(entry.database, entry.table)
         except InvalidIdentifier as exc:
             return TableDecision(key, ERROR, str(exc))
-        active = self.store.active_job(ref.key)
+        active = self.store.queue.active_job(ref)
         if active is not None:
             return TableDecision(
                 key, SKIPPED_ACTIVE_JOB, f"job {active.job_id} is {active.status}", active.job_id
             )
         cadence = _cadence_hours(entry, self.settings.default_cadence_hours)
-        last = self.store.last_cadence_job(ref.key) if cadence else None
+        last = self.store.queue.last_cadence_job(ref) if cadence else None
         if last and last.submitted_at > self.now() - timedelta(hours=cadence):
             return TableDecision(
                 key, SKIPPED_CADENCE, f"last job {last.job_id} within {cadence} h", last.job_id
@@ -193,7 +197,7 @@ class Orchestrator:
         key = ref.key
         health = self.analyze(ref)
         if self.settings.record_health:
-            self.store.insert_health_snapshot(health)
+            self.store.history.insert_health_snapshot(health)
         actions, options = self._plan(ref, health, properties)
         if not actions and health.error:
             # Nothing found wrong, but not everything could be measured: not evidence of health.
@@ -202,7 +206,7 @@ class Orchestrator:
             return TableDecision(key, HEALTHY, health.health_status)
         if self.settings.dry_run:
             return TableDecision(key, ADVISED, "dry run: advisory only", None, actions)
-        job_id = self.store.submit(ref.database, ref.table, actions, options=options)
+        job_id = self.store.queue.submit(ref, ActionPlan.parse(actions, options=options))
         return TableDecision(key, SUBMITTED, health.health_status, job_id, actions)
 
     def _plan(
@@ -224,7 +228,7 @@ class Orchestrator:
             wanted.add("expire_snapshots")
             options.update(retention.options())
         min_age = orphan_min_age_hours(properties, self.settings.orphan_min_age_hours)
-        last = self.store.last_action_at(ref.key, "remove_orphan_files")
+        last = self.store.queue.last_action_at(ref, "remove_orphan_files")
         if orphan_cleanup_due(health, last, self.now(), min_age, self.settings.orphan_interval_hours):
             wanted.add("remove_orphan_files")
             options["orphan_older_than_hours"] = min_age
@@ -235,14 +239,8 @@ class Orchestrator:
         for decision in report.decisions:
             if decision.decision != SUBMITTED or not decision.job_id:
                 continue
-            job = self.store.get_job(decision.job_id)
+            job = self.store.queue.get_job(decision.job_id)
             if job is not None and job.status == "completed":
                 report.jobs_completed += 1
             elif job is not None and job.status == "failed":
                 report.jobs_failed += 1
-
-
-def run_orchestrator(
-    store: Any, analyze: Callable[[TableRef], HealthSnapshot], settings: OrchestratorSettings | None = None
-) -> OrchestratorReport:
-    return Orchestrator(store, analyze, settings).run()

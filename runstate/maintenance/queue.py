@@ -24,13 +24,14 @@ from psycopg.types.json import Jsonb
 
 from runstate import sqlfiles
 from runstate.maintenance.db import Database
-from runstate.maintenance.errors import InvalidInput, InvalidStatus, JobNotFound, TableNotCached
-from runstate.maintenance.identifiers import (
-    APPLY_DELETES_ACTIONS,
-    TableRef,
-    parse_table_ref,
-    validate_actions,
+from runstate.maintenance.errors import (
+    InvalidInput,
+    InvalidStatus,
+    JobNotFound,
+    TableNotCached,
+    UnknownAction,
 )
+from runstate.maintenance.identifiers import APPLY_DELETES_ACTIONS, TableRef
 from runstate.maintenance.models import (
     ACTIVE_STATUSES,
     COMPLETION_STATUSES,
@@ -40,6 +41,7 @@ from runstate.maintenance.models import (
     Claim,
     Job,
 )
+from runstate.maintenance.plan import ActionPlan
 from runstate.maintenance.validation import flag, free_text, json_object, non_empty_text, seconds
 
 _CLAIM_ROUNDS = 16
@@ -49,7 +51,10 @@ _sql = sqlfiles.named("postgres", "maintenance", "queue.sql")
 
 
 class JobQueue:
-    """jobs, job_queue and job_actions of one schema, through the shared Database."""
+    """jobs, job_queue and job_actions of one schema, through the shared Database.
+
+    Tables come as TableRef and jobs as ActionPlan, both validated where the request entered.
+    """
 
     def __init__(self, db: Database, *, max_attempts: int = 3) -> None:
         self.db = db
@@ -57,23 +62,11 @@ class JobQueue:
 
     # -- submit ------------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        database: str,
-        table: str,
-        actions: Iterable[str] | str,
-        dry_run: bool = False,
-        options: Mapping[str, Any] | None = None,
-    ) -> str:
-        """Queue a job for `database.table`, or return the id of the job already pending/running for it.
+    def submit(self, ref: TableRef, plan: ActionPlan) -> str:
+        """Queue a job of `plan` for the table, or return the id of the job already pending/running for it.
 
-        Everything is validated before any SQL runs. Raises InvalidIdentifier / UnknownAction for bad
-        input and TableNotCached when the catalog cache does not list the table.
+        Raises TableNotCached, before anything is written, when the catalog cache does not list the table.
         """
-        ref = TableRef(database, table)
-        ordered_actions = validate_actions(actions)
-        dry_run = flag(dry_run, "dry_run")
-        job_options = json_object(options, "options")
         with self.db.transaction() as cur:
             # Serialises submits for one table, so "one active job per table" holds under concurrency.
             cur.execute(
@@ -90,7 +83,14 @@ class JobQueue:
             if existing is not None:
                 return existing[0]
             job_id = str(uuid.uuid4())
-            row = (job_id, ref.database, ref.table, list(ordered_actions), dry_run, Jsonb(job_options))
+            row = (
+                job_id,
+                ref.database,
+                ref.table,
+                list(plan.actions),
+                plan.dry_run,
+                Jsonb(dict(plan.options)),
+            )
             cur.execute(_sql("insert_job"), row)
             cur.execute(_sql("enqueue_job"), (job_id,))
         return job_id
@@ -119,11 +119,8 @@ class JobQueue:
         return Claim(
             job_id=job_id,
             attempt_id=attempt_id,
-            database=database,
-            table=table,
-            actions=tuple(actions),
-            dry_run=dry_run,
-            options=options or {},
+            ref=TableRef(database, table),
+            plan=ActionPlan(tuple(actions), dry_run, options or {}),
             attempt_count=attempt_count,
             worker=worker,
             lease_seconds=lease_seconds,
@@ -169,7 +166,10 @@ class JobQueue:
         Retry-safe: recording the same action again in the same attempt writes nothing and returns True.
         `before` / `after` are the table's figures around the action (see actions.TableFigures).
         """
-        validate_actions([action])
+        if action not in claim.plan.actions:
+            raise UnknownAction(
+                f"job {claim.job_id}: {action!r} is not one of its actions {claim.plan.actions}"
+            )
         params = {
             "job_id": claim.job_id,
             "attempt_id": claim.attempt_id,
@@ -273,43 +273,39 @@ class JobQueue:
     def list_jobs(
         self,
         status: str | None = None,
-        table_key: str | None = None,
+        table: TableRef | None = None,
         limit: int = 100,
         include_deleted: bool = False,
     ) -> list[Job]:
-        """Newest first; from the live_jobs view unless include_deleted."""
+        """Newest first (only `table`'s when given); from the live_jobs view unless include_deleted."""
         if status is not None and status not in JOB_STATUSES:
             raise InvalidStatus(f"job status {status!r} is not one of {JOB_STATUSES}")
-        ref = parse_table_ref(table_key) if table_key is not None else None
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidInput(f"limit must be an integer from 1 to 10000, got {limit!r}")
         params = {
             "status": status,
-            "database": ref.database if ref else None,
-            "table": ref.table if ref else None,
+            "database": table.database if table else None,
+            "table": table.table if table else None,
             "limit": limit,
         }
         query = _sql("list_all_jobs") if include_deleted else _sql("list_live_jobs")
         return [_job(row) for row in self.db.fetchall(query, params)]
 
-    def last_cadence_job(self, table_key: str) -> Job | None:
+    def last_cadence_job(self, ref: TableRef) -> Job | None:
         """The table's newest job that counts against the orchestrator's cadence: any but one that
         only applies delete files (APPLY_DELETES_ACTIONS), which merges may need more often."""
-        ref = parse_table_ref(table_key)
         params = {"database": ref.database, "table": ref.table, "apply_deletes": list(APPLY_DELETES_ACTIONS)}
         row = self.db.fetchone(_sql("last_cadence_job"), params)
         return _job(row) if row else None
 
-    def active_job(self, table_key: str) -> Job | None:
+    def active_job(self, ref: TableRef) -> Job | None:
         """The pending or running job of a table, if any."""
-        ref = parse_table_ref(table_key)
         row = self.db.fetchone(_sql("active_job_id"), (ref.database, ref.table))
         return self.get_job(row[0]) if row else None
 
-    def last_action_at(self, table_key: str, action: str) -> datetime | None:
+    def last_action_at(self, ref: TableRef, action: str) -> datetime | None:
         """When `action` last succeeded on the table for real (dry runs do not count), or None."""
-        ref = parse_table_ref(table_key)
-        row = self.db.fetchone(_sql("last_action"), (ref.database, ref.table, validate_actions([action])[0]))
+        row = self.db.fetchone(_sql("last_action"), (ref.database, ref.table, action))
         return row[0] if row else None
 
     def job_actions(self, job_id: str) -> list[ActionRecord]:

@@ -1,10 +1,10 @@
-"""The fenced job runner and the worker loop.
+"""The fenced job runner and the worker.
 
 `run_job` runs one claimed job: the job's table lock (taken under the claim's fence), a heartbeat
-thread, the actions in order with the table's figures around each, and the completion under the
-fence. Its Spark work runs in the worker's session, whose catalog commits are fenced in Postgres
-(commit_fence.py). `work_queue` is a worker: it claims jobs one after another on one such session
-until the queue is empty or its time budget is spent.
+thread, the actions of its plan in order with the table's figures around each, and the completion
+under the fence. Its Spark work runs in the worker's session, whose catalog commits are fenced in
+Postgres (commit_fence.py). A `QueueWorker` claims jobs one after another on one such session; its
+`run()` hands each outcome to the caller, which logs it and decides whether the worker claims another.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
 from runstate.maintenance.commit_fence import forget_table, worker_session, worker_tag
-from runstate.maintenance.errors import InvalidActionOption, TableLocked
+from runstate.maintenance.errors import TableLocked
+from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import Claim
 from runstate.maintenance.options import ActionSettings
 
@@ -36,9 +37,14 @@ log = logging.getLogger(__name__)
 class JobOutcome:
     job_id: str
     attempt_id: str
+    ref: TableRef
     status: str  # completed | failed | cancelled | fenced_out
     results: list[ActionResult] = field(default_factory=list)
     error: str | None = None
+
+    @classmethod
+    def of(cls, claim: Claim, status: str) -> JobOutcome:
+        return cls(claim.job_id, claim.attempt_id, claim.ref, status)
 
     @property
     def completed_actions(self) -> list[str]:
@@ -66,8 +72,8 @@ class LeaseKeeper:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                alive = self.store.heartbeat(self.claim, self.lease_seconds)
-                alive = alive and self.store.lock_for_claim(self.claim, self.lock_ttl)
+                alive = self.store.queue.heartbeat(self.claim, self.lease_seconds)
+                alive = alive and self.store.locks.lock_for_claim(self.claim, self.lock_ttl)
             except Exception:  # noqa: BLE001 - a database blip; the next beat retries, the lease has slack
                 log.exception("heartbeat for job %s failed", self.claim.job_id)
                 continue
@@ -106,10 +112,11 @@ def run_job(
     heartbeat_seconds: float | None = None,
     after_action: Callable[[ActionResult], None] | None = None,
 ) -> JobOutcome:
-    """Run a claimed job: hold the table lock, heartbeat, run its actions in order, complete under the fence.
+    """Run a claimed job: hold the table lock, heartbeat, run its plan's actions in order, complete under
+    the fence. `settings` are the worker's defaults, under the options of the job's plan.
 
-    `session` is the claim's worker's fenced_session (work_queue keeps one across jobs); without it the
-    job opens one of its own. Stops between actions when the job is cancelled or the claim is fenced
+    `session` is the claim's worker's fenced_session (a QueueWorker keeps one across jobs); without it
+    the job opens one of its own. Stops between actions when the job is cancelled or the claim is fenced
     out; a commit attempted after the fence was lost is refused by the catalog. Raises TableLocked
     (nothing run, nothing recorded) when another job holds the table; the lease then expires and the
     job is claimed again later, or fails at its maximum attempts. The lock lives as long as the lease
@@ -144,21 +151,15 @@ def _run_claimed(
     heartbeat_seconds: float | None,
     after_action: Callable[[ActionResult], None] | None,
 ) -> JobOutcome:
-    try:
-        action_settings = ActionSettings.from_options(claim.options, settings)
-    except InvalidActionOption as exc:
-        error = f"job {claim.job_id} on {claim.table_key}: {exc}"
-        done = store.complete(claim, "failed", error)
-        return JobOutcome(claim.job_id, claim.attempt_id, "failed" if done else "fenced_out", [], error)
     lease_seconds = float(claim.lease_seconds)
     lock_ttl = float(lock_ttl_seconds) if lock_ttl_seconds is not None else lease_seconds
-    if not store.lock_for_claim(claim, lock_ttl):
-        if not store.holds_fence(claim):
-            return JobOutcome(claim.job_id, claim.attempt_id, "fenced_out")
+    if not store.locks.lock_for_claim(claim, lock_ttl):
+        if not store.queue.holds_fence(claim):
+            return JobOutcome.of(claim, "fenced_out")
         raise TableLocked(
-            f"table {claim.table_key} is locked by another maintenance job; job {claim.job_id} not run"
+            f"table {claim.ref.key} is locked by another maintenance job; job {claim.job_id} not run"
         )
-    outcome = JobOutcome(claim.job_id, claim.attempt_id, "completed")
+    outcome = JobOutcome.of(claim, "completed")
     # Three beats per lease: one lost beat never costs the claim.
     interval = heartbeat_seconds or max(lease_seconds / 3, 0.05)
     try:
@@ -169,18 +170,18 @@ def _run_claimed(
             lease_seconds=lease_seconds,
             lock_ttl_seconds=lock_ttl,
         ) as keeper:
-            runner = ActionRunner(session, claim.ref, action_settings, catalog=catalog)
+            runner = ActionRunner(session, claim.ref, claim.plan.settings(settings), catalog=catalog)
             outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
         if outcome.status == "fenced_out":
             return outcome
         failures = [r.error for r in outcome.results if not r.success]
         if failures:
             outcome.status, outcome.error = "failed", "; ".join(e for e in failures if e)
-        if not store.complete(claim, outcome.status, outcome.error):
+        if not store.queue.complete(claim, outcome.status, outcome.error):
             outcome.status = "fenced_out"
         return outcome
     finally:
-        store.unlock_for_claim(claim)
+        store.locks.unlock_for_claim(claim)
         if session is not spark:
             forget_table(spark, catalog, claim.ref)
 
@@ -196,18 +197,19 @@ def _run_actions(
     # The health row the orchestrator just stored answers the first figures when the table has not
     # changed since (same snapshot): no Spark job before the first action.
     runner.refresh_table()  # the worker's session may hold the table as an earlier job left it
-    figures = None if claim.dry_run else runner.figures(known=store.latest_health(claim.table_key))
-    for action in claim.actions:
+    plan = claim.plan
+    figures = None if plan.dry_run else runner.figures(known=store.history.latest_health(claim.ref))
+    for action in plan.actions:
         # A beat right before each action: a worker whose lease ran out never starts another procedure.
-        if keeper.fenced_out.is_set() or not store.heartbeat(claim, keeper.lease_seconds):
+        if keeper.fenced_out.is_set() or not store.queue.heartbeat(claim, keeper.lease_seconds):
             return "fenced_out"
-        if store.is_cancel_requested(claim):
+        if store.queue.is_cancel_requested(claim):
             return "cancelled"
-        result = runner.run(action, dry_run=claim.dry_run, before=figures)
+        result = runner.run(action, dry_run=plan.dry_run, before=figures)
         outcome.results.append(result)
         if result.after:
             figures = result.after
-        if not store.record_action(
+        if not store.queue.record_action(
             claim,
             result.action,
             result.success,
@@ -226,63 +228,101 @@ def _run_actions(
 
 @dataclass
 class WorkerReport:
-    """What one worker run did: one entry per claimed job (TableLocked ones included)."""
+    """What a worker ran: one entry per claimed job (TableLocked ones included)."""
 
     outcomes: list[JobOutcome] = field(default_factory=list)
     locked: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
-    stopped: bool = False  # stop_claiming() ended it, not the queue, the budget or max_jobs
 
     def count(self, status: str) -> int:
         return sum(1 for outcome in self.outcomes if outcome.status == status)
 
 
-def work_queue(
-    spark: SparkSession | Callable[[], SparkSession],
-    store: MaintenanceStore,
-    worker: str,
-    *,
-    lease_seconds: float,
-    budget_seconds: float,
-    max_jobs: int | None = None,
-    on_outcome: Callable[[Claim, JobOutcome], None] | None = None,
-    stop_claiming: Callable[[], bool] | None = None,
-    catalog: str = CATALOG,
-    **job_options: Any,
-) -> WorkerReport:
-    """Claim and run jobs one after another on one Spark session until the queue is empty, the time
-    budget is spent (checked before each claim, so a job is never cut short), `max_jobs` ran or
-    `stop_claiming()` says so (asked before each claim: e.g. the worker was told to stop, or declared dead).
+class QueueWorker:
+    """A worker named `name`: claims jobs one after another and runs each (`run_job`) on one fenced
+    Spark session of its own, on one pinned Postgres connection.
 
-    `spark` may be a factory: then the session (a JVM) starts only when a job was claimed.
+    `run()` yields each job's outcome to its caller, which reports it and decides whether to go on: the
+    next job is claimed only when the next outcome is asked for, so a caller told to stop (a stop
+    request, a run declared dead) asks for no more. `report` sums up what the latest run() ran.
     """
-    get_session = (lambda: spark) if hasattr(spark, "sql") else spark
-    report = WorkerReport()
-    started = time.monotonic()
-    with ExitStack() as sessions:
-        sessions.enter_context(store.pinned())  # the loop's statements on one connection
-        base = session = None
-        while time.monotonic() - started < budget_seconds and (
-            max_jobs is None or len(report.outcomes) < max_jobs
-        ):
-            if stop_claiming is not None and stop_claiming():
-                report.stopped = True
-                break
-            claim = store.claim(worker, lease_seconds)
-            if claim is None:
-                break
-            if session is None:
-                base = get_session()
-                session = sessions.enter_context(fenced_session(base, store, worker, catalog))
-            try:
-                outcome = run_job(base, store, claim, session=session, catalog=catalog, **job_options)
-            except TableLocked as exc:
-                # Its lease expires and another worker (or this one, later) claims it again.
-                log.warning("%s", exc)
-                report.locked.append(claim.job_id)
-                continue
-            report.outcomes.append(outcome)
-            if on_outcome is not None:
-                on_outcome(claim, outcome)
-    report.elapsed_seconds = time.monotonic() - started
-    return report
+
+    def __init__(
+        self,
+        store: MaintenanceStore,
+        name: str,
+        *,
+        lease_seconds: float,
+        settings: ActionSettings | None = None,
+        lock_ttl_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
+        catalog: str = CATALOG,
+    ) -> None:
+        self.store, self.name, self.lease_seconds = store, name, lease_seconds
+        self.settings, self.catalog = settings, catalog
+        self.lock_ttl_seconds, self.heartbeat_seconds = lock_ttl_seconds, heartbeat_seconds
+        self.report = WorkerReport()
+
+    def run(
+        self,
+        spark: SparkSession | Callable[[], SparkSession],
+        *,
+        budget_seconds: float,
+        max_jobs: int | None = None,
+    ) -> Iterator[JobOutcome]:
+        """Claim and run jobs until the queue is empty, the time budget is spent (checked before each
+        claim, so a job is never cut short) or `max_jobs` ran; yields each job's outcome.
+
+        `spark` may be a factory (a resource's `get_session`): then the session (a JVM) starts only once
+        a job was claimed. Close the iterator when stopping early (`contextlib.closing`): that ends
+        the worker's session and gives its connection back.
+        """
+        started = time.monotonic()
+        report = self.report = WorkerReport()
+        try:
+            with ExitStack() as held:
+                held.enter_context(self.store.pinned())  # the loop's statements on one connection
+                base = session = None
+                while time.monotonic() - started < budget_seconds and (
+                    max_jobs is None or len(report.outcomes) < max_jobs
+                ):
+                    claim = self.store.queue.claim(self.name, self.lease_seconds)
+                    if claim is None:
+                        return
+                    if session is None:
+                        base = spark if hasattr(spark, "sql") else spark()
+                        session = held.enter_context(
+                            fenced_session(base, self.store, self.name, self.catalog)
+                        )
+                    try:
+                        outcome = run_job(
+                            base,
+                            self.store,
+                            claim,
+                            session=session,
+                            settings=self.settings,
+                            catalog=self.catalog,
+                            lock_ttl_seconds=self.lock_ttl_seconds,
+                            heartbeat_seconds=self.heartbeat_seconds,
+                        )
+                    except TableLocked as exc:
+                        # Its lease expires and another worker (or this one, later) claims it again.
+                        log.warning("%s", exc)
+                        report.locked.append(claim.job_id)
+                        continue
+                    report.outcomes.append(outcome)
+                    yield outcome
+        finally:
+            report.elapsed_seconds = time.monotonic() - started
+
+    def drain(
+        self,
+        spark: SparkSession | Callable[[], SparkSession],
+        *,
+        budget_seconds: float,
+        max_jobs: int | None = None,
+    ) -> WorkerReport:
+        """`run()` to its end, for a caller with nothing to do between jobs (a script, a benchmark)."""
+        for _ in self.run(spark, budget_seconds=budget_seconds, max_jobs=max_jobs):
+            pass
+        return self.report

@@ -6,16 +6,16 @@ Every part works through one Database over the process's PostgresDatastore (runs
 - cache (CatalogCache): the catalog inventory submit() checks against;
 - history (History): health snapshots and orchestrator audit rows;
 - commit_fence: the trigger that refuses an Iceberg commit from a fenced-out attempt.
-The store's public methods are the parts' methods, forwarded (docs/ARCHITECTURE.md's contract).
+Callers use the parts (`store.queue.list_jobs(...)`). The store's own methods are only the public
+contract (docs/ARCHITECTURE.md): where a table or a job is given as plain values, they become a
+TableRef and an ActionPlan, so the parts never parse one again.
 
 Nothing here imports dagster; the Dagster layer in runstate/defs/maintenance wraps this class.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -26,19 +26,11 @@ from runstate.maintenance.commit_fence import install_commit_fence
 from runstate.maintenance.db import APPLICATION_NAME, Database
 from runstate.maintenance.errors import InvalidInput
 from runstate.maintenance.history import History
+from runstate.maintenance.identifiers import TableRef, parse_table_ref
 from runstate.maintenance.locks import TableLocks
+from runstate.maintenance.models import DEFAULT_LEASE_SECONDS, Claim
+from runstate.maintenance.plan import ActionPlan
 from runstate.maintenance.queue import JobQueue
-
-
-def _forward(part: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    """`store.name(...)` runs `store.<part>.name(...)`, with the part's signature and docstring."""
-
-    @functools.wraps(method)
-    def forwarded(self: MaintenanceStore, *args: Any, **kwargs: Any) -> Any:
-        return getattr(getattr(self, part), method.__name__)(*args, **kwargs)
-
-    forwarded.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
-    return forwarded
 
 
 class MaintenanceStore:
@@ -73,10 +65,6 @@ class MaintenanceStore:
         self.cache = CatalogCache(self.db)
         self.history = History(self.db)
         self._fence_installed = False
-
-    @property
-    def max_attempts(self) -> int:
-        return self.queue.max_attempts
 
     def _new_datastore(self) -> PostgresDatastore:
         return PostgresDatastore(self.dsn, schema=self.schema, application_name=APPLICATION_NAME)
@@ -113,39 +101,45 @@ class MaintenanceStore:
                 self._fence_installed = install_commit_fence(conn, self.schema)
         return self._fence_installed
 
-    # The parts' public methods, one line each.
-    submit = _forward("queue", JobQueue.submit)
-    claim = _forward("queue", JobQueue.claim)
-    heartbeat = _forward("queue", JobQueue.heartbeat)
-    holds_fence = _forward("queue", JobQueue.holds_fence)
-    record_action = _forward("queue", JobQueue.record_action)
-    complete = _forward("queue", JobQueue.complete)
-    fail = _forward("queue", JobQueue.fail)
-    is_cancel_requested = _forward("queue", JobQueue.is_cancel_requested)
-    sweep_stale_claims = _forward("queue", JobQueue.sweep_stale_claims)
-    claim_holders = _forward("queue", JobQueue.claim_holders)
-    expire_leases_of = _forward("queue", JobQueue.expire_leases_of)
-    cancel = _forward("queue", JobQueue.cancel)
-    soft_delete = _forward("queue", JobQueue.soft_delete)
-    get_job = _forward("queue", JobQueue.get_job)
-    list_jobs = _forward("queue", JobQueue.list_jobs)
-    active_job = _forward("queue", JobQueue.active_job)
-    last_cadence_job = _forward("queue", JobQueue.last_cadence_job)
-    last_action_at = _forward("queue", JobQueue.last_action_at)
-    job_actions = _forward("queue", JobQueue.job_actions)
-    queue_depth = _forward("queue", JobQueue.queue_depth)
-    acquire_table_lock = _forward("locks", TableLocks.acquire_table_lock)
-    release_table_lock = _forward("locks", TableLocks.release_table_lock)
-    lock_for_claim = _forward("locks", TableLocks.lock_for_claim)
-    unlock_for_claim = _forward("locks", TableLocks.unlock_for_claim)
-    table_lock = _forward("locks", TableLocks.table_lock)
-    sweep_expired_locks = _forward("locks", TableLocks.sweep_expired_locks)
-    replace_table_cache = _forward("cache", CatalogCache.replace_table_cache)
-    cached_tables = _forward("cache", CatalogCache.cached_tables)
-    add_cached_table = _forward("cache", CatalogCache.add_cached_table)
-    last_synced_at = _forward("cache", CatalogCache.last_synced_at)
-    insert_health_snapshot = _forward("history", History.insert_health_snapshot)
-    latest_health = _forward("history", History.latest_health)
-    prune_health = _forward("history", History.prune_health)
-    record_orchestrator_run = _forward("history", History.record_orchestrator_run)
-    orchestrator_runs = _forward("history", History.orchestrator_runs)
+    # The public contract: plain values in, validated once here, then the part.
+
+    def submit(
+        self,
+        database: str,
+        table: str,
+        actions: Iterable[str] | str,
+        dry_run: bool = False,
+        options: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Queue a job for `database.table`, or return the id of the job already pending/running for it.
+
+        Everything is validated before any SQL runs: InvalidIdentifier / UnknownAction /
+        InvalidActionOption (ValueErrors) for bad input, TableNotCached when the catalog cache does
+        not list the table.
+        """
+        ref = TableRef(database, table)
+        return self.queue.submit(ref, ActionPlan.parse(actions, dry_run=dry_run, options=options))
+
+    def claim(self, worker: str, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> Claim | None:
+        """JobQueue.claim: the oldest visible job under a fresh fence, or None."""
+        return self.queue.claim(worker, lease_seconds)
+
+    def heartbeat(self, claim: Claim, lease_seconds: float | None = None) -> bool:
+        """JobQueue.heartbeat: False once the claim is fenced out."""
+        return self.queue.heartbeat(claim, lease_seconds)
+
+    def complete(self, claim: Claim, status: str, error: str | None = None) -> bool:
+        """JobQueue.complete: False once the claim is fenced out."""
+        return self.queue.complete(claim, status, error)
+
+    def cancel(self, job_id: str) -> str:
+        """JobQueue.cancel: "cancelled", "cancel_requested" or the terminal status the job had."""
+        return self.queue.cancel(job_id)
+
+    def acquire_table_lock(self, table_key: str, holder: str, ttl_seconds: float) -> bool:
+        """TableLocks.acquire_table_lock of `database.table`."""
+        return self.locks.acquire_table_lock(parse_table_ref(table_key), holder, ttl_seconds)
+
+    def release_table_lock(self, table_key: str, holder: str) -> bool:
+        """TableLocks.release_table_lock of `database.table`."""
+        return self.locks.release_table_lock(parse_table_ref(table_key), holder)

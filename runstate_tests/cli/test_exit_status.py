@@ -54,7 +54,7 @@ def env(world: WalWorld, pg_database: str, pg_schema: str) -> dict[str, str]:
         assert store.archive(90) >= 1
     with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
         maintenance.ensure_schema()
-        maintenance.replace_table_cache([CachedTable("db", "orders", True, {})])
+        maintenance.cache.replace_table_cache([CachedTable("db", "orders", True, {})])
         maintenance.submit("db", "orders", ["rewrite_manifests"])
     return {
         **os.environ,

@@ -70,7 +70,7 @@ def served_cli(pg_database: str, pg_schema: str):
 
 def test_serve_refuses_bad_identifiers_with_400_and_answers_cached_reads(served_cli, pg_database, pg_schema):
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
-        store.insert_health_snapshot(
+        store.history.insert_health_snapshot(
             {
                 "database": "db",
                 "table": "orders",

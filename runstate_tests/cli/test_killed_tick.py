@@ -45,7 +45,7 @@ def _worker_started(instance: dg.DagsterInstance, store: MaintenanceStore, job_i
     runs = instance.get_runs(
         filters=dg.RunsFilter(job_name=WORKER_JOB, statuses=[dg.DagsterRunStatus.STARTED])
     )
-    if runs and last_beats(instance, [runs[0].run_id]) and store.get_job(job_id).status == "running":
+    if runs and last_beats(instance, [runs[0].run_id]) and store.queue.get_job(job_id).status == "running":
         return runs[0]
     return None
 
@@ -55,7 +55,7 @@ def test_a_killed_maintenance_tick_is_ended_by_the_next_tick_which_reuses_no_run
 ):
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
-        store.replace_table_cache([CachedTable("db", "orders", True, {})])
+        store.cache.replace_table_cache([CachedTable("db", "orders", True, {})])
         job_id = store.submit("db", "orders", ["rewrite_manifests"])
         # The instance's SQLite storage is created here, before the child opens it: two processes
         # creating it at once can both stamp its alembic version ("more than one head present").
@@ -92,7 +92,7 @@ def test_a_killed_maintenance_tick_is_ended_by_the_next_tick_which_reuses_no_run
         failure = instance_failure_message(ended.run_id)
         assert re.search(r"no heartbeat for \d+ s", failure)
         # The job the dead worker claimed is taken over once its lease ends, as before.
-        assert store.get_job(job_id).status == "running"
+        assert store.queue.get_job(job_id).status == "running"
 
 
 def instance_failure_message(run_id: str) -> str:

@@ -28,7 +28,7 @@ def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch):
 def store(cli_env, pg_database, pg_schema):
     with MaintenanceStore(pg_database, schema=pg_schema) as s:
         s.ensure_schema()
-        s.replace_table_cache([CachedTable("db", "orders", True, {})])
+        s.cache.replace_table_cache([CachedTable("db", "orders", True, {})])
         yield s
 
 
@@ -58,7 +58,7 @@ def test_submit_status_cancel(store):
     job = json.loads(shown.output)["job"]
     assert (job["dry_run"], job["options"], job["status"]) == (True, {"retain_last": 4}, "pending")
     assert cancelled.output.strip() == f"{job_id} cancelled"
-    assert store.get_job(job_id).status == "cancelled"
+    assert store.queue.get_job(job_id).status == "cancelled"
 
 
 def test_delete_hides_a_job_from_status_and_a_second_delete_is_an_error(store):
@@ -73,7 +73,7 @@ def test_delete_hides_a_job_from_status_and_a_second_delete_is_an_error(store):
     assert again.exit_code == 1 and "already deleted" in again.output
     assert unknown.exit_code == 1 and "does not exist" in unknown.output
     assert job_id not in listed.output
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job.status == "cancelled" and job.deleted_at is not None
 
 
@@ -90,7 +90,7 @@ def test_bad_submissions_print_one_clear_line_and_write_nothing(store, args, fra
     result = run("maintenance", "submit", *args)
 
     assert result.exit_code == 1 and fragment in result.output and "Traceback" not in result.output
-    assert store.list_jobs() == []
+    assert store.queue.list_jobs() == []
 
 
 def test_unknown_job_is_a_clear_error(store):
@@ -132,7 +132,7 @@ def test_sync_copies_the_catalog_into_the_cache_with_the_opt_in(store, spark, ic
 
     assert synced.exit_code == 0, synced.output
     assert synced.output.startswith("cached "), synced.output
-    cached = {(t.database, t.table): t for t in store.cached_tables()}
+    cached = {(t.database, t.table): t for t in store.cache.cached_tables()}
     assert cached[(iceberg_namespace, "opted")].maintenance_enabled is True
     assert cached[(iceberg_namespace, "plain")].maintenance_enabled is None
     assert ("db", "orders") not in cached  # the whole cache is replaced by the catalog's listing

@@ -27,7 +27,7 @@ def cli_store(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch)
     settings.cache_clear()
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
-        store.replace_table_cache([CachedTable("db", "orders", True, {})])
+        store.cache.replace_table_cache([CachedTable("db", "orders", True, {})])
         yield store
     settings.cache_clear()
 
@@ -66,7 +66,7 @@ def test_bad_options_are_one_line_errors_and_write_nothing(cli_store, options, f
     result = run("maintenance", "submit", "db.orders", *args)
 
     _refused_in_one_line(result, fragment)
-    assert cli_store.list_jobs() == []
+    assert cli_store.queue.list_jobs() == []
 
 
 def test_sort_options_in_ascii_are_accepted(cli_store):
@@ -81,7 +81,7 @@ def test_sort_options_in_ascii_are_accepted(cli_store):
     )
 
     assert result.exit_code == 0, result.output
-    job = cli_store.get_job(result.output.strip())
+    job = cli_store.queue.get_job(result.output.strip())
     assert job.options == {"rewrite_strategy": "sort", "sort_order": "id desc nulls last, v"}
 
 
@@ -112,7 +112,7 @@ option_values = st.one_of(
 def test_submit_either_reads_back_or_refuses_with_a_maintenance_error(
     cli_store, database, table, actions, options, dry_run
 ):
-    cli_store.replace_table_cache(
+    cli_store.cache.replace_table_cache(
         [
             CachedTable("db", "orders", True, {}),
             *(
@@ -122,13 +122,13 @@ def test_submit_either_reads_back_or_refuses_with_a_maintenance_error(
             ),
         ]
     )
-    jobs_before = len(cli_store.list_jobs(limit=10_000, include_deleted=True))
+    jobs_before = len(cli_store.queue.list_jobs(limit=10_000, include_deleted=True))
     try:
         ActionSettings.from_options(options)
         job_id = cli_store.submit(database, table, actions, dry_run=dry_run, options=options)
     except MaintenanceError as error:
         assert "\n" not in str(error)
-        assert len(cli_store.list_jobs(limit=10_000, include_deleted=True)) == jobs_before
+        assert len(cli_store.queue.list_jobs(limit=10_000, include_deleted=True)) == jobs_before
         return
     shown = run("maintenance", "status", job_id, "--json")
     assert shown.exit_code == 0, shown.output

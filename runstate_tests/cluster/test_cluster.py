@@ -134,7 +134,7 @@ def test_one_maintenance_job_runs_every_action_on_the_executors(spark, iceberg_n
 
     executors.wait_until_each_ran_tasks_since(before)
     assert outcome.status == "completed", outcome.error
-    assert sorted(r.action for r in store.job_actions(job_id) if r.success) == sorted(ACTIONS)
+    assert sorted(r.action for r in store.queue.job_actions(job_id) if r.success) == sorted(ACTIONS)
     figures = {result.action: result.figures for result in outcome.results}
     assert figures["rewrite_data_files"]["rewritten_data_files_count"] == 8
     assert figures["remove_orphan_files"] == {"removed_orphan_files_count": 1}

@@ -48,30 +48,35 @@ def tick(resource, instance, cursor):
 
 def test_a_table_over_the_threshold_gets_one_job_and_the_rest_none(resource, instance):
     store = resource.get_store()
-    store.replace_table_cache([CachedTable("datasets", "busy", True), CachedTable("datasets", "off", False)])
+    store.cache.replace_table_cache(
+        [CachedTable("datasets", "busy", True), CachedTable("datasets", "off", False)]
+    )
     merged(instance, "early", 30)  # before the sensor's first tick: it starts after the newest
     _, cursor = tick(resource, instance, None)
     merged(instance, "busy", 19)
     merged(instance, "quiet", 3)
     merged(instance, "off", 40)  # opted out since
     below, cursor = tick(resource, instance, cursor)
-    assert store.list_jobs() == []
+    assert store.queue.list_jobs() == []
     assert below.skip_reason.skip_message == "datasets.off: runstate.maintenance.enabled is not true"
 
     merged(instance, "busy", 20)
     merged(instance, "fresh", 25)  # not in the catalog cache yet: added, as created (opted in)
     result, cursor = tick(resource, instance, cursor)
 
-    jobs = {(job.database, job.table): job for job in store.list_jobs()}
+    jobs = {(job.database, job.table): job for job in store.queue.list_jobs()}
     assert set(jobs) == {("datasets", "busy"), ("datasets", "fresh")}
     assert all(job.actions == APPLY_DELETES_ACTIONS for job in jobs.values())
     assert all(job.options == {"delete_file_threshold": 1} for job in jobs.values())
     assert "datasets.busy: job" in result.skip_reason.skip_message
-    assert {t.table_key: t.maintenance_enabled for t in store.cached_tables()}["datasets.fresh"] is True
+    assert {t.table_key: t.maintenance_enabled for t in store.cache.cached_tables()}["datasets.fresh"] is True
 
     merged(instance, "busy", 21)  # the next merge, while the job is still pending: the same job
     again, cursor = tick(resource, instance, cursor)
-    assert len(store.list_jobs()) == 2 and jobs[("datasets", "busy")].job_id in again.skip_reason.skip_message
+    assert (
+        len(store.queue.list_jobs()) == 2
+        and jobs[("datasets", "busy")].job_id in again.skip_reason.skip_message
+    )
     nothing, _ = tick(resource, instance, cursor)
     assert "no dataset table merged since the last tick" in nothing.skip_reason.skip_message
 

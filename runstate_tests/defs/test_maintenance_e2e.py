@@ -51,34 +51,38 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
     assert inventory.success
     assert {ref.key, bystander.key} <= set(instance.get_dynamic_partitions("tables"))
     cached = {
-        c.table_key: c.maintenance_enabled for c in store.cached_tables() if c.database == iceberg_namespace
+        c.table_key: c.maintenance_enabled
+        for c in store.cache.cached_tables()
+        if c.database == iceberg_namespace
     }
-    assert cached == {ref.key: True, bystander.key: None} and store.last_synced_at() is not None
+    assert cached == {ref.key: True, bystander.key: None} and store.cache.last_synced_at() is not None
 
     planned = tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
     assert planned.succeeded == 1
-    run = store.orchestrator_runs(limit=1)[0]
-    others = len(store.cached_tables()) - 2  # tables other tests of this worker left in the catalog, if any
+    run = store.history.orchestrator_runs(limit=1)[0]
+    others = (
+        len(store.cache.cached_tables()) - 2
+    )  # tables other tests of this worker left in the catalog, if any
     assert (run.status, run.tables_assessed, run.tables_skipped, run.jobs_submitted) == (
         "completed",
         2 + others,
         1 + others,
         1,
     )
-    job = store.active_job(ref.key)
+    job = store.queue.active_job(ref)
     assert job.actions == ("rewrite_data_files", "rewrite_position_delete_files")
     assert job.options == {"delete_file_threshold": 1}
-    unhealthy = store.latest_health(ref.key)
+    unhealthy = store.history.latest_health(ref)
     assert (unhealthy.total_data_files, unhealthy.total_delete_files) == (30, 30)
     assert unhealthy.needs_maintenance and unhealthy.health_status == "NeedsMaintenance"
 
     ticked = tick_sensor("maintenance_queue_sensor", defs=defs, instance=instance)
     assert (ticked.requested, ticked.succeeded, ticked.failed) == (1, 1, 0)
-    done = store.get_job(job.job_id)
+    done = store.queue.get_job(job.job_id)
     assert done.status == "completed"
     maintenance_run = ticked.results[0].dagster_run
     assert maintenance_run.tags[MAINTENANCE_WORKER_TAG] == "true"
-    actions = store.job_actions(job.job_id)
+    actions = store.queue.job_actions(job.job_id)
     assert [(a.action, a.success) for a in actions] == [
         ("rewrite_data_files", True),
         ("rewrite_position_delete_files", True),
@@ -104,7 +108,7 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
         selection=[table_health],
     )
     assert health.success
-    healed = store.latest_health(ref.key)
+    healed = store.history.latest_health(ref)
     assert (healed.total_data_files, healed.total_delete_files) == (1, 0)
     assert healed.health_status == "Healthy" and not healed.needs_maintenance
     check = health.get_asset_check_evaluations()[0]
@@ -113,10 +117,10 @@ def test_unhealthy_table_is_compacted_end_to_end(spark, iceberg_namespace, resou
 
     assert tick_sensor("maintenance_queue_sensor", defs=defs, instance=instance).requested == 0
     tick_schedule("maintenance_orchestrator", defs=defs, instance=instance)
-    again = store.orchestrator_runs(limit=1)[0]
+    again = store.history.orchestrator_runs(limit=1)[0]
     # Its job only applied delete files, which does not hold back the cadence: assessed again, healthy.
     assert (again.tables_skipped, again.jobs_submitted) == (1 + others, 0)
     assert (
-        store.latest_health(ref.key).id != healed.id
-        and store.latest_health(ref.key).health_status == "Healthy"
+        store.history.latest_health(ref).id != healed.id
+        and store.history.latest_health(ref).health_status == "Healthy"
     )

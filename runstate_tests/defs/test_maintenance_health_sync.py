@@ -31,7 +31,7 @@ def test_every_cached_table_gets_a_table_health_materialization(
     plain = make_table(spark, iceberg_namespace, "plain", files=2, rows=20)
     maintenance = MaintenanceResource(dsn=pg_database, pg_schema=pg_schema)
     store = maintenance.get_store()
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [CachedTable(opted_in.database, opted_in.table, True, {}), CachedTable(plain.database, plain.table)]
     )
     spark_resource = SparkResource(
@@ -55,5 +55,5 @@ def test_every_cached_table_gets_a_table_health_materialization(
     assert opted["delete_ratio"].value == opted["delete_files"].value / opted["data_files"].value
     assert by_partition[plain.key]["delete_files"].value == 0
     assert {opted_in.key, plain.key} <= set(instance.get_dynamic_partitions("tables"))
-    assert store.latest_health(plain.key).total_data_files == 2
+    assert store.history.latest_health(plain).total_data_files == 2
     maintenance.get_store().close()

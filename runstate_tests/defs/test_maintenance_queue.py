@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import dagster as dg
 import pytest
 
 from runstate.defs.maintenance import build_defs
-from runstate.defs.maintenance.jobs import submit_maintenance
+from runstate.defs.maintenance.jobs import (
+    MaintenanceWorkerConfig,
+    run_maintenance_worker,
+    stop_requested,
+    submit_maintenance,
+)
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
 from runstate.defs.runs.liveness import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
+from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
 from runstate_tests.defs.conftest import started_run
 
@@ -20,7 +27,7 @@ from runstate_tests.defs.conftest import started_run
 @pytest.fixture
 def resource(pg_database, pg_schema):
     res = MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, max_worker_runs=2, lease_seconds=120)
-    res.get_store().replace_table_cache([CachedTable("db", f"t{i}", True, {}) for i in range(3)])
+    res.get_store().cache.replace_table_cache([CachedTable("db", f"t{i}", True, {}) for i in range(3)])
     yield res
     res.get_store().close()
 
@@ -40,7 +47,9 @@ def test_the_sensor_requests_up_to_w_worker_runs_and_claims_nothing(resource):
     assert len(first.run_requests) == 2  # W = 2, three jobs ready
     assert [r.run_key for r in first.run_requests] == ["maintenance-worker-1", "maintenance-worker-2"]
     assert all(r.tags[MAINTENANCE_WORKER_TAG] == "true" for r in first.run_requests)
-    assert all(store.get_job(job_id).status == "pending" for job_id in jobs)  # workers claim, not the sensor
+    assert all(
+        store.queue.get_job(job_id).status == "pending" for job_id in jobs
+    )  # workers claim, not the sensor
 
 
 def test_the_sensor_counts_the_worker_runs_still_alive(resource):
@@ -68,6 +77,34 @@ def test_a_worker_run_with_an_empty_queue_never_starts_spark(resource):
     assert result.output_for_node("run_maintenance_worker")["jobs"] == 0
 
 
+def test_a_worker_run_told_to_stop_claims_nothing(resource, bare_instance):
+    store = resource.get_store()
+    jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(2)]
+    # Invoked on its own, the op finds no run of its id in the instance: a run that is gone counts as
+    # told to stop, as one being terminated does.
+    resources = {"maintenance": resource, "spark": _no_spark()}
+    with dg.build_op_context(resources=resources, instance=bare_instance) as context:
+        summary = run_maintenance_worker(context, MaintenanceWorkerConfig())
+
+    assert summary["stopped"] is True and summary["jobs"] == 0
+    assert [store.queue.get_job(job_id).status for job_id in jobs] == ["pending", "pending"]
+
+
+@pytest.mark.parametrize(
+    "status, stop",
+    [
+        (dg.DagsterRunStatus.STARTED, False),
+        (dg.DagsterRunStatus.CANCELING, True),
+        (dg.DagsterRunStatus.FAILURE, True),
+    ],
+)
+def test_a_worker_run_is_told_to_stop_once_terminated_or_declared_dead(resource, bare_instance, status, stop):
+    job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def("iceberg_maintenance")
+    run = bare_instance.create_run_for_job(job, run_config={}, status=status)
+
+    assert stop_requested(SimpleNamespace(instance=bare_instance, run_id=run.run_id)) is stop
+
+
 def _no_spark():
     from runstate.defs.spark import SparkResource
 
@@ -86,7 +123,7 @@ def test_submit_maintenance_queues_a_job_and_returns_the_active_one_on_resubmit(
 
     job_id = first.output_for_node("submit_maintenance_request")
     assert second.output_for_node("submit_maintenance_request") == job_id
-    job = resource.get_store().get_job(job_id)
+    job = resource.get_store().queue.get_job(job_id)
     assert job.dry_run and job.options == {"retain_last": 3} and job.status == "pending"
 
 
@@ -109,7 +146,7 @@ def test_submit_maintenance_refuses_bad_input_and_writes_nothing(resource, overr
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
     assert fragment in str(failure.event_specific_data.error)
-    assert resource.get_store().list_jobs() == []
+    assert resource.get_store().queue.list_jobs() == []
 
 
 def test_sweep_jobs_run_against_the_store(resource):
@@ -121,7 +158,10 @@ def test_sweep_jobs_run_against_the_store(resource):
     claims = defs.resolve_job_def("maintenance_claim_sweep").execute_in_process()
     pruned = defs.resolve_job_def("maintenance_health_retention").execute_in_process()
 
-    assert swept.output_for_node("sweep_expired_locks") == 1 and store.table_lock("db.t0") is None
+    assert (
+        swept.output_for_node("sweep_expired_locks") == 1
+        and store.locks.table_lock(TableRef("db", "t0")) is None
+    )
     assert claims.success and pruned.success
 
 
@@ -137,12 +177,12 @@ def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, b
         resource.worker_id(alive.run_id): store.claim(resource.worker_id(alive.run_id), 120),
         "cli-worker": store.claim("cli-worker", 120),  # not a run of this deployment: left alone
     }
-    assert store.queue_depth() == (0, 3)
+    assert store.queue.queue_depth() == (0, 3)
 
     evaluate(resource, bare_instance)
 
     assert bare_instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
-    assert store.queue_depth() == (1, 3)
+    assert store.queue.queue_depth() == (1, 3)
     taken_over = store.claim("successor", 120)
     assert taken_over.job_id == held[resource.worker_id(dead.run_id)].job_id
     assert taken_over.attempt_count == 2

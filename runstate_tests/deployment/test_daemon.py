@@ -255,7 +255,7 @@ def test_a_maintenance_job_submitted_from_the_cli_is_run_by_the_daemon(deploymen
     # The catalog cache as `maintenance sync` leaves it (that command is tested in-process on the worker's
     # Spark session, test_maintenance_cli.py): here it would only start one more JVM.
     with MaintenanceStore(deployment.pg_url, schema="runstate") as store:
-        store.replace_table_cache([CachedTable("lakedb", table, True, {})])
+        store.cache.replace_table_cache([CachedTable("lakedb", table, True, {})])
     job_id = deployment.cli(
         "maintenance", "submit", f"lakedb.{table}", "-a", "rewrite_manifests"
     ).stdout.strip()

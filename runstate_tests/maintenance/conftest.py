@@ -77,7 +77,7 @@ def make_table(
 
 
 def cache(store: MaintenanceStore, *refs: TableRef) -> None:
-    store.replace_table_cache([CachedTable(ref.database, ref.table, True, {}) for ref in refs])
+    store.cache.replace_table_cache([CachedTable(ref.database, ref.table, True, {}) for ref in refs])
 
 
 def rows(spark, ref: TableRef) -> list[tuple]:

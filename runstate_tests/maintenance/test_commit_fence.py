@@ -179,11 +179,11 @@ def test_a_zombie_worker_cannot_commit_after_its_claim_was_taken_over(
     # by Iceberg's validation when B had already replaced its input files. Either way A wrote nothing.
     assert outcome_a["status"] == "fenced_out"
     assert outcome_b.status == "completed", outcome_b.error
-    [record] = store.job_actions(job_id)
+    [record] = store.queue.job_actions(job_id)
     assert record.success and record.after["data_files"] == 1  # B's rewrite, recorded under B's fence
     assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
     assert rows(spark, ref) == before
-    assert store.get_job(job_id).attempt_id == claim_b.attempt_id
+    assert store.queue.get_job(job_id).attempt_id == claim_b.attempt_id
 
 
 def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
@@ -199,7 +199,7 @@ def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
         f"rsf:{schema_tag(pg_schema)}:%",
     )
     commit_hold.release()
-    assert store.table_lock(ref.key)["holder"] == job_id  # the dead attempt's lock is still there
+    assert store.locks.table_lock(ref)["holder"] == job_id  # the dead attempt's lock is still there
     run_out_lease(store, job_id)
 
     second = store.claim("worker-2", lease_seconds=300)
@@ -207,10 +207,10 @@ def test_a_killed_workers_next_attempt_takes_over_the_jobs_lock_and_completes(
 
     assert second.job_id == job_id and second.attempt_count == 2
     assert outcome.status == "completed", outcome.error
-    assert store.get_job(job_id).status == "completed"
+    assert store.queue.get_job(job_id).status == "completed"
     assert snapshot_operations(spark, ref) == ["append", "replace"]
     assert rows(spark, ref) == before
-    assert store.table_lock(ref.key) is None
+    assert store.locks.table_lock(ref) is None
 
 
 def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, iceberg_namespace, store):
@@ -219,9 +219,9 @@ def test_writers_outside_maintenance_are_never_blocked_by_the_fence(spark, icebe
     assert store.ensure_commit_fence()
     job_id = store.submit(ref.database, ref.table, ["rewrite_data_files"])
     claim = store.claim("w", lease_seconds=300)
-    assert store.lock_for_claim(claim, 300) and store.table_lock(ref.key)["holder"] == job_id
+    assert store.locks.lock_for_claim(claim, 300) and store.locks.table_lock(ref)["holder"] == job_id
 
     spark.range(10, 20).selectExpr("id", "concat('v', id) AS v").writeTo(f"lake.{ref.quoted}").append()
 
     assert len(rows(spark, ref)) == 20
-    assert store.unlock_for_claim(claim)
+    assert store.locks.unlock_for_claim(claim)

@@ -140,8 +140,8 @@ def test_the_analyzer_fills_every_column_and_the_row_round_trips(
     )
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
-        store.insert_health_snapshot(health)
-        stored = store.latest_health(ref.key)
+        store.history.insert_health_snapshot(health)
+        stored = store.history.latest_health(ref)
     assert stored.total_data_files == 8 and stored.snapshot_id == current
     assert list(stored.recommended_actions) == health.recommended_actions
     assert stored.maintenance_cadence_hours == 6 and stored.health_status == NEEDS_MAINTENANCE

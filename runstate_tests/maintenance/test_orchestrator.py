@@ -32,7 +32,7 @@ def decisions(report) -> dict[str, str]:
 
 
 def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(store):
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [
             CachedTable("db", "unset", None, {}),
             CachedTable("db", "off", False, {}),
@@ -56,7 +56,7 @@ def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(sto
         "db.recent": SKIPPED_CADENCE,
     }
     assert next(d for d in report.decisions if d.table_key == "db.busy").job_id == busy_job
-    run = store.orchestrator_runs(limit=1)[0]
+    run = store.history.orchestrator_runs(limit=1)[0]
     assert (
         run.status,
         run.tables_assessed,
@@ -71,7 +71,7 @@ def test_skips_not_opted_in_active_and_within_cadence_without_touching_spark(sto
 
 
 def test_a_per_table_cadence_overrides_the_default(store):
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [
             CachedTable("db", "hourly", True, {"maintenance_cadence_hours": 1}),
             CachedTable("db", "daily", True, {}),
@@ -96,13 +96,13 @@ def test_a_per_table_cadence_overrides_the_default(store):
     ]  # past its 1 h cadence, no cadence; "daily" within 24 h
     assert decisions(report)["db.daily"] == SKIPPED_CADENCE
     assert report.status == "completed_with_errors" and "db.hourly" in report.error
-    assert store.orchestrator_runs(limit=1)[0].error == report.error
+    assert store.history.orchestrator_runs(limit=1)[0].error == report.error
 
 
 def test_a_job_that_only_applied_deletes_does_not_hold_back_the_cadence(store):
     """apply_deletes_sensor may submit such jobs every few merges; the table's other maintenance
     (expiry, manifests, orphans) must still come at the cadence."""
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [CachedTable("db", "merged", True, {}), CachedTable("db", "maintained", True, {})]
     )
     store.submit("db", "maintained", ["rewrite_manifests"])
@@ -120,8 +120,8 @@ def test_a_job_that_only_applied_deletes_does_not_hold_back_the_cadence(store):
 
     assert analyzed == ["db.merged"]  # its only job applied deletes: not within the cadence
     assert decisions(report)["db.maintained"] == SKIPPED_CADENCE  # its rewrite_manifests job still counts
-    assert store.last_cadence_job("db.maintained").actions == ("rewrite_manifests",)
-    assert store.last_cadence_job("db.merged") is None
+    assert store.queue.last_cadence_job(TableRef("db", "maintained")).actions == ("rewrite_manifests",)
+    assert store.queue.last_cadence_job(TableRef("db", "merged")) is None
 
 
 def make_table(spark, namespace, name, *, files, rows, deletes):
@@ -140,7 +140,7 @@ def make_table(spark, namespace, name, *, files, rows, deletes):
 def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_namespace, store):
     sick = make_table(spark, iceberg_namespace, "sick", files=6, rows=60, deletes=True)
     fine = make_table(spark, iceberg_namespace, "fine", files=1, rows=10, deletes=False)
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [CachedTable(r.database, r.table, True, {}) for r in (sick, fine)]
         + [CachedTable(iceberg_namespace, "dropped_since_sync", True, {})]
     )
@@ -155,9 +155,9 @@ def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_name
     }
     advice = next(d for d in report.decisions if d.table_key == sick.key)
     assert advice.recommended_actions == ["rewrite_data_files", "rewrite_position_delete_files"]
-    assert store.list_jobs() == []  # advisory only
-    assert store.latest_health(sick.key).needs_maintenance  # the assessment is kept
-    run = store.orchestrator_runs(limit=1)[0]
+    assert store.queue.list_jobs() == []  # advisory only
+    assert store.history.latest_health(sick).needs_maintenance  # the assessment is kept
+    run = store.history.orchestrator_runs(limit=1)[0]
     assert (run.dry_run, run.tables_assessed, run.tables_skipped, run.tables_healthy, run.jobs_submitted) == (
         True,
         3,
@@ -168,9 +168,9 @@ def test_dry_run_only_advises_and_healthy_tables_are_counted(spark, iceberg_name
 
     submitted = Orchestrator(store, analyzer.analyze).run()
 
-    job = store.active_job(sick.key)
+    job = store.queue.active_job(sick)
     assert decisions(submitted)[sick.key] == "submitted" and job.actions == tuple(advice.recommended_actions)
-    assert store.orchestrator_runs(limit=1)[0].jobs_submitted == 1
+    assert store.history.orchestrator_runs(limit=1)[0].jobs_submitted == 1
 
 
 def test_deletes_are_applied_by_rewriting_their_data_files(spark, iceberg_namespace, store):
@@ -179,7 +179,7 @@ def test_deletes_are_applied_by_rewriting_their_data_files(spark, iceberg_namesp
     ref = make_table(spark, iceberg_namespace, "few", files=3, rows=30, deletes=False)
     for key in (1, 2):
         spark.sql(f"DELETE FROM lake.{ref.quoted} WHERE id = {key}")
-    store.replace_table_cache([CachedTable(ref.database, ref.table, True, {})])
+    store.cache.replace_table_cache([CachedTable(ref.database, ref.table, True, {})])
 
     report = Orchestrator(
         store, HealthAnalyzer(spark).analyze, OrchestratorSettings(default_cadence_hours=0)
@@ -191,7 +191,7 @@ def test_deletes_are_applied_by_rewriting_their_data_files(spark, iceberg_namesp
     claim = store.claim("w", 60)
     outcome = run_job(spark, store, claim)
     assert outcome.status == "completed", outcome.error
-    applied, dropped = store.job_actions(claim.job_id)
+    applied, dropped = store.queue.job_actions(claim.job_id)
     assert applied.before["delete_files"] > 0 and dropped.after["delete_files"] == 0
     assert applied.after["snapshot_id"] != applied.before["snapshot_id"]
     assert [r.id for r in spark.sql(f"SELECT id FROM lake.{ref.quoted} WHERE id < 3").collect()] == [0]

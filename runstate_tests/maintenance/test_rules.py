@@ -61,7 +61,7 @@ def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_
         "history.expire.max-snapshot-age-ms": str(DAY_MS),
         "history.expire.min-snapshots-to-keep": "2",
     }
-    store.replace_table_cache(
+    store.cache.replace_table_cache(
         [
             CachedTable("db", "kept", True, {"properties": retention}),
             CachedTable("db", "young", True, {"properties": retention}),
@@ -89,12 +89,12 @@ def test_the_orchestrator_submits_expiry_and_orphan_cleanup_with_the_tables_own_
         "expire_snapshots",
         "remove_orphan_files",
     ]
-    job = store.get_job(kept.job_id)
+    job = store.queue.get_job(kept.job_id)
     assert job.options == {"expire_older_than_hours": 24.0, "retain_last": 2, "orphan_older_than_hours": 72.0}
 
 
 def test_expiry_the_default_retention_cannot_do_is_not_submitted(store):
-    store.replace_table_cache([CachedTable("db", "young", True, {})])
+    store.cache.replace_table_cache([CachedTable("db", "young", True, {})])
     # 200 snapshots ask for expiry, but all are younger than the default retention's 72 h.
     measured = health(
         "db",
@@ -106,4 +106,4 @@ def test_expiry_the_default_retention_cannot_do_is_not_submitted(store):
 
     report = Orchestrator(store, lambda ref: measured, now=lambda: NOW).run()
 
-    assert [d.decision for d in report.decisions] == [HEALTHY] and store.list_jobs() == []
+    assert [d.decision for d in report.decisions] == [HEALTHY] and store.queue.list_jobs() == []

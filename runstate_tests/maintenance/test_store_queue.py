@@ -22,6 +22,7 @@ from runstate.datastore.postgres import CHECK_AFTER_IDLE_SECONDS
 from runstate.maintenance import (
     CachedTable,
     Claim,
+    InvalidActionOption,
     InvalidIdentifier,
     InvalidStatus,
     JobNotFound,
@@ -29,6 +30,7 @@ from runstate.maintenance import (
     StoreError,
     StoreUnavailable,
     TableNotCached,
+    TableRef,
     UnknownAction,
 )
 from runstate_tests.conftest import racing_processes
@@ -42,7 +44,7 @@ UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
 def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
     with MaintenanceStore(pg_database, schema=pg_schema) as maintenance:
         maintenance.ensure_schema()
-        maintenance.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
+        maintenance.cache.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
         yield maintenance
 
 
@@ -89,7 +91,16 @@ def test_unreachable_dsn_does_fail_once_input_is_valid() -> None:
     assert isinstance(raised.value.__cause__, psycopg.OperationalError)
 
 
-@pytest.mark.parametrize("kwargs", [{"dry_run": "yes"}, {"options": {"when": object()}}, {"options": ["a"]}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"dry_run": "yes"},
+        {"options": {"when": object()}},
+        {"options": ["a"]},
+        {"options": {"retain_last": 0}},
+        {"options": {"k": 1}},
+    ],
+)
 def test_bad_dry_run_or_options_are_rejected_before_any_sql(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         MaintenanceStore(UNREACHABLE_DSN).submit("db", "t0", ["rewrite_data_files"], **kwargs)
@@ -109,17 +120,33 @@ def test_submit_requires_the_table_in_the_cache(store: MaintenanceStore) -> None
     assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
 
 
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        ({"rewrite_strategy": "sort", "sort_order": "id; DROP"}, "sort_order term"),
+        ({"sort_order": "id"}, "needs rewrite_strategy 'sort'"),
+        ({"strategy": "sort"}, "unknown maintenance option"),
+    ],
+)
+def test_bad_job_options_are_refused_and_nothing_is_queued(
+    store: MaintenanceStore, options, fragment
+) -> None:
+    with pytest.raises(InvalidActionOption, match=fragment):
+        store.submit("db", "t0", ["rewrite_data_files"], options=options)
+    assert _sql(store, "SELECT count(*) FROM jobs") == [(0,)]
+
+
 def test_submit_writes_job_and_queue_row(store: MaintenanceStore) -> None:
     job_id = store.submit(
-        "db", "t0", ["expire_snapshots", "rewrite_data_files"], dry_run=True, options={"k": 1}
+        "db", "t0", ["expire_snapshots", "rewrite_data_files"], dry_run=True, options={"retain_last": 1}
     )
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job is not None
     assert (job.status, job.actions, job.dry_run, job.options) == (
         "pending",
         ("rewrite_data_files", "expire_snapshots"),
         True,
-        {"k": 1},
+        {"retain_last": 1},
     )
     assert _sql(store, "SELECT claimed_at, attempt_count, visible_at <= now() FROM job_queue") == [
         (None, 0, True)
@@ -179,17 +206,16 @@ def test_concurrent_submits_for_one_table_make_one_job(store: MaintenanceStore) 
 
 
 def test_claim_sets_the_fence_on_both_rows_and_the_lease(store: MaintenanceStore) -> None:
-    job_id = store.submit("db", "t0", ["rewrite_data_files"], options={"strategy": "sort"})
+    job_id = store.submit("db", "t0", ["rewrite_data_files"], options={"rewrite_strategy": "sort"})
     claim = store.claim("worker-a", 90)
     assert claim is not None
-    assert (claim.job_id, claim.database, claim.table, claim.actions, claim.attempt_count) == (
+    assert (claim.job_id, claim.ref, claim.plan.actions, claim.attempt_count) == (
         job_id,
-        "db",
-        "t0",
+        TableRef("db", "t0"),
         ("rewrite_data_files",),
         1,
     )
-    assert claim.options == {"strategy": "sort"}
+    assert claim.plan.options == {"rewrite_strategy": "sort"}
     [(job_status, job_fence)] = _sql(store, "SELECT status, attempt_id FROM jobs")
     [(queue_fence, claimed_by, count, lease)] = _sql(
         store,
@@ -222,7 +248,7 @@ def test_claim_rejects_bad_arguments(store: MaintenanceStore, worker: str, lease
 
 
 def test_concurrent_claims_from_threads_never_share_a_job(store: MaintenanceStore) -> None:
-    store.replace_table_cache([CachedTable("db", f"c{i}") for i in range(120)])
+    store.cache.replace_table_cache([CachedTable("db", f"c{i}") for i in range(120)])
     submitted = {store.submit("db", f"c{i}", ["rewrite_manifests"]) for i in range(120)}
     claimed: dict[str, list[str]] = {f"w{i}": [] for i in range(6)}
     barrier = threading.Barrier(6)
@@ -257,7 +283,7 @@ def _claim_all_in_process(
 
 
 def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceStore) -> None:
-    store.replace_table_cache([CachedTable("db", f"p{i}") for i in range(100)])
+    store.cache.replace_table_cache([CachedTable("db", f"p{i}") for i in range(100)])
     for i in range(100):
         store.submit("db", f"p{i}", ["rewrite_manifests"])
     context = racing_processes()
@@ -284,22 +310,22 @@ def test_concurrent_claims_from_processes_never_share_a_job(store: MaintenanceSt
 def test_fenced_out_worker_changes_nothing_and_the_new_claimant_completes(store: MaintenanceStore) -> None:
     job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
     old = store.claim("old-worker", 30)
-    assert old is not None and store.record_action(old, "rewrite_data_files", True, "rewrote 10 files")
+    assert old is not None and store.queue.record_action(old, "rewrite_data_files", True, "rewrote 10 files")
     run_out_lease(store, job_id)
     new = store.claim("new-worker", 30)
     assert new is not None and new.job_id == job_id and new.attempt_count == 2
     before = _job_and_queue_rows(store, job_id)
 
     assert store.heartbeat(old) is False
-    assert store.record_action(old, "expire_snapshots", True, "expired 3") is False
+    assert store.queue.record_action(old, "expire_snapshots", True, "expired 3") is False
     assert store.complete(old, "completed") is False
     assert store.complete(old, "failed", "late failure") is False
     assert _job_and_queue_rows(store, job_id) == before
 
     assert store.heartbeat(new) is True
-    assert store.record_action(new, "rewrite_data_files", True, "rewrote 0 files")
+    assert store.queue.record_action(new, "rewrite_data_files", True, "rewrote 0 files")
     assert store.complete(new, "completed")
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job is not None and (job.status, job.attempt_id, job.error) == ("completed", new.attempt_id, None)
     assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
 
@@ -311,7 +337,7 @@ def test_worker_whose_lease_expired_cannot_complete_even_unclaimed(store: Mainte
     run_out_lease(store, job_id)
     assert store.heartbeat(claim) is False
     assert store.complete(claim, "completed") is False
-    assert store.get_job(job_id).status == "running"  # type: ignore[union-attr]
+    assert store.queue.get_job(job_id).status == "running"  # type: ignore[union-attr]
     again = store.claim("w2", 30)
     assert again is not None and again.job_id == job_id
 
@@ -352,7 +378,7 @@ def test_killed_worker_job_is_reclaimed_and_completed(store: MaintenanceStore) -
         "from runstate.maintenance import MaintenanceStore\n"
         "store = MaintenanceStore(sys.argv[1], schema=sys.argv[2])\n"
         "claim = store.claim('doomed', 30)\n"
-        "store.record_action(claim, 'rewrite_data_files', False, '', 'interrupted', 0.1)\n"
+        "store.queue.record_action(claim, 'rewrite_data_files', False, '', 'interrupted', 0.1)\n"
         "print(claim.attempt_id, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -368,20 +394,20 @@ def test_killed_worker_job_is_reclaimed_and_completed(store: MaintenanceStore) -
     assert claim is not None and claim.job_id == job_id and claim.attempt_id != doomed_attempt
     assert claim.attempt_count == 2
     assert store.complete(claim, "completed")
-    assert [a.error for a in store.job_actions(job_id)] == ["interrupted"]
+    assert [a.error for a in store.queue.job_actions(job_id)] == ["interrupted"]
 
 
 def test_job_fails_with_a_clear_error_after_max_attempts(pg_database: str, pg_schema: str) -> None:
     with MaintenanceStore(pg_database, schema=pg_schema, max_attempts=2) as store:
         store.ensure_schema()
-        store.replace_table_cache([CachedTable("db", "t0")])
+        store.cache.replace_table_cache([CachedTable("db", "t0")])
         job_id = store.submit("db", "t0", ["rewrite_data_files"])
         for attempt in (1, 2):
             claim = store.claim(f"w{attempt}", 30)
             assert claim is not None and claim.attempt_count == attempt
             run_out_lease(store, job_id)
         assert store.claim("w3", 30) is None
-        job = store.get_job(job_id)
+        job = store.queue.get_job(job_id)
         assert job is not None and job.status == "failed" and job.completed_at is not None
         assert "gave up after 2 attempts" in job.error and "w2" in job.error and "db.t0" in job.error
         assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
@@ -390,7 +416,9 @@ def test_job_fails_with_a_clear_error_after_max_attempts(pg_database: str, pg_sc
 def test_sweep_requeues_expired_leases_and_fails_exhausted_ones(pg_database: str, pg_schema: str) -> None:
     with MaintenanceStore(pg_database, schema=pg_schema, max_attempts=2) as store:
         store.ensure_schema()
-        store.replace_table_cache([CachedTable("db", "a"), CachedTable("db", "b"), CachedTable("db", "c")])
+        store.cache.replace_table_cache(
+            [CachedTable("db", "a"), CachedTable("db", "b"), CachedTable("db", "c")]
+        )
         retry = store.submit("db", "a", ["rewrite_data_files"])
         exhausted = store.submit("db", "b", ["rewrite_data_files"])
         live = store.submit("db", "c", ["rewrite_data_files"])
@@ -403,16 +431,16 @@ def test_sweep_requeues_expired_leases_and_fails_exhausted_ones(pg_database: str
             exhausted,
         )
 
-        assert store.sweep_stale_claims() == 2
+        assert store.queue.sweep_stale_claims() == 2
         assert _sql(store, "SELECT status, attempt_id FROM jobs WHERE job_id = %s", retry) == [
             ("pending", None)
         ]
         assert _sql(
             store, "SELECT claimed_at, claimed_by, attempt_id FROM job_queue WHERE job_id = %s", retry
         ) == [(None, None, None)]
-        assert store.get_job(exhausted).status == "failed"  # type: ignore[union-attr]
-        assert store.get_job(live).status == "running"  # type: ignore[union-attr]
-        assert store.sweep_stale_claims() == 0
+        assert store.queue.get_job(exhausted).status == "failed"  # type: ignore[union-attr]
+        assert store.queue.get_job(live).status == "running"  # type: ignore[union-attr]
+        assert store.queue.sweep_stale_claims() == 0
 
 
 # --------------------------------------------------------------------------------------- completion
@@ -427,7 +455,7 @@ def test_complete_is_retry_safe_and_validates_status(store: MaintenanceStore) ->
     assert store.complete(claim, "failed", "spark said no")
     assert store.complete(claim, "failed", "spark said no")  # a retried ack after a lost reply
     assert store.complete(claim, "completed") is False  # not a different outcome
-    job = store.get_job(claim.job_id)
+    job = store.queue.get_job(claim.job_id)
     assert job is not None and (job.status, job.error) == ("failed", "spark said no")
 
 
@@ -435,11 +463,11 @@ def test_record_action_is_fenced_and_written_once_per_attempt(store: Maintenance
     store.submit("db", "t0", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None
-    assert store.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
-    assert store.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
+    assert store.queue.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
+    assert store.queue.record_action(claim, "rewrite_data_files", True, "rewritten 40 -> 1", None, 1.5)
     with pytest.raises(UnknownAction):
-        store.record_action(claim, "vacuum", True)
-    [record] = store.job_actions(claim.job_id)
+        store.queue.record_action(claim, "vacuum", True)
+    [record] = store.queue.job_actions(claim.job_id)
     assert (record.action, record.success, record.message, record.elapsed_seconds) == (
         "rewrite_data_files",
         True,
@@ -454,9 +482,9 @@ def test_forged_claim_is_fenced_out(store: MaintenanceStore) -> None:
     assert real is not None
     forged = Claim(**{**real.__dict__, "attempt_id": "not-the-fence"})
     assert store.heartbeat(forged) is False
-    assert store.record_action(forged, "rewrite_data_files", True) is False
+    assert store.queue.record_action(forged, "rewrite_data_files", True) is False
     assert store.complete(forged, "completed") is False
-    assert store.get_job(real.job_id).status == "running"  # type: ignore[union-attr]
+    assert store.queue.get_job(real.job_id).status == "running"  # type: ignore[union-attr]
 
 
 # -------------------------------------------------------------------------------------------- cancel
@@ -465,7 +493,7 @@ def test_forged_claim_is_fenced_out(store: MaintenanceStore) -> None:
 def test_cancel_pending_job(store: MaintenanceStore) -> None:
     job_id = store.submit("db", "t0", ["rewrite_data_files"])
     assert store.cancel(job_id) == "cancelled"
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job is not None and job.status == "cancelled" and job.completed_at is not None
     assert store.claim("w", 30) is None
     assert store.cancel(job_id) == "cancelled"
@@ -477,19 +505,19 @@ def test_cancel_running_job_is_seen_by_the_worker_which_completes_as_cancelled(
     job_id = store.submit("db", "t0", ["rewrite_data_files", "expire_snapshots"])
     claim = store.claim("w", 30)
     assert claim is not None
-    assert store.record_action(claim, "rewrite_data_files", True, "done")
-    assert store.is_cancel_requested(claim) is False
+    assert store.queue.record_action(claim, "rewrite_data_files", True, "done")
+    assert store.queue.is_cancel_requested(claim) is False
 
     assert store.cancel(job_id) == "cancel_requested"
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job is not None and job.cancel_requested and job.completed_at is None
-    assert store.is_cancel_requested(claim) is True
+    assert store.queue.is_cancel_requested(claim) is True
     assert store.heartbeat(claim) is True  # still its job until it acknowledges
     assert store.complete(claim, "cancelled")
-    job = store.get_job(job_id)
+    job = store.queue.get_job(job_id)
     assert job is not None and job.status == "cancelled" and job.completed_at is not None
     assert not job.cancel_requested
-    assert [a.action for a in store.job_actions(job_id)] == ["rewrite_data_files"]
+    assert [a.action for a in store.queue.job_actions(job_id)] == ["rewrite_data_files"]
 
 
 def test_cancelled_job_whose_worker_died_is_finished_by_the_sweep(store: MaintenanceStore) -> None:
@@ -499,8 +527,8 @@ def test_cancelled_job_whose_worker_died_is_finished_by_the_sweep(store: Mainten
     assert store.cancel(job_id) == "cancel_requested"
     run_out_lease(store, job_id)
     assert store.claim("w2", 30) is None  # a cancelled job is never handed out again
-    assert store.sweep_stale_claims() == 0  # the claim above already finished it
-    job = store.get_job(job_id)
+    assert store.queue.sweep_stale_claims() == 0  # the claim above already finished it
+    job = store.queue.get_job(job_id)
     assert job is not None and job.status == "cancelled" and job.completed_at is not None
     assert _sql(store, "SELECT count(*) FROM job_queue") == [(0,)]
 
@@ -512,17 +540,17 @@ def test_cancel_of_unknown_or_finished_jobs(store: MaintenanceStore) -> None:
     claim = store.claim("w", 30)
     assert claim is not None and store.complete(claim, "completed")
     assert store.cancel(job_id) == "completed"
-    assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
+    assert store.queue.get_job(job_id).status == "completed"  # type: ignore[union-attr]
 
 
 def test_soft_delete_cancels_and_hides_the_job(store: MaintenanceStore) -> None:
     job_id = store.submit("db", "t0", ["rewrite_data_files"])
-    assert store.soft_delete(job_id) is True
-    assert store.soft_delete(job_id) is False
-    job = store.get_job(job_id)
+    assert store.queue.soft_delete(job_id) is True
+    assert store.queue.soft_delete(job_id) is False
+    job = store.queue.get_job(job_id)
     assert job is not None and job.deleted_at is not None and job.status == "cancelled"
-    assert store.list_jobs() == []
-    assert store.active_job("db.t0") is None
+    assert store.queue.list_jobs() == []
+    assert store.queue.active_job(TableRef("db", "t0")) is None
     assert store.submit("db", "t0", ["rewrite_data_files"]) != job_id
 
 
@@ -531,13 +559,11 @@ def test_list_jobs_filters(store: MaintenanceStore) -> None:
     b = store.submit("db", "t1", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None and store.complete(claim, "completed")
-    assert [j.job_id for j in store.list_jobs(table_key="db.t1")] == [b]
-    assert [j.job_id for j in store.list_jobs(status="completed")] == [claim.job_id]
-    assert {j.job_id for j in store.list_jobs()} == {a, b}
+    assert [j.job_id for j in store.queue.list_jobs(table=TableRef("db", "t1"))] == [b]
+    assert [j.job_id for j in store.queue.list_jobs(status="completed")] == [claim.job_id]
+    assert {j.job_id for j in store.queue.list_jobs()} == {a, b}
     with pytest.raises(InvalidStatus):
-        store.list_jobs(status="weird")
-    with pytest.raises(InvalidIdentifier):
-        store.list_jobs(table_key="db.t1; --")
+        store.queue.list_jobs(status="weird")
 
 
 def test_expired_leases_are_retried_before_new_work(store: MaintenanceStore) -> None:
@@ -551,7 +577,7 @@ def test_expired_leases_are_retried_before_new_work(store: MaintenanceStore) -> 
 
 
 def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: MaintenanceStore) -> None:
-    store.replace_table_cache([CachedTable("db", f"r{i}") for i in range(60)])
+    store.cache.replace_table_cache([CachedTable("db", f"r{i}") for i in range(60)])
     job_ids = [store.submit("db", f"r{i}", ["rewrite_manifests"]) for i in range(60)]
     barrier = threading.Barrier(3)
     errors: list[BaseException] = []
@@ -560,7 +586,7 @@ def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: Mainten
         barrier.wait()
         try:
             while (claim := store.claim(name, 60)) is not None:
-                status = "cancelled" if store.is_cancel_requested(claim) else "completed"
+                status = "cancelled" if store.queue.is_cancel_requested(claim) else "completed"
                 assert store.complete(claim, status)
         except BaseException as exc:  # surfaced below: a deadlock or a fence error fails the test
             errors.append(exc)
@@ -581,7 +607,7 @@ def test_cancels_racing_claims_leave_every_job_in_one_final_state(store: Mainten
     for thread in threads:
         thread.join()
     assert errors == []
-    store.sweep_stale_claims()
+    store.queue.sweep_stale_claims()
     final = dict(_sql(store, "SELECT job_id, status FROM jobs WHERE completed_at IS NOT NULL"))
     assert set(final) == set(job_ids)
     assert {final[job_id] for job_id in job_ids[1::2]} == {"completed"}
@@ -614,9 +640,9 @@ def test_nul_in_spark_messages_is_stored_not_refused(store: MaintenanceStore) ->
     store.submit("db", "t0", ["rewrite_data_files"])
     claim = store.claim("w", 30)
     assert claim is not None
-    assert store.record_action(claim, "rewrite_data_files", False, "out\x00put", "boom\x00", 0.1)
+    assert store.queue.record_action(claim, "rewrite_data_files", False, "out\x00put", "boom\x00", 0.1)
     assert store.complete(claim, "failed", "java said \x00")
-    [record] = store.job_actions(claim.job_id)
+    [record] = store.queue.job_actions(claim.job_id)
     assert (record.message, record.error) == ("out\\0put", "boom\\0")
 
 
@@ -636,7 +662,7 @@ def test_store_reconnects_after_its_backend_is_killed(store: MaintenanceStore) -
     time.sleep(CHECK_AFTER_IDLE_SECONDS)  # a lower bound, not a race: idle at least this long
     assert store.heartbeat(claim) is True
     assert store.complete(claim, "completed")
-    assert store.get_job(job_id).status == "completed"  # type: ignore[union-attr]
+    assert store.queue.get_job(job_id).status == "completed"  # type: ignore[union-attr]
 
 
 def test_a_connection_is_back_in_the_pool_when_the_call_returns(store: MaintenanceStore) -> None:
@@ -646,6 +672,6 @@ def test_a_connection_is_back_in_the_pool_when_the_call_returns(store: Maintenan
     pool = store.db.datastore._get_pool()
     pool.wait()  # its first connection is made in the background
     for _ in range(20):
-        assert store.queue_depth() == (0, 0)
+        assert store.queue.queue_depth() == (0, 0)
         stats = pool.get_stats()
         assert stats["pool_available"] == stats["pool_size"]

@@ -213,7 +213,7 @@ def test_foreign_keys_point_at_jobs(store: MaintenanceStore, pg_database: str, p
 def test_table_cache_meta_holds_a_single_row(
     store: MaintenanceStore, pg_database: str, pg_schema: str
 ) -> None:
-    store.replace_table_cache([])
+    store.cache.replace_table_cache([])
     with psycopg.connect(pg_database) as conn:
         conn.execute(f'SET search_path TO "{pg_schema}"')
         with pytest.raises(psycopg.errors.CheckViolation):
@@ -233,14 +233,14 @@ def test_job_status_is_checked(store: MaintenanceStore, pg_database: str, pg_sch
 def test_live_jobs_view_leaves_out_soft_deleted_rows(
     store: MaintenanceStore, pg_database: str, pg_schema: str
 ) -> None:
-    store.replace_table_cache([CachedTable("db", "kept"), CachedTable("db", "gone")])
+    store.cache.replace_table_cache([CachedTable("db", "kept"), CachedTable("db", "gone")])
     kept = store.submit("db", "kept", ["rewrite_data_files"])
     gone = store.submit("db", "gone", ["rewrite_data_files"])
-    store.soft_delete(gone)
+    store.queue.soft_delete(gone)
     live = _rows(pg_database, f'SELECT job_id, status FROM "{pg_schema}".live_jobs')
     assert live == [(kept, "pending")]
-    assert {job.job_id for job in store.list_jobs()} == {kept}
-    assert {job.job_id for job in store.list_jobs(include_deleted=True)} == {kept, gone}
+    assert {job.job_id for job in store.queue.list_jobs()} == {kept}
+    assert {job.job_id for job in store.queue.list_jobs(include_deleted=True)} == {kept, gone}
 
 
 def test_ensure_schema_is_idempotent(store: MaintenanceStore, pg_database: str, pg_schema: str) -> None:

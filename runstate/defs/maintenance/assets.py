@@ -22,7 +22,7 @@ def table_inventory(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
     listing = list_tables(spark.get_session())
-    stored = maintenance.get_store().replace_table_cache([table.cached() for table in listing.tables])
+    stored = maintenance.get_store().cache.replace_table_cache([table.cached() for table in listing.tables])
     added, removed = sync_table_partitions(context.instance, {table.key for table in listing.tables})
     return dg.MaterializeResult(
         metadata={
@@ -61,7 +61,7 @@ def table_health(
 ) -> dg.MaterializeResult:
     ref = parse_table_ref(context.partition_key)
     health = HealthAnalyzer(spark.get_session(), maintenance.thresholds()).analyze(ref)
-    snapshot_id = maintenance.get_store().insert_health_snapshot(health)
+    snapshot_id = maintenance.get_store().history.insert_health_snapshot(health)
     return dg.MaterializeResult(
         metadata=health_metadata(health, snapshot_id), check_results=[table_is_healthy(health)]
     )

@@ -18,7 +18,7 @@ def sync_table_health(
     context: dg.OpExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dict:
     store = maintenance.get_store()
-    tables = store.cached_tables()
+    tables = store.cache.cached_tables()
     if not tables:
         context.add_output_metadata({"tables": 0})
         return {"tables": 0, "missing": 0}
@@ -33,7 +33,7 @@ def sync_table_health(
         except TableNotFound:
             missing.append(entry.table_key)  # dropped since the inventory; the next sync forgets it
             continue
-        snapshot_id = store.insert_health_snapshot(health)
+        snapshot_id = store.history.insert_health_snapshot(health)
         context.log_event(
             dg.AssetMaterialization(
                 asset_key=table_health.key,

@@ -2,6 +2,7 @@
 `submit_maintenance` (manual requests), the orchestrator run, and the sweeps. Ops take Pydantic config
 and call the core."""
 
+from contextlib import closing
 from typing import Any
 
 import dagster as dg
@@ -14,22 +15,17 @@ from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_JOB_TAGS
 from runstate.maintenance.health import HealthAnalyzer
-from runstate.maintenance.identifiers import parse_table_ref
+from runstate.maintenance.identifiers import DEFAULT_ACTIONS, parse_table_ref
 from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator
-from runstate.maintenance.runner import JobOutcome, work_queue
+from runstate.maintenance.plan import ActionPlan
+from runstate.maintenance.runner import JobOutcome, QueueWorker, WorkerReport
 
 # A transient fault (a database blip) is worth a few spaced-out retries; a retried worker simply
 # claims whatever is still queued, and every job keeps its own fence.
 TRANSIENT_RETRY = dg.RetryPolicy(
     max_retries=2, delay=20, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
-DEFAULT_ACTIONS = [
-    "rewrite_data_files",
-    "rewrite_position_delete_files",
-    "rewrite_manifests",
-    "expire_snapshots",
-]
 STOPPED_STATUSES = DEAD_STATUSES | {dg.DagsterRunStatus.CANCELING}
 FIGURES = ("data_files", "data_bytes", "delete_files", "manifests")
 
@@ -41,7 +37,7 @@ class MaintenanceWorkerConfig(dg.Config):
     max_jobs: int | None = Field(default=None, description="Stop after this many jobs (None: until empty).")
 
 
-def job_metadata(outcome: JobOutcome, table_key: str) -> dict[str, Any]:
+def job_metadata(outcome: JobOutcome) -> dict[str, Any]:
     """One job's run metadata: its status and, per action, the table's figures before and after."""
     actions = [
         {
@@ -54,7 +50,12 @@ def job_metadata(outcome: JobOutcome, table_key: str) -> dict[str, Any]:
         }
         for r in outcome.results
     ]
-    return {"table": table_key, "status": outcome.status, "error": outcome.error or "", "actions": actions}
+    return {
+        "table": outcome.ref.key,
+        "status": outcome.status,
+        "error": outcome.error or "",
+        "actions": actions,
+    }
 
 
 def _figure_totals(jobs: list[dict[str, Any]]) -> dict[str, float]:
@@ -70,11 +71,18 @@ def _figure_totals(jobs: list[dict[str, Any]]) -> dict[str, float]:
     return totals
 
 
-def _told_to_stop(context: dg.OpExecutionContext) -> bool:
+def stop_requested(context: dg.OpExecutionContext) -> bool:
     """Claim no more once the run is being terminated (the UI's Terminate) or was declared dead (no
     heartbeat: the sensor has released its claims, so new ones would stay held by a dead worker)."""
     run = context.instance.get_run_by_id(context.run_id)
     return run is None or run.status in STOPPED_STATUSES
+
+
+def worker_summary(report: WorkerReport, jobs: dict[str, dict[str, Any]], stopped: bool) -> dict:
+    """The worker run's output: how many jobs ended how, and whether a stop request ended it."""
+    summary = {status: report.count(status) for status in ("completed", "failed", "cancelled", "fenced_out")}
+    summary.update(jobs=len(report.outcomes), table_locked=len(report.locked), stopped=stopped)
+    return summary
 
 
 @dg.op(
@@ -88,29 +96,30 @@ def run_maintenance_worker(
     spark: SparkResource,
     maintenance: MaintenanceResource,
 ) -> dict:
-    jobs: dict[str, dict[str, Any]] = {}
-
-    def on_outcome(claim, outcome: JobOutcome) -> None:
-        jobs[outcome.job_id] = job_metadata(outcome, claim.table_key)
-        context.log.info(f"job {outcome.job_id} on {claim.table_key}: {outcome.status} {outcome.error or ''}")
-
-    report = work_queue(
-        spark.get_session,
+    worker = QueueWorker(
         maintenance.get_store(),
         maintenance.worker_id(context.run_id),
         lease_seconds=maintenance.lease_seconds,
-        budget_seconds=config.budget_seconds or maintenance.worker_budget_seconds,
-        max_jobs=config.max_jobs,
-        on_outcome=on_outcome,
-        stop_claiming=lambda: _told_to_stop(context),
         settings=maintenance.action_settings(),
         lock_ttl_seconds=maintenance.lock_ttl_seconds,
     )
-    summary = {status: report.count(status) for status in ("completed", "failed", "cancelled", "fenced_out")}
-    summary.update(jobs=len(report.outcomes), table_locked=len(report.locked), stopped=report.stopped)
+    budget = config.budget_seconds or maintenance.worker_budget_seconds
+    jobs: dict[str, dict[str, Any]] = {}
+    # The session starts with the first job claimed: an empty queue starts no JVM.
+    with closing(worker.run(spark.get_session, budget_seconds=budget, max_jobs=config.max_jobs)) as outcomes:
+        # Asked before each claim: the one place this run decides to claim no more.
+        while not (stopped := stop_requested(context)):
+            outcome = next(outcomes, None)
+            if outcome is None:
+                break
+            jobs[outcome.job_id] = job_metadata(outcome)
+            context.log.info(
+                f"job {outcome.job_id} on {outcome.ref.key}: {outcome.status} {outcome.error or ''}"
+            )
+    summary = worker_summary(worker.report, jobs, stopped)
     metadata: dict[str, Any] = {
         **summary,
-        "worker_seconds": round(report.elapsed_seconds, 3),
+        "worker_seconds": round(worker.report.elapsed_seconds, 3),
         **_figure_totals(list(jobs.values())),
     }
     metadata.update({f"job {job_id}": dg.MetadataValue.json(value) for job_id, value in jobs.items()})
@@ -138,7 +147,7 @@ class SubmitMaintenanceConfig(dg.Config):
 
     table: str = Field(description="The table as `database.table`.")
     actions: list[str] = Field(
-        default=DEFAULT_ACTIONS, description="Any of the ACTIONS; run in their fixed order."
+        default=list(DEFAULT_ACTIONS), description="Any of the ACTIONS; run in their fixed order."
     )
     dry_run: bool = Field(default=False, description="Plan only: report what would be done, write nothing.")
     rewrite_strategy: str | None = Field(default=None, description="binpack (default) or sort.")
@@ -165,11 +174,8 @@ def submit_maintenance_request(
     context: dg.OpExecutionContext, config: SubmitMaintenanceConfig, maintenance: MaintenanceResource
 ) -> str:
     ref = parse_table_ref(config.table)
-    options = config.options()
-    ActionSettings.from_options(options, maintenance.action_settings())  # bad options: nothing queued
-    job_id = maintenance.get_store().submit(
-        ref.database, ref.table, config.actions, dry_run=config.dry_run, options=options
-    )
+    plan = ActionPlan.parse(config.actions, dry_run=config.dry_run, options=config.options())
+    job_id = maintenance.get_store().queue.submit(ref, plan)
     context.add_output_metadata({"job_id": job_id, "table": ref.key, "dry_run": config.dry_run})
     return job_id
 
@@ -190,15 +196,10 @@ def run_orchestrator(
     spark: SparkResource,
     maintenance: MaintenanceResource,
 ) -> dict:
-    analyzer: list[HealthAnalyzer] = []
-
-    def analyze(ref):  # Spark starts only when some table gets past the cheap skips
-        if not analyzer:
-            analyzer.append(HealthAnalyzer(spark.get_session(), maintenance.thresholds()))
-        return analyzer[0].analyze(ref)
-
+    # Spark starts only when some table gets past the cheap skips.
+    analyzer = HealthAnalyzer(spark.get_session, maintenance.thresholds())
     report = Orchestrator(
-        maintenance.get_store(), analyze, maintenance.orchestrator_settings(config.dry_run)
+        maintenance.get_store(), analyzer.analyze, maintenance.orchestrator_settings(config.dry_run)
     ).run()
     for decision in report.decisions:
         context.log.info(
@@ -220,21 +221,21 @@ def maintenance_orchestrator_job() -> None:
 
 @dg.op(description="Expired leases back to pending; out of attempts -> failed.")
 def sweep_stale_claims(context: dg.OpExecutionContext, maintenance: MaintenanceResource) -> int:
-    changed = maintenance.get_store().sweep_stale_claims()
+    changed = maintenance.get_store().queue.sweep_stale_claims()
     context.add_output_metadata({"claims_swept": changed})
     return changed
 
 
 @dg.op(description="Delete expired table locks.")
 def sweep_expired_locks(context: dg.OpExecutionContext, maintenance: MaintenanceResource) -> int:
-    removed = maintenance.get_store().sweep_expired_locks()
+    removed = maintenance.get_store().locks.sweep_expired_locks()
     context.add_output_metadata({"locks_removed": removed})
     return removed
 
 
 @dg.op(description="Drop health_snapshots older than the retention (each table keeps its newest row).")
 def prune_health(context: dg.OpExecutionContext, maintenance: MaintenanceResource) -> int:
-    removed = maintenance.get_store().prune_health(maintenance.health_keep_days)
+    removed = maintenance.get_store().history.prune_health(maintenance.health_keep_days)
     context.add_output_metadata({"health_rows_removed": removed})
     return removed
 

@@ -42,12 +42,12 @@ def live_workers(instance: dg.DagsterInstance) -> list[RunLiveness]:
 def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: MaintenanceResource):
     store = maintenance.get_store()
     # The holders before the runs: a worker run that claims after this read is in the runs read next.
-    holders = store.claim_holders(maintenance.worker_prefix)
+    holders = store.queue.claim_holders(maintenance.worker_prefix)
     alive = live_workers(context.instance)  # a dead worker's Spark slot is freed even when idle
-    released = store.expire_leases_of(set(holders) - {maintenance.worker_id(w.run_id) for w in alive})
+    released = store.queue.expire_leases_of(set(holders) - {maintenance.worker_id(w.run_id) for w in alive})
     if released:
         context.log.info(f"took back {len(released)} job(s) held by dead worker runs: {', '.join(released)}")
-    ready, _ = store.queue_depth()
+    ready, _ = store.queue.queue_depth()
     if not ready:
         return dg.SkipReason("no ready maintenance jobs")
     wanted = min(maintenance.max_worker_runs - len(alive), ready)
