@@ -40,5 +40,10 @@ class ActionPlan:
         return cls(ordered, dry_run, json_object(options, "options"))  # a plain dict, as jobs.options holds
 
     def settings(self, base: ActionSettings | None = None) -> ActionSettings:
-        """The worker's settings (`base`: its configured defaults) with this job's options over them."""
-        return replace(base or ActionSettings(), **self.options)
+        """The worker's settings (`base`: its configured defaults) with this job's options over them.
+
+        A plan made by `parse` always fits. A claim's plan comes from a stored row, which a build before
+        `parse` existed (or a hand edit) may have written: such options raise InvalidActionOption."""
+        if set(self.options) <= set(ActionSettings.names()):
+            return replace(base or ActionSettings(), **self.options)
+        return ActionSettings.from_options(self.options, base)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from runstate.maintenance.actions import CATALOG, ActionResult, ActionRunner
 from runstate.maintenance.commit_fence import forget_table, worker_session, worker_tag
-from runstate.maintenance.errors import TableLocked
+from runstate.maintenance.errors import InvalidActionOption, TableLocked
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import Claim
 from runstate.maintenance.options import ActionSettings
@@ -153,6 +153,14 @@ def _run_claimed(
 ) -> JobOutcome:
     lease_seconds = float(claim.lease_seconds)
     lock_ttl = float(lock_ttl_seconds) if lock_ttl_seconds is not None else lease_seconds
+    try:
+        job_settings = claim.plan.settings(settings)
+    except InvalidActionOption as error:  # a row stored before options were checked at submit
+        outcome = JobOutcome.of(claim, "failed")
+        outcome.error = f"job {claim.job_id}: its stored options are invalid: {error}"
+        if not store.queue.complete(claim, "failed", outcome.error):
+            outcome.status = "fenced_out"
+        return outcome
     if not store.locks.lock_for_claim(claim, lock_ttl):
         if not store.queue.holds_fence(claim):
             return JobOutcome.of(claim, "fenced_out")
@@ -170,7 +178,7 @@ def _run_claimed(
             lease_seconds=lease_seconds,
             lock_ttl_seconds=lock_ttl,
         ) as keeper:
-            runner = ActionRunner(session, claim.ref, claim.plan.settings(settings), catalog=catalog)
+            runner = ActionRunner(session, claim.ref, job_settings, catalog=catalog)
             outcome.status = _run_actions(runner, store, claim, keeper, outcome, after_action)
         if outcome.status == "fenced_out":
             return outcome

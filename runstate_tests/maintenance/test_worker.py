@@ -9,7 +9,7 @@ import pytest
 from runstate.maintenance.commit_fence import worker_tag
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.runner import QueueWorker
-from runstate_tests.maintenance.conftest import cache, make_table, sql, wait_for
+from runstate_tests.maintenance.conftest import cache, make_table, sql, store_sql, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -107,3 +107,22 @@ def test_a_caller_that_stops_after_one_job_leaves_the_rest_queued_and_the_sessio
     tag = worker_tag(store.schema, "worker-2")
     count = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
     wait_for(lambda: sql(store.dsn, count, tag) == [(0,)], "the worker session's connections to close", 60)
+
+
+def test_a_job_whose_stored_options_no_longer_validate_fails_once_with_a_clear_error(
+    spark, iceberg_namespace, store
+):
+    # A row written before submit checked options (or edited by hand): the worker must fail the job, not
+    # crash its run on every attempt.
+    ref = make_table(spark, iceberg_namespace, "t", files=2, rows=10)
+    cache(store, ref)
+    job_id = store.submit(ref.database, ref.table, ["rewrite_data_files"])
+    store_sql(store, "UPDATE jobs SET options = '{\"k\": 1}'::jsonb WHERE job_id = %s", job_id)
+
+    report = QueueWorker(store, "worker-1", lease_seconds=120).drain(spark, budget_seconds=600)
+
+    [outcome] = report.outcomes
+    assert outcome.status == "failed" and "stored options are invalid" in outcome.error
+    assert "unknown maintenance option" in outcome.error
+    job = store.queue.get_job(job_id)
+    assert job.status == "failed" and store.queue.job_actions(job_id) == []
