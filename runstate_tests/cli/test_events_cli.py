@@ -238,6 +238,44 @@ def test_hostile_values_get_one_line_and_write_nothing(store, args, message):
     assert store.run_ids() == []
 
 
+TOO_BIG = "99999999999999999999"  # past bigint: a missing SQL function and "bigint out of range" before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["append", "--run-id", "r", "--type", "X", "--expected-last-seq", TOO_BIG],
+        ["append", "--run-id", "r", "--type", "X", "--expected-last-seq", str(1 << 63)],
+        ["tail", "--limit", TOO_BIG],
+        ["tail", "--after", TOO_BIG],
+        ["show", "r", "--limit", TOO_BIG],
+        ["show", "r", "--limit", "-5"],
+        ["show", "r", "--after", TOO_BIG],
+        ["show", "r", "--after", "-5"],
+        ["archive", "--older-than-days", TOO_BIG],
+        ["migrate", "--batch-size", TOO_BIG],
+    ],
+    ids=" ".join,
+)
+def test_a_number_out_of_its_range_is_a_usage_error_and_writes_nothing(store, args):
+    result = run(*args)
+    option = next(arg for arg in args if arg.startswith("--") and arg not in ("--run-id", "--type"))
+
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
+    assert store.run_ids() == []
+
+
+def test_the_largest_seq_is_a_concurrency_conflict_not_a_driver_error(store):
+    result = run("append", "--run-id", "r", "--type", "X", "--expected-last-seq", str((1 << 63) - 1))
+
+    assert result.exit_code == 1
+    assert (
+        result.output.strip() == f"Error: run 'r': expected last seq {(1 << 63) - 1}, but the run is at seq 0"
+    )
+    assert store.run_ids() == []
+
+
 def test_a_run_id_with_an_ansi_escape_is_refused_without_echoing_it(store):
     result = run("append", "--run-id", "evil\x1b[2J", "--type", "X")
 
