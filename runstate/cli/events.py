@@ -19,6 +19,7 @@ import click
 
 from runstate.cli.events_io import (
     DEFAULT_ARCHIVE_AFTER_DAYS,
+    MAX_FILE_EVENTS,
     event_to_json,
     format_table,
     load_json,
@@ -94,7 +95,7 @@ def append(
     elif data is not None or step_id is not None:
         raise click.UsageError("--step/--data describe an event: give --type too")
     if jsonl is not None:
-        batch.extend(read_jsonl(jsonl, run_id))
+        batch.extend(read_jsonl(jsonl, run_id, room=MAX_FILE_EVENTS - len(batch)))
     if not batch:
         raise click.UsageError("nothing to append: give --run-id and --type, or --file")
     by_run: dict[str, list[Any]] = {}
