@@ -337,9 +337,7 @@ def save_cluster(cluster: StandaloneCluster | None) -> None:
     path.write_text(json.dumps({n: asdict(r) for n, r in cluster.records().items()}, indent=2) + "\n")
 
 
-def up(
-    caller_env: Mapping[str, str], workers: int | None, log: Callable[[str], None] = lambda _: None
-) -> dict[str, str]:
+def up(caller_env: Mapping[str, str], workers: int | None, log: Log = lambda _: None) -> dict[str, str]:
     """Bring the recorded cluster to `workers` workers (None: as recorded, 0: stop it).
 
     Returns the `.env` values: RUNSTATE_SPARK_MASTER while a cluster of ours runs, else nothing.
@@ -372,7 +370,7 @@ def up(
     return {"RUNSTATE_SPARK_MASTER": cluster.url} if cluster else {}
 
 
-def down(log: Callable[[str], None] = lambda _: None) -> list[str]:
+def down(log: Log = lambda _: None) -> list[str]:
     cluster = load_cluster()
     stopped = cluster.stop() if cluster else []
     for name in stopped:
