@@ -135,7 +135,7 @@ def test_six_racing_flushes_make_one_run_per_shard_and_each_says_what_it_did(
         instance.get_runs_count()
         racers = [
             subprocess.Popen(
-                [RUNSTATE, "wal", "flush", "--wait", "60"],
+                [RUNSTATE, "wal", "flush", "--wait", "300"],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

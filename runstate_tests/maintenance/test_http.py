@@ -141,7 +141,7 @@ def test_clients_trickling_headers_do_not_starve_a_normal_request():
     stop_trickling = threading.Event()
     # Each header line comes well within the per-read timeout: only a deadline for the whole request
     # (its line and headers) frees the threads they hold.
-    server = serving(lambda ref: None, max_threads=4, client_timeout=10, header_timeout=1)
+    server = serving(lambda ref: None, max_threads=4, client_timeout=10, header_timeout=3)
     try:
         # Connected first, so they are accepted first: the listen queue is first come, first served.
         tricklers = [_trickle(server, stop_trickling) for _ in range(4)]
