@@ -12,13 +12,16 @@ bounds (a shard or a worker is a run process, so a huge count is as wrong as zer
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlsplit
 
 EVENTSTORE_BACKENDS = ("postgres", "snowflake")
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
@@ -113,7 +116,7 @@ class Settings:
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
             schema=env.get("RUNSTATE_SCHEMA", "runstate"),
-            aws_endpoint_url=env.get("RUNSTATE_AWS_ENDPOINT_URL") or None,
+            aws_endpoint_url=_endpoint_url(env, "RUNSTATE_AWS_ENDPOINT_URL"),
             aws_region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
             wal_table=env.get("RUNSTATE_WAL_TABLE", "runstate_wal"),
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
@@ -179,6 +182,41 @@ def _spark_master(env: Mapping[str, str]) -> str:
     if not raw.isprintable() or any(ch.isspace() for ch in raw):
         raise ConfigError(f"RUNSTATE_SPARK_MASTER must be a Spark master URL, got {_shown(raw)}")
     return raw
+
+
+# A host name as botocore accepts it (labels of letters, digits and inner hyphens), else an IP address.
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _endpoint_url(env: Mapping[str, str], name: str) -> str | None:
+    """An http(s) URL with a valid host and port, or None when unset.
+
+    botocore checks the endpoint only when the first client is made, deep inside a verb (or a Dagster
+    run), and raised `ValueError: Invalid endpoint` there as a traceback."""
+    raw = env.get(name) or None
+    if raw is None:
+        return None
+    try:
+        parts = urlsplit(raw)
+        usable = parts.scheme in ("http", "https") and _is_host(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number from 0 to 65535
+        usable = False
+    if not usable or not raw.isprintable() or any(ch.isspace() for ch in raw):
+        raise ConfigError(
+            f"{name} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:5000, got {_shown(raw)}"
+        )
+    return raw
+
+
+def _is_host(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        name = host.removesuffix(".")
+        return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def _spark_driver_host(env: Mapping[str, str]) -> str | None:

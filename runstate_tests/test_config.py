@@ -162,6 +162,37 @@ def test_the_session_master_is_the_settings_master_whatever_the_extra_conf_says(
     assert spark_config(spark)["spark.master"] == "local[1]"
 
 
+ENDPOINT_URLS = st.one_of(
+    KNOB_TEXT,
+    st.builds(
+        "{}://{}{}".format,
+        st.sampled_from(["http", "https", "ftp", ""]),
+        st.text(alphabet="ab-_.:[]1%@/ ", max_size=12),
+        st.sampled_from(["", ":5000", ":0", ":99999", ":x", "/path"]),
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["nope", "http://", "localhost:5000", "ftp://host", "http://bad_host", "http://h:99999", "http://a b"],
+)
+def test_a_bad_aws_endpoint_is_refused_with_a_line_naming_the_knob(raw):
+    with pytest.raises(ConfigError, match="RUNSTATE_AWS_ENDPOINT_URL must be an http:// or https:// URL"):
+        Settings.from_env({"RUNSTATE_AWS_ENDPOINT_URL": raw})
+
+
+@given(raw=ENDPOINT_URLS)
+def test_an_aws_endpoint_that_the_settings_take_makes_a_boto3_client(raw):
+    import boto3
+
+    outcome = _settings_or_error("RUNSTATE_AWS_ENDPOINT_URL", raw)
+
+    if isinstance(outcome, Settings) and outcome.aws_endpoint_url is not None:
+        # botocore checks the URL here, at the first client (`ValueError: Invalid endpoint` otherwise).
+        boto3.client("s3", endpoint_url=outcome.aws_endpoint_url, region_name="us-east-1")
+
+
 def test_unset_and_empty_knobs_take_the_defaults():
     names = [*WHOLE_NUMBER_KNOBS, *CHOICE_KNOBS, "RUNSTATE_WAL_FLUSH_LINGER_S", "RUNSTATE_SPARK_CONF"]
 

@@ -76,6 +76,12 @@ class RunstateGroup(click.Group):
             return super().invoke(ctx)
         except domain_errors() as error:
             raise click.ClickException(one_line(error)) from None
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C stops every verb; one that ran a Dagster run says which (RunInterrupted), and click
+            # then prints "Aborted!" and exits 1.
+            if str(interrupt):
+                click.echo(f"interrupted: {interrupt}", err=True)
+            raise
 
 
 def one_line(error: BaseException) -> str:

@@ -19,6 +19,7 @@ import click
 
 from runstate.cli.events_io import (
     DEFAULT_ARCHIVE_AFTER_DAYS,
+    MAX_FILE_EVENTS,
     event_to_json,
     format_table,
     load_json,
@@ -29,6 +30,14 @@ from runstate.cli.events_io import (
     validate_all,
 )
 from runstate.eventstore.feed import MAX_POLL_SECONDS
+
+# Seqs and feed positions are bigints in the stores (a larger one was a driver error or a missing SQL
+# function), and a page of events is read into memory at once.
+BIGINT_MAX = (1 << 63) - 1
+SEQ = click.IntRange(0, BIGINT_MAX)
+MAX_PAGE = 100_000
+PAGE = click.IntRange(1, MAX_PAGE)
+MAX_ARCHIVE_AGE_DAYS = 36_500  # a century; a date before year 1 cannot be computed
 
 
 @click.group()
@@ -45,7 +54,7 @@ def events() -> None:
 @click.option("--attempt", "logical_attempt_id", help="Logical attempt id.")
 @click.option(
     "--expected-last-seq",
-    type=click.IntRange(min=0),
+    type=SEQ,
     help="Optimistic concurrency: refuse unless the run is at this seq (one run only).",
 )
 @click.option(
@@ -86,7 +95,7 @@ def append(
     elif data is not None or step_id is not None:
         raise click.UsageError("--step/--data describe an event: give --type too")
     if jsonl is not None:
-        batch.extend(read_jsonl(jsonl, run_id))
+        batch.extend(read_jsonl(jsonl, run_id, room=MAX_FILE_EVENTS - len(batch)))
     if not batch:
         raise click.UsageError("nothing to append: give --run-id and --type, or --file")
     by_run: dict[str, list[Any]] = {}
@@ -119,8 +128,10 @@ def append_runs(store: Any, by_run: dict[str, list[Any]], expected_last_seq: int
 
 @events.command()
 @click.argument("run_id")
-@click.option("--after", "after_seq", default=0, show_default=True, help="Show events after this run_seq.")
-@click.option("--limit", default=100, show_default=True, help="At most this many events.")
+@click.option(
+    "--after", "after_seq", type=SEQ, default=0, show_default=True, help="Show events after this run_seq."
+)
+@click.option("--limit", type=PAGE, default=100, show_default=True, help="At most this many events.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event instead of a table.")
 def show(run_id: str, after_seq: int, limit: int, as_json: bool) -> None:
     """Print a run's events as a table (archived runs too)."""
@@ -160,7 +171,7 @@ def _finite(value: float) -> float:
 @click.option(
     "--after",
     "after_position",
-    type=click.IntRange(min=0),
+    type=SEQ,
     default=0,
     show_default=True,
     help="Start after this feed position.",
@@ -168,7 +179,7 @@ def _finite(value: float) -> float:
 @click.option("--follow", is_flag=True, help="Keep waiting for new events (Ctrl-C to stop).")
 @click.option(
     "--limit",
-    type=click.IntRange(min=1),
+    type=PAGE,
     default=1000,
     show_default=True,
     help="Without --follow: at most this many events.",
@@ -275,7 +286,7 @@ def resume(run_id: str) -> None:
 @events.command()
 @click.option(
     "--older-than-days",
-    type=click.IntRange(min=0),
+    type=click.IntRange(0, MAX_ARCHIVE_AGE_DAYS),
     default=DEFAULT_ARCHIVE_AFTER_DAYS,
     show_default=True,
     help="Archive runs completed before.",
@@ -297,7 +308,7 @@ def restore(run_id: str) -> None:
 
 
 @events.command()
-@click.option("--batch-size", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--batch-size", type=PAGE, default=1000, show_default=True)
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs).")
 def migrate(batch_size: int, no_progress: bool) -> None:
     """Copy every event from Postgres to Snowflake: resumable, idempotent, verified by counts and

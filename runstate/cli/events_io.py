@@ -28,6 +28,10 @@ EVENT_FIELDS = (
     "engine_run_ref",
 )
 DEFAULT_ARCHIVE_AFTER_DAYS = 90  # the core's DEFAULT_ARCHIVE_AFTER_DAYS, without importing it at load
+# Each run's events in a file are one batch, appended in one transaction: all of them, or none. The
+# whole file is in memory while that happens, about 3 KB an event at the peak (300,000 events took
+# 777 MB), so a file holds at most this many; a larger one is refused before anything is written.
+MAX_FILE_EVENTS = 100_000
 
 
 @contextmanager
@@ -88,14 +92,20 @@ def event_from_mapping(doc: Any, default_run_id: str | None, where: str) -> Any:
     return NewEvent(run_id=run_id, **fields)
 
 
-def read_jsonl(path: Path, default_run_id: str | None) -> list[Any]:
+def read_jsonl(path: Path, default_run_id: str | None, room: int = MAX_FILE_EVENTS) -> list[Any]:
+    """The file's events, read a line at a time; at most `room` of them, or an error before the rest is read."""
     events = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        events.append(
-            event_from_mapping(load_json(line, f"{path}:{number}"), default_run_id, f"{path}:{number}")
-        )
+    with path.open() as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            if len(events) == room:
+                raise click.ClickException(
+                    f"{path}: a file holds at most {MAX_FILE_EVENTS:,} events (each run's are appended in "
+                    "one transaction, from memory): split it; nothing written"
+                )
+            where = f"{path}:{number}"
+            events.append(event_from_mapping(load_json(line, where), default_run_id, where))
     return events
 
 

@@ -27,8 +27,10 @@ def services() -> None:
     "--spark-workers",
     type=click.IntRange(min=0),
     default=None,
+    callback=lambda _ctx, _param, value: _within_the_machine(value),
     help="Also run a standalone Spark cluster of N workers on loopback and point RUNSTATE_SPARK_MASTER "
-    "at it (0 stops it; default: keep what runs; without one, Spark runs local[2]).",
+    "at it (0 stops it; default: keep what runs; without one, Spark runs local[2]). At most one worker "
+    "per core and per 2.5 GiB of memory.",
 )
 def up(
     pg_port: int | None,
@@ -49,6 +51,19 @@ def up(
         log=click.echo,
     )
     click.echo(f"endpoints written to {report.env_path}")
+
+
+def _within_the_machine(workers: int | None) -> int | None:
+    """Refused before anything starts: `up` starts Postgres, moto and fakesnow before the cluster."""
+    from runstate.services.spark_cluster import check_workers
+    from runstate.services.state import ServiceError
+
+    if workers:
+        try:
+            check_workers(workers)
+        except ServiceError as error:
+            raise click.BadParameter(str(error).removeprefix("spark: ")) from None
+    return workers
 
 
 @services.command()

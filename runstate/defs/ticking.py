@@ -11,7 +11,12 @@ run whose process is killed is ended by whoever looks next, like a daemon run.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -70,6 +75,44 @@ def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_
     return bool(runs)
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) reached this process while it executed a run. Dagster's own handler took the
+    signal and ended the run (failed, by runstate/defs/runs/interrupts.py) instead of raising, so a
+    caller looping over shards went on to the next one: this stops it, as a KeyboardInterrupt would."""
+
+    def __init__(self, result: dg.ExecuteInProcessResult) -> None:
+        outcome = "succeeded" if result.success else "failed"
+        super().__init__(f"{result.job_def.name} run {result.run_id} {outcome}; nothing after it was started")
+        self.result = result
+
+
+@contextmanager
+def _signals_seen() -> Iterator[Callable[[], bool]]:
+    """Whether SIGINT or SIGTERM reached this process inside the block, whichever handler took it: the
+    interpreter writes each signal's number to its wakeup fd before any Python handler runs."""
+    if threading.current_thread() is not threading.main_thread():  # only there do signals arrive
+        yield lambda: False
+        return
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield lambda: bool({signal.SIGINT, signal.SIGTERM} & set(_drained(read_end)))
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _drained(fd: int) -> bytes:
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 512):
+            data += chunk
+    return data
+
+
 def execute_run(
     job: dg.JobDefinition,
     instance: DagsterInstance,
@@ -78,11 +121,13 @@ def execute_run(
     tags: dict[str, str] | None = None,
     partition_key: str | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Execute `job` in this process as one run that beats while it executes and has a max runtime."""
+    """Execute `job` in this process as one run that beats while it executes and has a max runtime.
+
+    RunInterrupted when Ctrl-C or SIGTERM came while it executed: the caller runs nothing after it."""
     run_id = make_new_run_id()
     tags = {MAX_RUNTIME_TAG: str(IN_PROCESS_MAX_RUNTIME_S), **(tags or {})}
-    with heartbeat(instance, run_id, ends_run=True):
-        return job.execute_in_process(
+    with heartbeat(instance, run_id, ends_run=True), _signals_seen() as interrupted:
+        result = job.execute_in_process(
             run_config=run_config,
             instance=instance,
             tags=tags,
@@ -90,6 +135,9 @@ def execute_run(
             run_id=run_id,
             raise_on_error=False,
         )
+        if interrupted():
+            raise RunInterrupted(result)
+    return result
 
 
 def _execute(

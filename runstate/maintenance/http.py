@@ -8,8 +8,11 @@ Bounded everywhere, so one slow table or client cannot take the server down:
 - one analysis at a time runs (they share one Spark session) on a thread of its own; a request waits
   for it at most `analysis_timeout` seconds, then gets 504 (the analysis carries on, and its stored
   result answers `?cached=true`) or, while another analysis still runs, 503;
-- at most `max_threads` requests are handled at once (the others wait in the listen queue), and a
-  client that stops sending or reading is dropped after `client_timeout` seconds.
+- at most `max_threads` requests are handled at once (the others wait in the listen queue); a
+  request's line and headers must all arrive within `header_timeout` seconds (a client that trickles
+  a header line every few seconds is dropped then, not when it stops), and a client that stops
+  sending or reading is dropped after `client_timeout` seconds;
+- a client that goes away before its answer is one log line, not a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import dataclasses
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +64,7 @@ def health_json(snapshot: HealthSnapshot) -> str:
 DEFAULT_ANALYSIS_TIMEOUT_S = 30.0
 DEFAULT_MAX_THREADS = 8
 DEFAULT_CLIENT_TIMEOUT_S = 10.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
 
 
 class AnalysisBusy(Exception):
@@ -82,9 +87,11 @@ class HealthServer(ThreadingHTTPServer):
         analysis_timeout: float = DEFAULT_ANALYSIS_TIMEOUT_S,
         max_threads: int = DEFAULT_MAX_THREADS,
         client_timeout: float = DEFAULT_CLIENT_TIMEOUT_S,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT_S,
     ) -> None:
         self.analyze, self.latest = analyze, latest
         self.analysis_timeout, self.client_timeout = analysis_timeout, client_timeout
+        self.header_timeout = header_timeout
         # One analysis at a time on the shared Spark session, on a thread a request can stop waiting for.
         self.analysis_slot = threading.Semaphore(1)
         self.analysis_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-analysis")
@@ -105,6 +112,13 @@ class HealthServer(ThreadingHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self.request_slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):  # a broken pipe, a reset: the client left, nothing to fix here
+            log.warning("client %s:%s left before its answer was sent (%s)", *client_address[:2], error)
+            return
+        super().handle_error(request, client_address)
 
     def analyze_within(self, ref: TableRef) -> HealthSnapshot:
         """The table's analysis, or AnalysisBusy / AnalysisTimeout once `analysis_timeout` has passed."""
@@ -141,6 +155,13 @@ class _Handler(BaseHTTPRequestHandler):
         # A client that stops sending its request or reading the answer is dropped after this long.
         self.timeout = self.server.client_timeout
         super().setup()
+        deadline = time.monotonic() + self.server.header_timeout
+        self.rfile = _ReadsBy(self.rfile, self.connection, deadline, self.server.client_timeout)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.connection.settimeout(self.server.client_timeout)  # the answer's writes: each may take this long
+        return parsed
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         url = urlsplit(self.path)
@@ -191,7 +212,27 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
+class _ReadsBy:
+    """A request's input whose line reads must all end by one deadline: with a timeout per read only,
+    four clients sending a header line every 3 s held all four threads of `--max-threads 4` for as
+    long as they liked. A late read raises TimeoutError, which the stdlib handler logs and closes on."""
+
+    def __init__(self, rfile: Any, connection: Any, deadline: float, per_read: float) -> None:
+        self._rfile, self._connection = rfile, connection
+        self._deadline, self._per_read = deadline, per_read
+
+    def readline(self, limit: int = -1) -> bytes:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request line and headers did not all arrive in time")
+        self._connection.settimeout(min(left, self._per_read))
+        return self._rfile.readline(limit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rfile, name)
+
+
 def make_server(host: str, port: int, analyze: Analyze, latest: Latest, **limits: Any) -> HealthServer:
     """Bound and listening; call serve_forever() (port 0 picks a free port: see server_address).
-    `limits`: analysis_timeout, max_threads, client_timeout (see HealthServer)."""
+    `limits`: analysis_timeout, max_threads, client_timeout, header_timeout (see HealthServer)."""
     return HealthServer((host, port), analyze, latest, **limits)

@@ -41,6 +41,7 @@ from runstate.services.state import (
     wait_until,
 )
 
+Log = Callable[[str], None]
 MASTER = "spark-master"
 WORKER_PREFIX = "spark-worker-"
 # Each worker offers 2 cores and 2g, and an application gets one core on every worker (the master's
@@ -49,6 +50,12 @@ WORKER_PREFIX = "spark-worker-"
 WORKER_CORES = 2
 WORKER_MEMORY = "2g"
 DAEMON_MEMORY = "512m"  # the master and worker daemons only schedule; executors get their own heap
+# What a worker may take of the machine: the memory it offers its executors plus its daemon's heap. A
+# machine runs at most one worker per core and per this much memory (`max_workers`).
+WORKER_FOOTPRINT_BYTES = (2048 + 512) << 20
+# Workers start this many at a time, and each wave registers before the next starts: a starting JVM
+# takes a core for seconds, and a worker that cannot start stops the rest from being started at all.
+START_WAVE = 4
 # A worker deletes the folders (jars included) of applications that ended more than an hour ago.
 WORKER_OPTS = (
     "-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval=600 "
@@ -66,6 +73,23 @@ def spark_home() -> Path:
     if not (home / "bin" / "spark-class").exists():
         raise ServiceError(f"spark: {home}/bin/spark-class is missing; reinstall pyspark")
     return home
+
+
+def max_workers() -> int:
+    """The most workers this machine runs: one per core (of this process's) and per 2.5 GiB of memory."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(len(os.sched_getaffinity(0)), memory // WORKER_FOOTPRINT_BYTES))
+
+
+def check_workers(workers: int) -> None:
+    """ServiceError when this machine cannot run `workers` workers (before any is started)."""
+    limit = max_workers()
+    if workers > limit:
+        raise ServiceError(
+            f"spark: {workers} workers is more than this machine can run: at most {limit} (one per core "
+            f"and per {WORKER_FOOTPRINT_BYTES >> 20} MiB of memory; each offers {WORKER_CORES} cores and "
+            f"{WORKER_MEMORY})"
+        )
 
 
 def daemon_env(default_cores: int | None = None) -> dict[str, str]:
@@ -170,19 +194,24 @@ class StandaloneCluster:
         return self.master.extra["webui"]
 
     @classmethod
-    def start(cls, workers: int, base_dir: Path | None = None) -> StandaloneCluster:
+    def start(
+        cls, workers: int, base_dir: Path | None = None, *, wave: int = START_WAVE, log: Log = lambda _: None
+    ) -> StandaloneCluster:
         """A new master and `workers` workers; everything started is stopped again if one fails."""
+        check_workers(workers)
         base_dir = base_dir or state_dir() / "spark"
         cluster = cls(start_master(base_dir, default_cores=max(workers, 1)), base_dir)
         try:
-            cluster.scale(workers)
+            cluster.scale(workers, wave=wave, log=log)
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
-    def scale(self, workers: int) -> None:
-        """Start or stop workers until exactly `workers` of ours are running and registered."""
+    def scale(self, workers: int, *, wave: int = START_WAVE, log: Log = lambda _: None) -> None:
+        """Start or stop workers until exactly `workers` of ours are running and registered; new ones
+        start `wave` at a time, each wave registered before the next is started."""
+        check_workers(workers)
         for name, record in list(self.workers.items()):
             if not is_running(record):
                 stop_session(record)
@@ -190,9 +219,13 @@ class StandaloneCluster:
         while len(self.workers) > workers:
             name = max(self.workers, key=_worker_index)
             stop_session(self.workers.pop(name))
-        started = [self._spawn_worker() for _ in range(workers - len(self.workers))]
-        for name, process in started:
-            self.workers[name] = self._await_worker(name, process)
+        while len(self.workers) < workers:
+            started = [self._spawn_worker() for _ in range(min(wave, workers - len(self.workers)))]
+            for name, process in started:
+                log(f"{name} started (pid {process.pid})")
+            for name, process in started:
+                self.workers[name] = self._await_worker(name, process)
+                log(f"{name} registered with {self.url}")
 
     def _spawn_worker(self) -> tuple[str, Any]:
         index = 1 + max((_worker_index(name) for name in self.workers), default=0)
@@ -304,9 +337,7 @@ def save_cluster(cluster: StandaloneCluster | None) -> None:
     path.write_text(json.dumps({n: asdict(r) for n, r in cluster.records().items()}, indent=2) + "\n")
 
 
-def up(
-    caller_env: Mapping[str, str], workers: int | None, log: Callable[[str], None] = lambda _: None
-) -> dict[str, str]:
+def up(caller_env: Mapping[str, str], workers: int | None, log: Log = lambda _: None) -> dict[str, str]:
     """Bring the recorded cluster to `workers` workers (None: as recorded, 0: stop it).
 
     Returns the `.env` values: RUNSTATE_SPARK_MASTER while a cluster of ours runs, else nothing.
@@ -324,6 +355,7 @@ def up(
         )
     # None keeps the recorded size: a plain `up` restarts a cluster that lost a daemon.
     wanted = workers if workers is not None else len(cluster.workers) if cluster else 0
+    check_workers(wanted)  # before the running cluster is stopped for a size this machine cannot run
     reusable = cluster is not None and cluster.healthy() and len(cluster.workers) == wanted
     if cluster is not None and not reusable:
         # Stopped, not resized: the master's defaultCores (one core per worker) was set at its start.
@@ -331,14 +363,14 @@ def up(
             log(f"{name:<9} stopped")
         cluster = None
     if wanted and cluster is None:
-        cluster = StandaloneCluster.start(wanted)
+        cluster = StandaloneCluster.start(wanted, log=log)
     if cluster is not None:
         log(f"{MASTER:<9} embedded {cluster.url} ({len(cluster.workers)} worker(s), UI {cluster.webui})")
     save_cluster(cluster)
     return {"RUNSTATE_SPARK_MASTER": cluster.url} if cluster else {}
 
 
-def down(log: Callable[[str], None] = lambda _: None) -> list[str]:
+def down(log: Log = lambda _: None) -> list[str]:
     cluster = load_cluster()
     stopped = cluster.stop() if cluster else []
     for name in stopped:

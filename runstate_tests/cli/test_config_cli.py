@@ -32,6 +32,7 @@ KNOBS = [
     "RUNSTATE_SPARK_MASTER",
     "RUNSTATE_SPARK_DRIVER_HOST",
     "RUNSTATE_SPARK_CONF",
+    "RUNSTATE_AWS_ENDPOINT_URL",
 ]
 
 
@@ -71,13 +72,14 @@ def test_every_verb_refuses_a_bad_knob_before_it_starts(verb, tmp_path):
         (["maintenance", "status"], "RUNSTATE_MAINTENANCE_WORKERS", "-1"),
         (["maintenance", "tick"], "RUNSTATE_MAINTENANCE_WORKERS", "abc"),
         (["events", "show", "r1"], "RUNSTATE_SPARK_CONF", '{"spark.executor.memory": null}'),
+        (["wal", "status"], "RUNSTATE_AWS_ENDPOINT_URL", "nope"),
     ],
 )
 def test_a_bad_knob_is_one_line_from_the_installed_command(verb, knob, raw, tmp_path):
     # Nothing to reach: a verb that ignored the knob would fail on its first connection instead.
     nowhere = "postgresql://postgres@127.0.0.1:1/nowhere"
-    env = {**os.environ, "RUNSTATE_HOME": str(tmp_path), "RUNSTATE_PG_URL": nowhere, knob: raw}
-    env["RUNSTATE_AWS_ENDPOINT_URL"] = "http://127.0.0.1:1"
+    env = {**os.environ, "RUNSTATE_HOME": str(tmp_path), "RUNSTATE_PG_URL": nowhere}
+    env.update({"RUNSTATE_AWS_ENDPOINT_URL": "http://127.0.0.1:1", knob: raw})
 
     result = subprocess.run([RUNSTATE, *verb], env=env, capture_output=True, text=True, timeout=300)
 

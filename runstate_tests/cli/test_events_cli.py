@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from runstate.cli import main
+from runstate.cli.events_io import MAX_FILE_EVENTS
 from runstate.config import settings
 from runstate.eventstore import NewEvent, PostgresEventStore
 
@@ -235,6 +236,60 @@ def test_hostile_values_get_one_line_and_write_nothing(store, args, message):
 
     assert result.exit_code == 1 and message in result.output
     assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert store.run_ids() == []
+
+
+def test_a_file_of_more_events_than_a_file_holds_is_refused_before_anything_is_written(store, tmp_path: Path):
+    """Issue 42.13: 300,000 events (29 MB) peaked at 777 MB; the batch limit let a file hold 1,048,575."""
+    jsonl = tmp_path / "big.jsonl"
+    line = '{"event_type": "StepCompleted", "data": {"rows": 1}}\n'
+    jsonl.write_text(line * (MAX_FILE_EVENTS + 1))
+
+    result = run("append", "--run-id", "big", "--file", str(jsonl))
+
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        f"Error: {jsonl}: a file holds at most {MAX_FILE_EVENTS:,} events (each run's are appended in one "
+        "transaction, from memory): split it; nothing written"
+    )
+    assert store.run_ids() == []
+
+
+TOO_BIG = "99999999999999999999"  # past bigint: a missing SQL function and "bigint out of range" before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["append", "--run-id", "r", "--type", "X", "--expected-last-seq", TOO_BIG],
+        ["append", "--run-id", "r", "--type", "X", "--expected-last-seq", str(1 << 63)],
+        ["tail", "--limit", TOO_BIG],
+        ["tail", "--after", TOO_BIG],
+        ["show", "r", "--limit", TOO_BIG],
+        ["show", "r", "--limit", "-5"],
+        ["show", "r", "--after", TOO_BIG],
+        ["show", "r", "--after", "-5"],
+        ["archive", "--older-than-days", TOO_BIG],
+        ["migrate", "--batch-size", TOO_BIG],
+    ],
+    ids=" ".join,
+)
+def test_a_number_out_of_its_range_is_a_usage_error_and_writes_nothing(store, args):
+    result = run(*args)
+    option = next(arg for arg in args if arg.startswith("--") and arg not in ("--run-id", "--type"))
+
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{option}'" in result.output and "Traceback" not in result.output
+    assert store.run_ids() == []
+
+
+def test_the_largest_seq_is_a_concurrency_conflict_not_a_driver_error(store):
+    result = run("append", "--run-id", "r", "--type", "X", "--expected-last-seq", str((1 << 63) - 1))
+
+    assert result.exit_code == 1
+    assert (
+        result.output.strip() == f"Error: run 'r': expected last seq {(1 << 63) - 1}, but the run is at seq 0"
+    )
     assert store.run_ids() == []
 
 

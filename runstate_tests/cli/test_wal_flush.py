@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
+from runstate.cli.wal_flush import ShardFences
 from runstate.config import settings
 from runstate.defs.runs.liveness import beat
 from runstate.defs.tags import WAL_SHARD_TAG
@@ -17,11 +22,15 @@ from runstate.defs.ticking import default_defs
 from runstate.wal.shards import shard_of
 from runstate_tests.wal.shell import WalWorld
 
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
+
 
 @pytest.fixture
-def cli(world: WalWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """The CLI pointed at the test's moto table/bucket and a Dagster home of its own."""
+def cli(world: WalWorld, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
+    """The CLI pointed at the test's moto table/bucket, a Dagster home of its own, and the worker's
+    database for the shard fences."""
     monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", world.endpoint)
+    monkeypatch.setenv("RUNSTATE_PG_URL", pg_database)
     monkeypatch.setenv("RUNSTATE_WAL_TABLE", world.table)
     monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", world.bucket)
     monkeypatch.setenv("RUNSTATE_BLOB_PREFIX", world.prefix)
@@ -74,7 +83,76 @@ def test_a_shard_held_by_a_live_run_is_reported_with_its_run_and_nothing_is_flus
     assert set(world.statuses("orders").values()) == {"Pending"}
 
 
+def test_a_shard_another_flush_command_holds_is_named_and_left_to_it(
+    cli: CliRunner, world: WalWorld, pg_database: str
+):
+    world.append("orders", "a", 1)
+    shard = shard_of("orders", default_defs().resources["wal"].flush_shards)
+    other = ShardFences(pg_database, world.table)  # as another `runstate wal flush` of this WAL would
+    try:
+        assert other.acquire(shard, deadline=0)
+        code, output = wal(cli, "flush", "--wait", "0")
+    finally:
+        other.close()
+
+    assert code == 1
+    assert f"shard {shard} is being flushed by runstate wal flush (pid {os.getpid()})" in output
+    assert set(world.statuses("orders").values()) == {"Pending"}
+
+
 def test_flush_refuses_a_bad_dataset_id_before_reading_anything(cli: CliRunner):
     code, output = wal(cli, "flush", "--dataset", "bad id\n")
 
     assert code == 1 and output.startswith("Error:")
+
+
+@pytest.mark.slow  # six commands, each loading the code location
+def test_six_racing_flushes_make_one_run_per_shard_and_each_says_what_it_did(
+    world: WalWorld, fresh_database: str, tmp_path: Path
+):
+    shards = default_defs().resources["wal"].flush_shards
+    datasets = [f"race{i}" for i in range(8)]
+    assert {shard_of(dataset_id, shards) for dataset_id in datasets} == set(range(shards))
+    for dataset_id in datasets:
+        world.append(dataset_id, "k", 1)
+    # The deployment's kind of instance: Postgres storage, made here before six processes open it at once.
+    home = tmp_path / "postgres_home"
+    home.mkdir()
+    storage = fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1)
+    (home / "dagster.yaml").write_text(
+        f"storage:\n  postgres:\n    postgres_url: {storage}\ntelemetry:\n  enabled: false\n"
+    )
+    env = {
+        **os.environ,
+        "RUNSTATE_AWS_ENDPOINT_URL": world.endpoint,
+        "RUNSTATE_WAL_TABLE": world.table,
+        "RUNSTATE_BLOB_BUCKET": world.bucket,
+        "RUNSTATE_BLOB_PREFIX": world.prefix,
+        "RUNSTATE_PG_URL": fresh_database,
+        "DAGSTER_HOME": str(home),
+    }
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.get_runs_count()
+        racers = [
+            subprocess.Popen(
+                [RUNSTATE, "wal", "flush", "--wait", "300"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(6)
+        ]
+        outputs = [racer.communicate(timeout=900) for racer in racers]
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name="flush_wal"))
+
+    assert [racer.returncode for racer in racers] == [0] * 6, outputs
+    assert sorted(run.tags[WAL_SHARD_TAG] for run in runs) == [str(shard) for shard in range(shards)]
+    assert {run.status for run in runs} == {dg.DagsterRunStatus.SUCCESS}
+    for out, _ in outputs:  # each flushed a shard, found it flushed meanwhile, or found nothing to flush
+        said = out.strip() == "nothing to flush: no Pending rows" or all(
+            f"shard {shard}: " in out for shard in range(shards)
+        )
+        assert said, out
+    statuses = {status for dataset_id in datasets for status in world.statuses(dataset_id).values()}
+    assert all(status.startswith("Applied#") for status in statuses), statuses

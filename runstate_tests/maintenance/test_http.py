@@ -7,7 +7,9 @@ The analysis here blocks on an Event instead of Spark: it stands in for a catalo
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import struct
 import threading
 import urllib.error
 import urllib.request
@@ -114,3 +116,80 @@ def test_no_more_requests_are_handled_at_once_than_threads(released):
 
     assert len(handlers) == 2  # the other two requests wait to be accepted
     assert not any(thread.is_alive() for thread in waiting)  # every request was answered in the end
+
+
+def _trickle(server: HealthServer, stop_trickling: threading.Event) -> socket.socket:
+    """A client that sends its request line, then one header line a second until told to stop: the
+    stdlib's limit of 100 headers would end it after 100 s, longer than `get` waits."""
+    client = socket.create_connection(server.server_address, timeout=60)
+    client.sendall(b"GET /tables/db/t/health HTTP/1.1\r\n")
+
+    def headers() -> None:
+        line = 0
+        while not stop_trickling.wait(1):
+            line += 1
+            try:
+                client.sendall(b"X-Slow-%d: 1\r\n" % line)
+            except OSError:  # dropped by the server
+                return
+
+    threading.Thread(target=headers, daemon=True).start()
+    return client
+
+
+def test_clients_trickling_headers_do_not_starve_a_normal_request():
+    stop_trickling = threading.Event()
+    # Each header line comes well within the per-read timeout: only a deadline for the whole request
+    # (its line and headers) frees the threads they hold.
+    server = serving(lambda ref: None, max_threads=4, client_timeout=10, header_timeout=3)
+    try:
+        # Connected first, so they are accepted first: the listen queue is first come, first served.
+        tricklers = [_trickle(server, stop_trickling) for _ in range(4)]
+        answered = get(server, "/nowhere")
+        dropped = [_closed_without_an_answer(client) for client in tricklers]
+    finally:
+        stop_trickling.set()
+        stop(server)
+
+    assert answered[0] == 404
+    assert dropped == [True] * 4
+
+
+def _closed_without_an_answer(client: socket.socket) -> bool:
+    try:
+        return client.recv(1024) == b""
+    except ConnectionResetError:  # closed with a header line it had not read yet
+        return True
+
+
+def test_a_client_gone_before_its_answer_is_one_log_line_not_a_traceback(released, capfd, caplog):
+    started = threading.Event()
+
+    def analyze(ref: TableRef) -> HealthSnapshot:
+        started.set()
+        released.wait()
+        return HealthSnapshot(ref.database, ref.table, needs_maintenance=False)
+
+    caplog.set_level(logging.WARNING, logger="runstate.maintenance.http")
+    server = serving(analyze, analysis_timeout=60)
+    try:
+        client = socket.create_connection(server.server_address, timeout=60)
+        client.sendall(b"GET /tables/db/t/health HTTP/1.0\r\n\r\n")
+        assert started.wait(60)
+        # Closed with a reset (linger 0), so the server's writes fail at once.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        released.set()
+        left = poll(
+            lambda: [r for r in caplog.records if "left before its answer" in r.getMessage()],
+            timeout=60,
+            every=0.1,
+            what="the server to notice the client left",
+        )
+        answered = get(server, "/nowhere")  # and it goes on serving
+    finally:
+        stop(server)
+
+    assert len(left) == 1 and "\n" not in left[0].getMessage()
+    assert "Traceback" not in capfd.readouterr().err
+    assert answered[0] == 404
