@@ -23,7 +23,7 @@ import psycopg
 from runstate import sqlfiles
 from runstate.eventstore.contract import StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.rows import row_to_event
+from runstate.eventstore.pg_sql import stored_event
 
 log = logging.getLogger("runstate.eventstore.postgres")
 
@@ -47,7 +47,7 @@ class _PgFeed:
             return conn.execute(_sql("feed"), params).fetchall()
 
         rows = self._run("read the feed", read, transactional=False)
-        return [row_to_event(row) for row in rows]
+        return [stored_event(row) for row in rows]
 
     def subscribe(
         self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
