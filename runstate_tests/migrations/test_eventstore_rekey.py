@@ -188,7 +188,7 @@ def test_a_killed_upgrade_resumes_after_its_last_batch_and_every_event_reads_bac
         cursors = dict(_rows(dsn, "SELECT from_table, run_id FROM old.rekey_progress"))
     store = PostgresDatastore(dsn, schema=schema)
     try:
-        with pytest.raises(migrations.SchemaNotCurrent, match="006_binary_idempotency_keys not applied"):
+        with pytest.raises(migrations.SchemaNotCurrent, match="006_binary_idempotency_keys.* not applied"):
             migrations.require_current(store, "eventstore")
     finally:
         store.close()
