@@ -19,9 +19,10 @@ peer: its one table), measured after a VACUUM ANALYZE of both.
 The fill is server-side and the same for both (INSERT ... SELECT over generate_series, into the tables
 with their indexes, so that they grow as appends grow them): payloads of about 90 bytes of JSON, distinct
 per event; runstate's rows copy the columns of a template run appended through its API (so the file runs
-unchanged against any runstate whose tables keep their column names), with its state snapshot. Reads decode
+unchanged against any runstate whose tables keep their column names), with its state snapshot, and
+feed positions that ascend at the right edge of their index, as appends' do. Reads decode
 each payload on both sides (runstate's rows come decoded; the peer's through its JSON transcoder).
-It uses only the API that runstate's main had on 2026-12-03 (d5f55a9), so the same file measures before
+It uses only the API that runstate's main had at d5f55a9, so the same file measures before
 and after. Quote only lines with "quiet": true (run it through ../shared/tools/quiet).
 """
 
@@ -123,12 +124,14 @@ class Runstate:
             "event_data": f"({PAYLOAD_SQL})::jsonb",
             "emitted_at": "t.emitted_at - CASE WHEN r %% 100 = 0 THEN interval '100 days' ELSE interval '0' END",
             "persisted_at": "now()",
-            "position": "n + 1",
+            # Ascending at the index's right edge, as positions are (002_event_feed.sql), and below the
+            # fill's own transaction's: after every event appended before it, and visible once it commits.
+            "position": f"(pg_current_xact_id()::text::bigint << 20) - {runs * RUN_EVENTS} + n",
         }
         values = ", ".join(own.get(c, f"t.{c}") for c in columns)
         self.sql(
             f"INSERT INTO run_events ({', '.join(columns)})"
-            f" SELECT {values} FROM (SELECT *, r * {RUN_EVENTS} + t.run_seq - 1 AS n"
+            f" SELECT {values} FROM (SELECT *, (r - {first}) * {RUN_EVENTS} + t.run_seq - 1 AS n"
             f"  FROM generate_series(%s::int, %s::int) AS r, run_events t WHERE t.run_id = %s) t ORDER BY n",
             (first, last, TEMPLATE),
         )
@@ -159,7 +162,13 @@ class Runstate:
         return read
 
     def feed_middle(self) -> int:
-        return self.filled * RUN_EVENTS // 2  # filled events come first, at positions 1.. in fill order
+        """The position of the event half-way along the feed (set-up, not timed)."""
+        rows = self.sql(
+            "SELECT position FROM (SELECT position FROM run_events UNION ALL SELECT position"
+            " FROM run_events_archive) e ORDER BY position OFFSET (SELECT (SELECT count(*) FROM run_events)"
+            " + (SELECT count(*) FROM run_events_archive)) / 2 LIMIT 1"
+        )
+        return rows[0][0] if rows else 0
 
     def read(self, runs: list[str]) -> None:
         for run_id in runs:
@@ -255,7 +264,12 @@ class Eventsourcing:
         return read
 
     def feed_middle(self) -> int:
-        return (self.recorder.max_notification_id() or 0) // 2
+        """The notification id half-way along the feed (set-up, not timed)."""
+        rows = self.sql(
+            f"SELECT notification_id FROM {self.table} ORDER BY notification_id"
+            f" OFFSET (SELECT count(*) FROM {self.table}) / 2 LIMIT 1"
+        )
+        return rows[0][0] if rows else 0
 
     def read(self, runs: list[uuid.UUID]) -> None:
         decode = self.transcoder.decode
@@ -286,8 +300,9 @@ class Eventsourcing:
 
 def measure(lib: Runstate | Eventsourcing, tag: str) -> dict[str, float]:
     """One round of the four figures, in events per second."""
+    middle = lib.feed_middle()
     started = time.perf_counter()
-    read = lib.feed(lib.feed_middle())
+    read = lib.feed(middle)
     figures = {"feed": read / (time.perf_counter() - started)}
     step = len(lib.readable) / READ_RUNS  # runs spread evenly over all that are stored
     runs = [lib.readable[int(i * step)] for i in range(READ_RUNS)]
