@@ -44,7 +44,7 @@ class _PgFeed:
         def read(conn: psycopg.Connection) -> list:
             other_xids = conn.execute(_sql("other_databases_xids")).fetchone()[0]
             params = {"after": after_position, "limit": limit, "other_xids": other_xids}
-            return conn.execute(_sql("feed"), params).fetchall()
+            return conn.execute(_sql("feed"), params, binary=True).fetchall()
 
         rows = self._run("read the feed", read, transactional=False)
         return [stored_event(row) for row in rows]

@@ -47,7 +47,9 @@ def key_text(stored: bytes) -> str:
 
 
 def stored_event(row: Sequence[Any]) -> StoredEvent:
-    """A StoredEvent from a row of the event columns as reads.sql and feed.sql select them."""
+    """A StoredEvent from a row of the event columns as reads.sql and feed.sql select them. The reads ask
+    for rows in binary: 257 bytes a row on the wire instead of 349 (a UUID in 16 bytes, not 36; a
+    timestamp in 8, not 29; a hex key in 32, not 66), for the same client CPU."""
     return row_to_event(row, decode_key=key_text)
 
 
