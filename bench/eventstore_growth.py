@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import create_database, drop_database, load_end, load_start  # noqa: E402
+from eventstore import EventsourcingWriter  # noqa: E402  (bench/eventstore.py)
 
 from runstate.eventstore import NewEvent, PostgresEventStore  # noqa: E402
 
@@ -201,25 +201,12 @@ class Eventsourcing:
     table = "es_events"
 
     def __init__(self, dsn: str):
-        from eventsourcing.persistence import JSONTranscoder, StoredEvent
-        from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
-
-        info = conninfo_to_dict(dsn)
-        self.dsn = dsn
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
-        self.datastore = PostgresDatastore(
-            dbname=info["dbname"],
-            host=info.get("host", "127.0.0.1"),
-            port=info.get("port", 5432),
-            user=info.get("user", "postgres"),
-            password=info.get("password", ""),
-            schema=SCHEMA,
-            pool_size=2,
-        )
-        self.recorder = PostgresApplicationRecorder(self.datastore, events_table_name=self.table)
-        self.recorder.create_table()
-        self.transcoder, self.stored_event = JSONTranscoder(), StoredEvent
+        # bench/eventstore.py's writer: the library's datastore, recorder (table es_events) and transcoder.
+        writer = EventsourcingWriter(dsn, SCHEMA, "growth")
+        self.dsn, self.datastore, self.recorder = dsn, writer.datastore, writer.recorder
+        self.transcoder, self.stored_event = writer.transcoder, writer.stored_event
         self.filled = 0
         self.readable = [uuid.uuid5(uuid.NAMESPACE_URL, f"read-{r}") for r in range(READ_RUNS)]
         for stream in self.readable:

@@ -26,14 +26,20 @@ COUNTED_MIGRATIONS = {
 }
 
 
+def _shipped(tmp_path: Path, monkeypatch, domain: str, files: dict[str, str]) -> Path:
+    """A shipped-SQL root with one domain's files in place of the installed one; returns its folder."""
+    folder = tmp_path / "sql" / "postgres" / domain
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path / "sql")
+    return folder
+
+
 @pytest.fixture
 def counted_sql_root(tmp_path: Path, monkeypatch) -> Path:
     """A shipped-SQL root with one domain, `counted`, in place of the installed one."""
-    folder = tmp_path / "sql" / "postgres" / "counted"
-    folder.mkdir(parents=True)
-    for name, text in COUNTED_MIGRATIONS.items():
-        (folder / name).write_text(text)
-    monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path / "sql")
+    _shipped(tmp_path, monkeypatch, "counted", COUNTED_MIGRATIONS)
     return tmp_path / "sql"
 
 
@@ -365,12 +371,7 @@ BATCHED_MIGRATIONS = {
 
 @pytest.fixture
 def batched_sql_root(tmp_path: Path, monkeypatch) -> Path:
-    folder = tmp_path / "sql" / "postgres" / "batched"
-    folder.mkdir(parents=True)
-    for name, text in BATCHED_MIGRATIONS.items():
-        (folder / name).write_text(text)
-    monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path / "sql")
-    return folder
+    return _shipped(tmp_path, monkeypatch, "batched", BATCHED_MIGRATIONS)
 
 
 def test_a_batched_migration_commits_each_batch_then_records_itself(fresh_database, batched_sql_root):

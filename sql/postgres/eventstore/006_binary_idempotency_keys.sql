@@ -22,62 +22,28 @@ DECLARE
   -- Hash partitioning (001_eventstore.sql) was chosen when run_events was created: keep it.
   partitions INT := (SELECT count(*) FROM pg_inherits
                      WHERE inhparent = format('%I.run_events', current_schema())::regclass);
-  columns TEXT := '
-    run_id              TEXT        NOT NULL,
-    run_seq             BIGINT      NOT NULL,
-    event_id            UUID        NOT NULL DEFAULT gen_random_uuid(),
-    step_id             TEXT,
-    engine_attempt_id   TEXT,
-    logical_attempt_id  TEXT,
-    plan_version        TEXT,
-    event_type          TEXT        NOT NULL,
-    event_data          JSONB,
-    idempotency_key     BYTEA       NOT NULL,
-    caused_by_signal_id UUID,
-    parent_event_id     UUID,
-    emitted_at          TIMESTAMPTZ NOT NULL,
-    persisted_at        TIMESTAMPTZ NOT NULL DEFAULT now(),
-    adapter_version     TEXT,
-    engine_run_ref      JSONB,
-    position            BIGINT      NOT NULL DEFAULT (pg_current_xact_id()::text::bigint << 20),
-    PRIMARY KEY (run_id, run_seq),
-    UNIQUE (run_id, idempotency_key)';
 BEGIN
   IF to_regclass(format('%I.run_events_rekeyed', current_schema())) IS NOT NULL THEN
     RETURN;
   END IF;
-  IF partitions > 0 THEN
-    EXECUTE format('CREATE TABLE run_events_rekeyed (%s) PARTITION BY HASH (run_id)', columns);
-    FOR i IN 0 .. partitions - 1 LOOP
-      EXECUTE format('CREATE TABLE %I PARTITION OF run_events_rekeyed FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
-                     'run_events_rekeyed_p' || i, partitions, i);
-    END LOOP;
-  ELSE
-    EXECUTE format('CREATE TABLE run_events_rekeyed (%s)', columns);
-  END IF;
+  -- run_events' columns and defaults, with the key as bytes (the new table is empty: nothing to convert).
+  EXECUTE format('CREATE TABLE run_events_rekeyed (LIKE run_events INCLUDING DEFAULTS,'
+                 ' PRIMARY KEY (run_id, run_seq), UNIQUE (run_id, idempotency_key))%s',
+                 CASE WHEN partitions > 0 THEN ' PARTITION BY HASH (run_id)' ELSE '' END);
+  ALTER TABLE run_events_rekeyed ALTER COLUMN idempotency_key TYPE BYTEA USING NULL;
+  FOR i IN 0 .. partitions - 1 LOOP
+    EXECUTE format('CREATE TABLE %I PARTITION OF run_events_rekeyed FOR VALUES WITH (MODULUS %s, REMAINDER %s)',
+                   'run_events_rekeyed_p' || i, partitions, i);
+  END LOOP;
   CREATE INDEX idx_run_events_rekeyed_event_type ON run_events_rekeyed (event_type);
   CREATE INDEX idx_run_events_rekeyed_event_data ON run_events_rekeyed USING GIN (event_data jsonb_path_ops);
   CREATE INDEX idx_run_events_rekeyed_position ON run_events_rekeyed (position);
 
+  -- The archive's columns are the events' (without their defaults: it keeps what it is given), and
+  -- archived_at.
   CREATE TABLE run_events_archive_rekeyed (
-    run_id              TEXT        NOT NULL,
-    run_seq             BIGINT      NOT NULL,
-    event_id            UUID        NOT NULL,
-    step_id             TEXT,
-    engine_attempt_id   TEXT,
-    logical_attempt_id  TEXT,
-    plan_version        TEXT,
-    event_type          TEXT        NOT NULL,
-    event_data          JSONB,
-    idempotency_key     BYTEA       NOT NULL,
-    caused_by_signal_id UUID,
-    parent_event_id     UUID,
-    emitted_at          TIMESTAMPTZ NOT NULL,
-    persisted_at        TIMESTAMPTZ NOT NULL,
-    adapter_version     TEXT,
-    engine_run_ref      JSONB,
-    archived_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
-    position            BIGINT      NOT NULL,
+    LIKE run_events_rekeyed,
+    archived_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, run_seq),
     UNIQUE (run_id, idempotency_key)
   );
