@@ -36,7 +36,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,9 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from common import create_database, drop_database, load_end, load_start  # noqa: E402
-from eventstore import EventsourcingWriter  # noqa: E402  (bench/eventstore.py)
+from eventstore import EventsourcingWriter, make_events, payload  # noqa: E402  (bench/eventstore.py)
 
-from runstate.eventstore import NewEvent, PostgresEventStore  # noqa: E402
+from runstate.eventstore import PostgresEventStore  # noqa: E402
 
 SCHEMA = "growth"
 RUN_EVENTS = 100
@@ -64,24 +64,6 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def payload(i: int) -> dict[str, Any]:
-    return {"i": i, "rows": i * 7, "host": "worker-3", "tags": ["bench", "eventstore"]}
-
-
-def events_of(run_id: str, count: int, at: datetime) -> list[NewEvent]:
-    return [
-        NewEvent(
-            run_id=run_id,
-            event_type="RunStarted" if i == 0 else ("StepStarted", "StepCompleted")[i % 2],
-            emitted_at=at + timedelta(milliseconds=i),
-            step_id=None if i == 0 else f"step-{(i // 2) % 50}",
-            logical_attempt_id="0",
-            data=payload(i),
-        )
-        for i in range(count)
-    ]
-
-
 def rate(events: int, work: Callable[[], Any]) -> float:
     started = time.perf_counter()
     work()
@@ -95,11 +77,11 @@ class Runstate:
         self.dsn = dsn
         self.store = PostgresEventStore(dsn, schema=SCHEMA, pool_size=2)
         self.store.ensure_schema()
-        self.store.append_batch(TEMPLATE, events_of(TEMPLATE, RUN_EVENTS, datetime.now(UTC)))
+        self.store.append_batch(TEMPLATE, make_events(TEMPLATE, RUN_EVENTS))
         self.filled = 0  # runs written by fill()
         self.readable = [f"read-{r}" for r in range(READ_RUNS)]
         for run_id in self.readable:
-            self.store.append_batch(run_id, events_of(run_id, RUN_EVENTS, datetime.now(UTC)))
+            self.store.append_batch(run_id, make_events(run_id, RUN_EVENTS))
 
     def sql(self, query: str, params: Any = None) -> list[tuple]:
         with psycopg.connect(self.dsn, autocommit=True, options=f"-c search_path={SCHEMA}") as conn:
@@ -175,15 +157,13 @@ class Runstate:
             assert len(self.store.fetch(run_id, limit=PAGE)) == RUN_EVENTS
 
     def append(self, tag: str) -> None:
-        at = datetime.now(UTC)
         for r in range(SINGLE_RUNS):
-            for event in events_of(f"{tag}-single-{r}", SINGLES_PER_RUN, at):
+            for event in make_events(f"{tag}-single-{r}", SINGLES_PER_RUN):
                 self.store.append(event)
 
     def batch(self, tag: str) -> None:
-        at = datetime.now(UTC)
         for b in range(BATCHES):
-            self.store.append_batch(f"{tag}-batch-{b}", events_of(f"{tag}-batch-{b}", RUN_EVENTS, at))
+            self.store.append_batch(f"{tag}-batch-{b}", make_events(f"{tag}-batch-{b}", RUN_EVENTS))
 
     def bytes_per_event(self) -> float:
         ((size, count),) = self.sql(
