@@ -240,10 +240,14 @@ def pipelined_transaction(conn: psycopg.Connection) -> Iterator[None]:
             conn.execute("BEGIN")
             try:
                 yield
+                # Sending COMMIT also reads the results already here: an error of the block's statements
+                # that arrived before it (the server sends errors at once) is raised here.
+                conn.execute("COMMIT")
             except BaseException:
-                _roll_back(conn)  # the block's exception, not the server's, is the one raised
+                # The block's exception (or that early error), not the aborted ones after it, is raised;
+                # the rollback collects those, so the pipeline ends with nothing left to log.
+                _roll_back(conn)
                 raise
-            conn.execute("COMMIT")
     except BaseException:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()  # a server error left the transaction open and failed

@@ -29,12 +29,15 @@ from runstate import sqlfiles
 from runstate.datastore import pipelined_transaction
 from runstate.eventstore.contract import AppendResult, EventType, NewEvent, RunSnapshot
 from runstate.eventstore.hints import RunHint, fold_new
+from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_sql import (
     GUESSED_WRONG_SQLSTATE,
     Stream,
     append_events_params,
     batch_params,
     head_params,
+    key_bytes,
+    key_text,
 )
 from runstate.eventstore.sequencing import assign_seqs, check_expected
 from runstate.eventstore.snapshots import (
@@ -301,4 +304,5 @@ class _PgAppend:
             return {}
         # Archived keys are in run_events_archive too (the insert's ON CONFLICT cannot see it).
         query = _sql("existing_keys_with_archive" if stream.archived else "existing_keys")
-        return dict(conn.execute(query, {"keys": keys, "run_id": run_id}).fetchall())
+        params = {"keys": bytea_array([key_bytes(key) for key in keys]), "run_id": run_id}
+        return {key_text(key): seq for key, seq in conn.execute(query, params).fetchall()}

@@ -16,6 +16,7 @@ import psycopg
 from psycopg.adapt import Buffer, Dumper
 from psycopg.pq import Format
 
+_BYTEA_OID, _BYTEA_ARRAY_OID = 17, 1001
 _TEXT_OID, _TEXT_ARRAY_OID = 25, 1009
 _TIMESTAMPTZ_OID, _TIMESTAMPTZ_ARRAY_OID = 1184, 1185
 
@@ -35,6 +36,10 @@ class TimestamptzArray(bytes):
     """A timestamptz[] in binary form."""
 
 
+class ByteaArray(bytes):
+    """A bytea[] in binary form."""
+
+
 class _TextArrayDumper(Dumper):
     format = Format.BINARY
     oid = _TEXT_ARRAY_OID
@@ -47,21 +52,32 @@ class _TimestamptzArrayDumper(_TextArrayDumper):
     oid = _TIMESTAMPTZ_ARRAY_OID
 
 
+class _ByteaArrayDumper(_TextArrayDumper):
+    oid = _BYTEA_ARRAY_OID
+
+
 psycopg.adapters.register_dumper(TextArray, _TextArrayDumper)
 psycopg.adapters.register_dumper(TimestamptzArray, _TimestamptzArrayDumper)
+psycopg.adapters.register_dumper(ByteaArray, _ByteaArrayDumper)
 
 
 def text_array(values: Sequence[str | None]) -> TextArray:
-    parts = [b""]
+    return TextArray(_array(_TEXT_OID, [None if value is None else value.encode() for value in values]))
+
+
+def bytea_array(values: Sequence[bytes]) -> ByteaArray:
+    return ByteaArray(_array(_BYTEA_OID, values))
+
+
+def _array(element_oid: int, values: Sequence[bytes | None]) -> bytes:
+    parts = [_HEADER.pack(1, None in values, element_oid, len(values), 1)]
     for value in values:
         if value is None:
             parts.append(_NULL)
         else:
-            encoded = value.encode()
-            parts.append(_LENGTH(len(encoded)))
-            parts.append(encoded)
-    parts[0] = _HEADER.pack(1, None in values, _TEXT_OID, len(values), 1)
-    return TextArray(b"".join(parts))
+            parts.append(_LENGTH(len(value)))
+            parts.append(value)
+    return b"".join(parts)
 
 
 def timestamptz_array(values: Sequence[datetime]) -> TimestamptzArray:

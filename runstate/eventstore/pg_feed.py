@@ -23,7 +23,7 @@ import psycopg
 from runstate import sqlfiles
 from runstate.eventstore.contract import StoredEvent
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.rows import row_to_event
+from runstate.eventstore.pg_sql import stored_event
 
 log = logging.getLogger("runstate.eventstore.postgres")
 
@@ -44,10 +44,10 @@ class _PgFeed:
         def read(conn: psycopg.Connection) -> list:
             other_xids = conn.execute(_sql("other_databases_xids")).fetchone()[0]
             params = {"after": after_position, "limit": limit, "other_xids": other_xids}
-            return conn.execute(_sql("feed"), params).fetchall()
+            return conn.execute(_sql("feed"), params, binary=True).fetchall()
 
         rows = self._run("read the feed", read, transactional=False)
-        return [row_to_event(row) for row in rows]
+        return [stored_event(row) for row in rows]
 
     def subscribe(
         self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None

@@ -15,7 +15,7 @@ from runstate.eventstore.contract import (
     StoredEvent,
 )
 from runstate.eventstore.pg_feed import _PgFeed
-from runstate.eventstore.rows import row_to_event
+from runstate.eventstore.pg_sql import stored_event
 
 _NO_UPPER_BOUND = 2**62
 
@@ -45,7 +45,8 @@ class _PgReads(_PgFeed):
             "limit": limit,
             "upto": _NO_UPPER_BOUND if upto is None else upto,
         }
-        return [row_to_event(row) for row in conn.execute(_sql("fetch_run"), params).fetchall()]
+        rows = conn.execute(_sql("fetch_run"), params, binary=True).fetchall()
+        return [stored_event(row) for row in rows]
 
     def _rows(self, what: str, query: str, params: tuple) -> list[tuple]:
         return self._run(what, lambda conn: conn.execute(query, params).fetchall(), transactional=False)

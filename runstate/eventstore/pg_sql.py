@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
-from runstate.eventstore.pg_arrays import text_array, timestamptz_array
+from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType, StoredEvent
+from runstate.eventstore.pg_arrays import bytea_array, text_array, timestamptz_array
+from runstate.eventstore.rows import row_to_event
 from runstate.eventstore.snapshots import EncodedSnapshot
 from runstate.eventstore.validation import ValidEvent
 
@@ -21,8 +22,40 @@ KEY_TAKEN_SQLSTATE = "RSK01"
 GUESSED_WRONG_SQLSTATE = "RSK02"
 
 
+_HEX_KEY_CHARS = frozenset("0123456789abcdef")
+_HEX_KEY_BYTES = 32
+_TEXT_KEY_MARK = b"\xff"  # never in UTF-8
+
+
+def key_bytes(key: str) -> bytes:
+    """The stored form of an idempotency key (sql/postgres/eventstore/006_binary_idempotency_keys.sql): 64
+    lowercase hex digits (every default key) as their 32 bytes, any other key as its UTF-8 bytes, marked
+    with a trailing 0xFF when those are 32 long, so that no text key reads back as a hex one."""
+    if len(key) == 2 * _HEX_KEY_BYTES and _HEX_KEY_CHARS.issuperset(key):
+        return bytes.fromhex(key)
+    encoded = key.encode()
+    return encoded + _TEXT_KEY_MARK if len(encoded) == _HEX_KEY_BYTES else encoded
+
+
+def key_text(stored: bytes) -> str:
+    """The idempotency key that key_bytes stored as `stored`."""
+    if len(stored) == _HEX_KEY_BYTES:
+        return stored.hex()
+    if stored.endswith(_TEXT_KEY_MARK):
+        stored = stored[:-1]
+    return bytes(stored).decode()
+
+
+def stored_event(row: Sequence[Any]) -> StoredEvent:
+    """A StoredEvent from a row of the event columns as reads.sql and feed.sql select them. The reads ask
+    for rows in binary: 257 bytes a row on the wire instead of 349 (a UUID in 16 bytes, not 36; a
+    timestamp in 8, not 29; a hex key in 32, not 66), for the same client CPU."""
+    return row_to_event(row, decode_key=key_text)
+
+
 # The event arrays of every batch insert (append.sql, archive.sql): parameter name -> ValidEvent field.
-# Every column but emitted_at goes as text[] (the statements cast the UUIDs and JSON on the server).
+# Every column but emitted_at and the key goes as text[] (the statements cast the UUIDs and JSON on the
+# server).
 _TEXT_ARRAYS = {
     "event_id": "event_id",
     "step_id": "step_id",
@@ -31,7 +64,6 @@ _TEXT_ARRAYS = {
     "plan_version": "plan_version",
     "event_type": "event_type",
     "data": "data_json",
-    "key": "idempotency_key",
     "caused_by": "caused_by_signal_id",
     "parent": "parent_event_id",
     "adapter_version": "adapter_version",
@@ -42,10 +74,11 @@ _TEXT_ARRAYS = {
 def _event_arrays(events: Sequence[ValidEvent]) -> dict[str, bytes | None]:
     """One binary array per column; an all-NULL column as a NULL array, which the statements' unnest pads."""
     if not events:
-        return dict.fromkeys([*_TEXT_ARRAYS, "emitted_at"])
+        return dict.fromkeys([*_TEXT_ARRAYS, "key", "emitted_at"])
     columns = dict(zip(ValidEvent._fields, zip(*events)))
     arrays = {param: _column(columns[field]) for param, field in _TEXT_ARRAYS.items()}
-    return {**arrays, "emitted_at": timestamptz_array(columns["emitted_at"])}
+    keys = bytea_array([key_bytes(key) for key in columns["idempotency_key"]])
+    return {**arrays, "key": keys, "emitted_at": timestamptz_array(columns["emitted_at"])}
 
 
 def _column(values: tuple[Any, ...]) -> bytes | None:

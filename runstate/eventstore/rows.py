@@ -38,9 +38,14 @@ def as_stored(
     )
 
 
-def row_to_event(row: Sequence[Any], decode_json: Callable[[Any], Any] = lambda value: value) -> StoredEvent:
+def row_to_event(
+    row: Sequence[Any],
+    decode_json: Callable[[Any], Any] = lambda value: value,
+    decode_key: Callable[[Any], str] = lambda value: value,
+) -> StoredEvent:
     """A StoredEvent from a row of the event columns, which both backends select in this order.
-    `decode_json` turns the backend's JSON columns into values (psycopg has already done it)."""
+    `decode_json` turns the backend's JSON columns into values (psycopg has already done it), and
+    `decode_key` the stored idempotency key into its text (Postgres stores bytes)."""
     (
         run_id,
         run_seq,
@@ -66,7 +71,7 @@ def row_to_event(row: Sequence[Any], decode_json: Callable[[Any], Any] = lambda 
         event_type=event_type,
         emitted_at=emitted_at,
         persisted_at=persisted_at,
-        idempotency_key=key,
+        idempotency_key=decode_key(key),
         event_id=str(event_id),
         data=decode_json(data) if data is not None else None,
         step_id=step_id,

@@ -12,6 +12,14 @@ An upgrade moves the rows of its domain's files (version, name, checksum, applie
 the domain's ledger and drops the old table once it is empty; until then, status and
 `require_current` read it too.
 
+A Postgres migration that moves many rows runs in batches, so that a killed upgrade resumes where it
+stopped instead of starting over (Migration.sections): the part before a `-- migrate: repeat` line is
+applied in the upgrade's transaction and must be safe to apply again; each `-- migrate: repeat` statement
+then runs in a transaction of its own, again and again, until it returns 0 (the rows it moved); the part
+after `-- migrate: finally` commits together with the migration's ledger row. Until then the migration is
+pending: `require_current` refuses the schema, and the next upgrade applies the first part again and
+carries on with the batches.
+
 Only `runstate db upgrade` and `runstate services up` (and a store's own `ensure_schema()`, which tests
 and the Dagster resources call) migrate. An upgrade first reads the domain's ledger without any lock:
 a current schema costs one query, so concurrent callers never queue on the migration lock. The CLI's
@@ -50,6 +58,8 @@ __all__ = [
     "upgrade_all",
 ]
 
+REPEAT_LINE = "-- migrate: repeat"
+FINALLY_LINE = "-- migrate: finally"
 _FILE_RE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 _DOMAIN_RE = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 LEGACY_LEDGER = "schema_migrations"
@@ -83,6 +93,40 @@ class Migration:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.resource.read_bytes()).hexdigest()
+
+    @property
+    def sections(self) -> Sections:
+        """The file split at its `-- migrate: repeat` and `-- migrate: finally` lines."""
+        parts: list[tuple[str, list[str]]] = [("", [])]
+        for line in self.text.splitlines(keepends=True):
+            if line.strip() in (REPEAT_LINE, FINALLY_LINE):
+                parts.append((line.strip(), []))
+            else:
+                parts[-1][1].append(line)
+        marks = [mark for mark, _ in parts[1:]]
+        texts = ["".join(lines) for _, lines in parts]
+        if FINALLY_LINE in marks[:-1] or any(not _code(text) for text in texts[1:]):
+            raise MigrationError(
+                f"migration {self.where}: each `{REPEAT_LINE}` needs one statement, and "
+                f"`{FINALLY_LINE}` comes once, last, with statements"
+            )
+        repeats = [text.strip().rstrip(";") for mark, text in zip(marks, texts[1:]) if mark == REPEAT_LINE]
+        finish = texts[-1] if marks[-1:] == [FINALLY_LINE] else ""
+        return Sections(texts[0], repeats, finish)
+
+
+@dataclass(frozen=True)
+class Sections:
+    """A migration's parts: `prepare` in the upgrade's transaction, each of `repeats` in transactions of
+    its own until it returns 0, `finish` with the ledger row (only `prepare` for a plain migration)."""
+
+    prepare: str
+    repeats: list[str]
+    finish: str
+
+
+def _code(text: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not line.strip().startswith("--")).strip()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The Postgres half of the migrations: one transaction per upgrade, under an advisory lock per schema."""
+"""The Postgres half of the migrations: one transaction per upgrade (and one per batch of a batched
+migration), under an advisory lock per schema."""
 
 from __future__ import annotations
 
@@ -69,36 +70,96 @@ def _upgrade_locked(
     migrations: list[Migration],
     session_settings: Mapping[str, str],
 ) -> list[Migration]:
+    """Apply the pending files in one transaction, up to a batched one (Migration.sections): its first
+    part commits with the files before it, each batch commits alone, and its last part commits with its
+    ledger row and the files after it. A session lock, held across those transactions, keeps other
+    upgraders out until the end (or until this process dies)."""
     done: list[Migration] = []
+    with _schema_lock(conn, schema_name):
+        while True:
+            with conn.transaction(), conn.cursor() as cur:
+                ledger = _enter_schema(cur, schema_name, domain, migrations, session_settings)
+                cur.execute(sql.SQL("SELECT version, checksum FROM {}").format(ledger))
+                applied = dict(cur.fetchall())
+                batched = None
+                for migration in migrations:
+                    if migration.version in applied:
+                        check_unchanged(migration, applied[migration.version])
+                        continue
+                    sections = migration.sections
+                    cur.execute(sections.prepare)
+                    if sections.repeats:
+                        batched = migration  # its batches commit on their own, after this transaction
+                        break
+                    _record(cur, ledger, migration)
+                    done.append(migration)
+            if batched is None:
+                return done
+            for statement in batched.sections.repeats:
+                _repeat(conn, schema_name, statement, session_settings)
+            with conn.transaction(), conn.cursor() as cur:
+                ledger = _enter_schema(cur, schema_name, domain, migrations, session_settings)
+                if batched.sections.finish.strip():
+                    cur.execute(batched.sections.finish)
+                _record(cur, ledger, batched)
+                done.append(batched)
+
+
+@contextmanager
+def _schema_lock(conn: psycopg.Connection, schema: str) -> Iterator[None]:
+    # Taken before CREATE SCHEMA: concurrent CREATE SCHEMA IF NOT EXISTS can still collide.
+    conn.execute("SELECT pg_advisory_lock(%s)", (_lock_key(schema),))
+    try:
+        yield
+    finally:
+        if not conn.closed and not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(schema),))
+
+
+def _enter_schema(
+    cur: psycopg.Cursor,
+    schema_name: str,
+    domain: str,
+    migrations: list[Migration],
+    session_settings: Mapping[str, str],
+) -> sql.Identifier:
+    """In the transaction: the schema, its search_path and settings, and the domain's ledger (returned)."""
     schema = sql.Identifier(schema_name)
     ledger = sql.Identifier(schema_name, ledger_table(domain))
-    with conn.transaction(), conn.cursor() as cur:
-        # The lock before CREATE SCHEMA: concurrent CREATE SCHEMA IF NOT EXISTS can still collide.
-        cur.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(schema_name),))
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
-        cur.execute(sql.SQL("SET LOCAL search_path TO {}, public").format(schema))
-        for name, value in session_settings.items():
-            cur.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
-        cur.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (version TEXT PRIMARY KEY, name TEXT NOT NULL,"
-                " checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
-            ).format(ledger)
-        )
-        _adopt_legacy(cur, schema_name, ledger, migrations)
-        cur.execute(sql.SQL("SELECT version, checksum FROM {}").format(ledger))
-        applied = dict(cur.fetchall())
-        for migration in migrations:
-            if migration.version in applied:
-                check_unchanged(migration, applied[migration.version])
-                continue
-            cur.execute(migration.text)
-            cur.execute(
-                sql.SQL("INSERT INTO {} (version, name, checksum) VALUES (%s, %s, %s)").format(ledger),
-                (migration.version, migration.name, migration.checksum),
-            )
-            done.append(migration)
-    return done
+    cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+    _set_session(cur, schema_name, session_settings)
+    cur.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (version TEXT PRIMARY KEY, name TEXT NOT NULL,"
+            " checksum TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+        ).format(ledger)
+    )
+    _adopt_legacy(cur, schema_name, ledger, migrations)
+    return ledger
+
+
+def _set_session(cur: psycopg.Cursor, schema_name: str, session_settings: Mapping[str, str]) -> None:
+    cur.execute(sql.SQL("SET LOCAL search_path TO {}, public").format(sql.Identifier(schema_name)))
+    for name, value in session_settings.items():
+        cur.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
+
+
+def _record(cur: psycopg.Cursor, ledger: sql.Identifier, migration: Migration) -> None:
+    cur.execute(
+        sql.SQL("INSERT INTO {} (version, name, checksum) VALUES (%s, %s, %s)").format(ledger),
+        (migration.version, migration.name, migration.checksum),
+    )
+
+
+def _repeat(
+    conn: psycopg.Connection, schema_name: str, statement: str, session_settings: Mapping[str, str]
+) -> None:
+    """Run `statement` in a transaction of its own until it returns 0: each batch that commits stays done."""
+    while True:
+        with conn.transaction(), conn.cursor() as cur:
+            _set_session(cur, schema_name, session_settings)
+            if not cur.execute(statement).fetchone()[0]:
+                return
 
 
 def _adopt_legacy(

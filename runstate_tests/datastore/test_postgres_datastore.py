@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 
 import psycopg
 import pytest
@@ -140,3 +141,26 @@ def test_a_pinned_block_reuses_one_cursor_and_outside_it_each_cursor_is_new(stor
 
     assert second is first and outside is not first
     assert outside.closed  # an unpinned cursor is closed with its block
+
+
+def test_an_error_that_arrives_before_the_commit_is_sent_rolls_back_without_a_psycopg_warning(store, caplog):
+    """A statement of the pipelined transaction fails on the server, and its error reaches the client
+    before the block ends (as under load, in a race on one run): sending COMMIT then reads the error.
+    The transaction rolls back, the server's error is the one raised, and psycopg has nothing left to
+    log ("error ignored terminating <psycopg.Pipeline [INERROR]>: pipeline aborted")."""
+    with store.connection() as conn:
+        conn.execute("INSERT INTO items VALUES (1)")
+
+    with caplog.at_level("WARNING", logger="psycopg"):
+        with pytest.raises(psycopg.errors.UniqueViolation), store.transaction(pipeline=True) as conn:
+            conn.execute("INSERT INTO items VALUES (2)")
+            conn.execute("INSERT INTO items VALUES (1)")  # fails; nothing reads its result in the block
+            conn.pgconn.flush()
+            # The server sends an error at once (a success waits for the Sync): wait until it is here.
+            assert select.select([conn.pgconn.socket], [], [], 30)[0]
+        with store.transaction(pipeline=True) as conn:
+            conn.execute("INSERT INTO items VALUES (3)")
+
+    assert [r.getMessage() for r in caplog.records if r.name == "psycopg"] == []
+    with store.connection() as conn:
+        assert conn.execute("SELECT id FROM items ORDER BY id").fetchall() == [(1,), (3,)]

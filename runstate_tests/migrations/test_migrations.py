@@ -26,14 +26,20 @@ COUNTED_MIGRATIONS = {
 }
 
 
+def _shipped(tmp_path: Path, monkeypatch, domain: str, files: dict[str, str]) -> Path:
+    """A shipped-SQL root with one domain's files in place of the installed one; returns its folder."""
+    folder = tmp_path / "sql" / "postgres" / domain
+    folder.mkdir(parents=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path / "sql")
+    return folder
+
+
 @pytest.fixture
 def counted_sql_root(tmp_path: Path, monkeypatch) -> Path:
     """A shipped-SQL root with one domain, `counted`, in place of the installed one."""
-    folder = tmp_path / "sql" / "postgres" / "counted"
-    folder.mkdir(parents=True)
-    for name, text in COUNTED_MIGRATIONS.items():
-        (folder / name).write_text(text)
-    monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path / "sql")
+    _shipped(tmp_path, monkeypatch, "counted", COUNTED_MIGRATIONS)
     return tmp_path / "sql"
 
 
@@ -345,3 +351,59 @@ def test_db_status_with_an_unsafe_schema_says_so_in_one_line(fresh_database):
     result = _db_status_in_a_shell(RUNSTATE_PG_URL=fresh_database, RUNSTATE_SCHEMA="x;drop")
 
     assert "schema name 'x;drop' must match" in _one_error_line(result)
+
+
+BATCHED_MIGRATIONS = {
+    "001_rows.sql": "CREATE TABLE src (id INT PRIMARY KEY);\nINSERT INTO src SELECT generate_series(1, 25);\n",
+    "002_move_rows.sql": (
+        "CREATE TABLE IF NOT EXISTS dst (id INT PRIMARY KEY);\n"
+        "-- migrate: repeat\n"
+        "-- ten rows a batch\n"
+        "WITH moved AS (DELETE FROM src WHERE id IN (SELECT id FROM src ORDER BY id LIMIT 10) RETURNING id),\n"
+        "     kept AS (INSERT INTO dst SELECT id FROM moved RETURNING 1)\n"
+        "SELECT count(*) FROM kept;\n"
+        "-- migrate: finally\n"
+        "DROP TABLE src;\n"
+    ),
+    "003_after.sql": "CREATE TABLE after_the_move (id INT);\n",
+}
+
+
+@pytest.fixture
+def batched_sql_root(tmp_path: Path, monkeypatch) -> Path:
+    return _shipped(tmp_path, monkeypatch, "batched", BATCHED_MIGRATIONS)
+
+
+def test_a_batched_migration_commits_each_batch_then_records_itself(fresh_database, batched_sql_root):
+    applied = _upgrade(fresh_database, "moving", "batched")
+
+    assert [m.version for m in applied] == ["001", "002", "003"]
+    assert _recorded(fresh_database, "moving", "batched_migrations") == ["001", "002", "003"]
+    assert _tables(fresh_database, "moving") >= {"dst", "after_the_move"} and "src" not in _tables(
+        fresh_database, "moving"
+    )
+    with psycopg.connect(fresh_database) as conn:
+        # 10 + 10 + 5 rows, each batch committed by a transaction of its own.
+        assert conn.execute("SELECT count(*), count(DISTINCT xmin::text) FROM moving.dst").fetchone() == (
+            25,
+            3,
+        )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT 1;\n-- migrate: finally\nSELECT 1;\n-- migrate: repeat\nSELECT 0;\n",
+        "SELECT 1;\n-- migrate: repeat\n-- only a comment\n",
+        "SELECT 1;\n-- migrate: repeat\nSELECT 0;\n-- migrate: finally\n",
+    ],
+)
+def test_a_batched_migration_in_the_wrong_shape_is_refused_and_nothing_is_applied(
+    fresh_database, batched_sql_root, text
+):
+    (batched_sql_root / "002_move_rows.sql").write_text(text)
+
+    with pytest.raises(migrations.MigrationError, match="002_move_rows.sql: each `-- migrate: repeat`"):
+        _upgrade(fresh_database, "moving", "batched")
+
+    assert "src" not in _tables(fresh_database, "moving")

@@ -34,7 +34,7 @@ WITH stream AS (
   FROM stream, tx, unnest(
     %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
     %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
-    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(key)b::bytea[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
     %(adapter_version)b::text[], %(ref)b::text[]
   ) WITH ORDINALITY AS u(event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
                          event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)
@@ -63,7 +63,7 @@ SELECT %(run_id)s, stream.last_seq + u.ord, u.event_id, u.step_id, u.engine_atte
 FROM stream, unnest(
   %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
   %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
-  %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+  %(key)b::bytea[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
   %(adapter_version)b::text[], %(ref)b::text[]
 ) WITH ORDINALITY AS u(event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
                        event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord);
@@ -81,7 +81,7 @@ WITH rows AS (
   SELECT * FROM unnest(
     %(seq)b::bigint[], %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
     %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
-    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(key)b::bytea[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
     %(adapter_version)b::text[], %(ref)b::text[]
   ) WITH ORDINALITY AS u(seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
                          event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)
@@ -111,13 +111,13 @@ RETURNING event_count, runstate_expect_inserted((SELECT count(*) FROM inserted),
 -- name: existing_keys
 -- Probe the (run_id, idempotency_key) index once per key: `= ANY(array)` lets the planner scan the
 -- whole run and filter, which grows with the run's length.
-SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)
+SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)b::bytea[]) AS k(key)
   JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key;
 
 -- name: existing_keys_with_archive
 -- existing_keys for an archived run: ON CONFLICT cannot see run_events_archive, so probe it too.
-SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)s::text[]) AS k(key)
+SELECT e.idempotency_key, e.run_seq FROM unnest(%(keys)b::bytea[]) AS k(key)
   JOIN run_events e ON e.run_id = %(run_id)s AND e.idempotency_key = k.key
 UNION ALL
-SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)s::text[]) AS k(key)
+SELECT a.idempotency_key, a.run_seq FROM unnest(%(keys)b::bytea[]) AS k(key)
   JOIN run_events_archive a ON a.run_id = %(run_id)s AND a.idempotency_key = k.key;

@@ -74,7 +74,7 @@ WITH rows AS (
   SELECT * FROM unnest(
     %(seq)b::bigint[], %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
     %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
-    %(key)b::text[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(key)b::bytea[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
     %(adapter_version)b::text[], %(ref)b::text[]
   ) WITH ORDINALITY AS u(seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
                          event_type, data, key, caused_by, parent, emitted_at, adapter_version, ref, ord)

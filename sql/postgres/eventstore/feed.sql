@@ -15,23 +15,26 @@ WHERE datname <> current_database() AND backend_xid IS NOT NULL;
 -- Only positions below the horizon, which no later commit can precede: the snapshot's xmax, or its
 -- oldest in-progress xid not among `other_xids` (other_databases_xids). `%%` is a literal `%`: the query
 -- has parameters.
-WITH snap AS (
-  SELECT pg_current_snapshot() AS s
-), horizon AS (
-  SELECT LEAST(pg_snapshot_xmax(snap.s), (SELECT min(x) FROM pg_snapshot_xip(snap.s) AS x
+-- The horizon is one scalar, computed once (an InitPlan), so each table is read by an ordered scan of its
+-- position index that stops at `limit` rows, and the two are merged: a page costs the same at any table
+-- size. (Joined to each table as a row source, the horizon made every page read every row after `after`
+-- and sort them: 1M rows per page at 1M events.)
+WITH horizon AS MATERIALIZED (
+  SELECT LEAST(pg_snapshot_xmax(s), (SELECT min(x) FROM pg_snapshot_xip(s) AS x
     WHERE NOT x::text::bigint %% 4294967296 = ANY(%(other_xids)s::bigint[])))::text::bigint << 20 AS below
-  FROM snap
+  FROM pg_current_snapshot() AS s
 )
-SELECT * FROM (
-  SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-         event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-         persisted_at, adapter_version, engine_run_ref, position
-  FROM run_events, horizon
-  WHERE position > %(after)s AND position < horizon.below
-  UNION ALL
-  SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-         event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-         persisted_at, adapter_version, engine_run_ref, position
-  FROM run_events_archive, horizon
-  WHERE position > %(after)s AND position < horizon.below
-) AS feed ORDER BY position LIMIT %(limit)s;
+(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref, position
+   FROM run_events
+  WHERE position > %(after)s AND position < (SELECT below FROM horizon)
+  ORDER BY position LIMIT %(limit)s)
+UNION ALL
+(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref, position
+   FROM run_events_archive
+  WHERE position > %(after)s AND position < (SELECT below FROM horizon)
+  ORDER BY position LIMIT %(limit)s)
+ORDER BY position LIMIT %(limit)s;
