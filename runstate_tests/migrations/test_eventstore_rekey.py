@@ -212,6 +212,49 @@ def test_a_killed_upgrade_resumes_after_its_last_batch_and_every_event_reads_bac
     ]
 
 
+def test_runs_archived_and_restored_while_the_upgrade_copies_are_in_exactly_one_table_after_it(
+    fresh_database,
+):
+    """The upgrade's batches hold no lock between them: an archive and a restore of the previous release
+    move runs after (or before) their rows were copied, and an appender adds events behind the cursor."""
+    dsn, schema = fresh_database, "moving"
+    _deploy_as_main(dsn, schema)
+    move = (
+        "WITH moved AS (DELETE FROM moving.{src} WHERE run_id = %s RETURNING *)"
+        " INSERT INTO moving.{dst} ({cols}) SELECT {cols} FROM moved"
+    )
+    cols = "run_id, run_seq, event_id, step_id, event_type, event_data, idempotency_key, emitted_at, persisted_at, position"
+
+    with psycopg.connect(dsn) as holder:
+        holder.execute("LOCK TABLE moving.run_events_archive IN ACCESS EXCLUSIVE MODE")
+        upgrade = _upgrade_in_a_shell(dsn, schema)
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            _waiting_for_a_lock(watcher, upgrade)
+        upgrade.send_signal(signal.SIGKILL)
+        upgrade.wait(timeout=60)
+    with psycopg.connect(dsn) as writer:  # what the old release did before the upgrade ran again
+        writer.execute(move.format(src="run_events", dst="run_events_archive", cols=cols), ("run-7",))
+        writer.execute(move.format(src="run_events_archive", dst="run_events", cols=cols), ("run-150",))
+        writer.execute(
+            f"INSERT INTO moving.run_events ({cols}) SELECT 'late', 1, gen_random_uuid(), NULL, 'Note', NULL,"
+            " 'late-key', now(), now(), 9000000"
+        )
+    before = _old_events(dsn, schema)
+
+    again = _upgrade_in_a_shell(dsn, schema)
+    _, err = again.communicate(timeout=300)
+
+    assert again.returncode == 0, err.decode()
+    events = PostgresEventStore(dsn, schema=schema)
+    try:
+        assert [_as_old_row(e) for e in _whole_feed(events)] == before
+    finally:
+        events.close()
+    placed = "SELECT run_id, count(*) FROM moving.{} WHERE run_id IN ('run-7', 'run-150', 'late') GROUP BY 1"
+    assert dict(_rows(dsn, placed.format("run_events"))) == {"run-150": 100, "late": 1}
+    assert dict(_rows(dsn, placed.format("run_events_archive"))) == {"run-7": 100}
+
+
 def _assert_every_old_key_is_known(store: PostgresEventStore, before: list[tuple]) -> None:
     """Appended again, an old event is a duplicate at its old seq: the keys the upgrade converted in SQL
     equal the ones the store converts in Python (live, and archived, which the store probes)."""

@@ -8,7 +8,8 @@
 -- Both event tables are built again beside the old ones (named *_rekeyed until the end) and the rows are
 -- copied over in batches in primary key order, each batch in a transaction of its own that also moves the
 -- cursor in rekey_progress: a killed upgrade resumes after the last batch it committed (runstate/migrations).
--- The last part takes the old names over. Stop the writers before the upgrade (docs/OPERATIONS.md).
+-- The last part, under a lock, makes each new table hold exactly its old one's rows (writers, archives and
+-- restores may run during the copy) and takes the old names over.
 
 -- Applied again when a killed upgrade resumes: once the new tables exist it changes nothing.
 CREATE OR REPLACE FUNCTION runstate_key_bytes(key TEXT) RETURNS BYTEA LANGUAGE sql IMMUTABLE STRICT AS $$
@@ -106,9 +107,15 @@ WITH mark AS (
 SELECT count(*) FROM copied;
 
 -- migrate: finally
--- Events a writer added behind the cursor meanwhile are copied now, under a lock that keeps writers out
--- until the old tables are gone; then the new tables and their indexes take the old names.
+-- Under a lock that keeps writers out until the old tables are gone, each new table is made to hold
+-- exactly the rows of its old one: an event an archive (or a restore) moved after its batch was copied
+-- leaves the table it left, and events a writer added behind the cursor meanwhile are copied. Then the
+-- new tables and their indexes take the old names.
 LOCK TABLE run_events, run_events_archive IN SHARE MODE;
+DELETE FROM run_events_rekeyed n
+ WHERE NOT EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = n.run_id AND e.run_seq = n.run_seq);
+DELETE FROM run_events_archive_rekeyed n
+ WHERE NOT EXISTS (SELECT 1 FROM run_events_archive a WHERE a.run_id = n.run_id AND a.run_seq = n.run_seq);
 INSERT INTO run_events_rekeyed (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
                                 plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
                                 parent_event_id, emitted_at, persisted_at, adapter_version, engine_run_ref,
