@@ -223,7 +223,10 @@ def test_runs_archived_and_restored_while_the_upgrade_copies_are_in_exactly_one_
         "WITH moved AS (DELETE FROM moving.{src} WHERE run_id = %s RETURNING *)"
         " INSERT INTO moving.{dst} ({cols}) SELECT {cols} FROM moved"
     )
-    cols = "run_id, run_seq, event_id, step_id, event_type, event_data, idempotency_key, emitted_at, persisted_at, position"
+    cols = (
+        "run_id, run_seq, event_id, step_id, event_type, event_data, idempotency_key, emitted_at,"
+        " persisted_at, position"
+    )
 
     with psycopg.connect(dsn) as holder:
         holder.execute("LOCK TABLE moving.run_events_archive IN ACCESS EXCLUSIVE MODE")
