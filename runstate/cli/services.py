@@ -37,8 +37,12 @@ def up(
     embedded_pg: bool,
     spark_workers: int | None,
 ) -> None:
-    """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations."""
+    """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations;
+    set the Dagster pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS)."""
+    import os
+
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
+    from runstate.config import Settings
 
     report = svc.up(
         pg_port=pg_port,
@@ -49,6 +53,14 @@ def up(
         log=click.echo,
     )
     click.echo(f"endpoints written to {report.env_path}")
+    # The instance's storage is the database `up` chose (the caller's own DAGSTER_PG_URL when set).
+    os.environ["DAGSTER_PG_URL"] = report.env["DAGSTER_PG_URL"]
+    from runstate.defs.instance.pools import apply_spark_sessions
+
+    try:
+        click.echo(apply_spark_sessions(Settings.from_env().spark_sessions))
+    except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
+        raise svc.ServiceError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
 
 
 @services.command()

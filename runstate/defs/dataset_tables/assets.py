@@ -4,7 +4,8 @@ import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import merge_metadata
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
-from runstate.defs.spark import SparkResource
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_POOL
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
@@ -19,12 +20,14 @@ DATASETS_PER_BACKFILL_RUN = 25
     partitions_def=datasets_partitions,
     deps=[dataset_snapshots],
     group_name=GROUP,
+    pool=SPARK_POOL,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=DATASETS_PER_BACKFILL_RUN),
     description="Each dataset as the Iceberg table lake.datasets.<name> (key, value JSON, wal_seq, "
     "updated_at, deleted); live rows: WHERE NOT deleted. merge_dataset_tables keeps it current after "
     "flushes; materializing (or backfilling) partitions rebuilds their tables from the snapshot plus every "
     "delta, on Spark.",
 )
+@ends_spark_session
 def dataset_tables(
     context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
 ) -> dg.MaterializeResult:

@@ -4,7 +4,8 @@ import dagster as dg
 
 from runstate.defs.maintenance.checks import TABLE_IS_HEALTHY, table_is_healthy
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.defs.spark import SparkResource
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_POOL
 from runstate.maintenance.catalog import list_tables
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import parse_table_ref
@@ -16,8 +17,10 @@ tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
 
 @dg.asset(
     group_name=GROUP,
+    pool=SPARK_POOL,
     description="Every table of the `lake` catalog, copied atomically into table_cache_entries.",
 )
+@ends_spark_session
 def table_inventory(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
@@ -49,6 +52,7 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
 @dg.asset(
     group_name=GROUP,
     partitions_def=tables_partitions,
+    pool=SPARK_POOL,
     deps=[table_inventory],
     check_specs=[TABLE_IS_HEALTHY],
     description=(
@@ -56,6 +60,7 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
         " each materialization appends a health_snapshots row."
     ),
 )
+@ends_spark_session
 def table_health(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
