@@ -1,5 +1,7 @@
 """`dataset_tables`: one dynamic partition per dataset; materializing one rebuilds its Iceberg table."""
 
+from datetime import timedelta
+
 import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import merge_metadata
@@ -14,6 +16,17 @@ from runstate.wal.dataset_tables import merge_dataset
 GROUP = "datasets"
 # A backfill of every dataset runs in ceil(datasets / 25) runs, each on one Spark session.
 DATASETS_PER_BACKFILL_RUN = 25
+
+
+def tables_freshness(merge_interval_s: int) -> dg.FreshnessPolicy:
+    """While datasets change, a table is one merge interval (RUNSTATE_DATASET_MERGE_INTERVAL_S) plus a merge
+    behind its blobs: late after 3 intervals without a merge, behind after 10 (Dagster's floor is a minute).
+    Dagster judges the asset's latest materialization of any table, and a merge of a table that was already
+    current is an observation: when no dataset changes, the asset reads as behind too."""
+    return dg.FreshnessPolicy.time_window(
+        fail_window=timedelta(seconds=max(120, 10 * merge_interval_s)),
+        warn_window=timedelta(seconds=max(60, 3 * merge_interval_s)),
+    )
 
 
 @dg.asset(

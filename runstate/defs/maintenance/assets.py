@@ -1,5 +1,7 @@
 """`table_inventory` (the catalog copied into the cache) and `table_health` (one partition per table)."""
 
+from datetime import timedelta
+
 import dagster as dg
 
 from runstate.defs.maintenance.checks import TABLE_IS_HEALTHY, table_is_healthy
@@ -13,11 +15,22 @@ from runstate.maintenance.models import HealthSnapshot
 
 GROUP = "maintenance"
 tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
+# The inventory runs hourly at :50 (before the orchestrator reads the cache on the hour), by its
+# AutomationCondition, not a schedule. Its upstream (dataset_tables, the lineage's edge) does not gate it.
+INVENTORY_CRON = "50 * * * *"
+# Hourly work (the inventory; table_health_sync measures every table at :20): one missed hour warns, two fail.
+HOURLY_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=2), warn_window=timedelta(minutes=70)
+)
 
 
 @dg.asset(
     group_name=GROUP,
     pool=SPARK_POOL,
+    freshness_policy=HOURLY_FRESHNESS,
+    automation_condition=dg.AutomationCondition.on_cron(INVENTORY_CRON).ignore(
+        dg.AssetSelection.assets("dataset_tables")
+    ),
     description="Every table of the `lake` catalog, copied atomically into table_cache_entries.",
 )
 @ends_spark_session
@@ -53,6 +66,7 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
     group_name=GROUP,
     partitions_def=tables_partitions,
     pool=SPARK_POOL,
+    freshness_policy=HOURLY_FRESHNESS,
     deps=[table_inventory],
     check_specs=[TABLE_IS_HEALTHY],
     description=(
