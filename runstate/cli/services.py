@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -39,10 +40,7 @@ def up(
 ) -> None:
     """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations;
     set the Dagster pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS)."""
-    import os
-
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
-    from runstate.config import Settings
 
     report = svc.up(
         pg_port=pg_port,
@@ -53,14 +51,21 @@ def up(
         log=click.echo,
     )
     click.echo(f"endpoints written to {report.env_path}")
-    # The instance's storage is the database `up` chose (the caller's own DAGSTER_PG_URL when set).
-    os.environ["DAGSTER_PG_URL"] = report.env["DAGSTER_PG_URL"]
-    from runstate.defs.instance.pools import apply_spark_sessions
+    click.echo(set_spark_pool_limit(report.env["DAGSTER_PG_URL"]))
 
+
+def set_spark_pool_limit(dagster_pg_url: str) -> str:
+    """After `up` (and `runstate dev`'s): the pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS) in the
+    instance, whose storage is the database `up` chose (the caller's own DAGSTER_PG_URL when set)."""
+    from runstate.config import Settings
+    from runstate.defs.instance.pools import apply_spark_sessions
+    from runstate.services.state import ServiceError
+
+    os.environ["DAGSTER_PG_URL"] = dagster_pg_url
     try:
-        click.echo(apply_spark_sessions(Settings.from_env().spark_sessions))
+        return apply_spark_sessions(Settings.from_env().spark_sessions)
     except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
-        raise svc.ServiceError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
+        raise ServiceError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
 
 
 @services.command()
