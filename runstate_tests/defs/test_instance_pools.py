@@ -46,13 +46,14 @@ def pool_job() -> None:
     in_the_pool()
 
 
-def _claims(instance: dg.DagsterInstance, steps: int) -> list[bool]:
-    """Each of `steps` runs in progress tries to take a slot of the pool, as a run's executor does."""
+def _claims(instance: dg.DagsterInstance, steps: int, job: dg.JobDefinition = pool_job) -> list[bool]:
+    """Each of `steps` runs of `job` tries to take a slot of its op's pool, as a run's executor does."""
+    [op] = job.graph.iterate_op_defs()
     claimed = []
     for _ in range(steps):
-        run = instance.create_run_for_job(pool_job)
+        run = instance.create_run_for_job(job)
         with InstanceConcurrencyContext(instance, run) as context:
-            claimed.append(context.claim(SPARK_POOL, "in_the_pool"))
+            claimed.append(context.claim(op.pool, op.name))
     return claimed
 
 
@@ -63,6 +64,26 @@ def test_an_unset_pool_is_unbounded_in_dagster_and_its_limit_bounds_it(instance)
 
     assert unbounded == [True, True, True]  # no limit row, no default_limit: every step runs at once
     assert bounded == [True, True, False]
+
+
+@dg.op(pool="another_teams_pool")
+def in_another_pool() -> None: ...
+
+
+@dg.job
+def another_job() -> None:
+    in_another_pool()
+
+
+def test_a_default_limit_bounds_every_pool_of_the_instance_and_the_sensor_leaves_it(tmp_path, fresh_database):
+    """Why the project sets its own pool's limit rather than `concurrency: pools: default_limit`."""
+    config = {**storage_only_config(fresh_database), "concurrency": {"pools": {"default_limit": 1}}}
+    with dg.DagsterInstance.from_config(str(write_home(tmp_path, config))) as instance:
+        sweep = sweep_spark_pool(instance, sessions=2)
+        others = _claims(instance, 2, another_job)
+
+        assert not sweep.limit_set and spark_pool_limit(instance) == 1  # the default holds; nothing set
+        assert others == [True, False]  # another team's pool is bounded by it too
 
 
 def _runstate(home: Path, database: str, *args: str, **env: str) -> subprocess.CompletedProcess:
