@@ -72,6 +72,8 @@ MAINTENANCE_WORKERS_MAX = 64
 APPLY_DELETES_AT_MAX = 10_000
 COPY_ON_WRITE_MAX_MB_MAX = 1 << 20
 DATASET_MERGE_INTERVAL_MAX_S = 3600
+# Each Spark session is a JVM of about a core and a gigabyte: the `runstate_spark` pool's limit.
+SPARK_SESSIONS_MAX = 64
 LINGER_MAX_S = 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 
@@ -106,6 +108,8 @@ class Settings:
     copy_on_write_max_mb: int = 16
     # How often dataset_tables_sensor looks for flushed datasets to merge into their Iceberg tables.
     dataset_merge_interval_s: int = 60
+    # At most this many Spark sessions at once across all runs: the Dagster pool `runstate_spark`'s limit.
+    spark_sessions: int = 2
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -142,6 +146,7 @@ class Settings:
             dataset_merge_interval_s=_bounded_int(
                 env, "RUNSTATE_DATASET_MERGE_INTERVAL_S", 60, DATASET_MERGE_INTERVAL_MAX_S, minimum=5
             ),
+            spark_sessions=_bounded_int(env, "RUNSTATE_SPARK_SESSIONS", 2, SPARK_SESSIONS_MAX),
         )
 
 

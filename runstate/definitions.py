@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from runstate.defs import dataset_tables, eventstore, maintenance, runs, wal
+from runstate.defs import automation, dataset_tables, eventstore, instance, maintenance, runs, wal
 from runstate.defs.resources import wal_resource
 from runstate.defs.runs.beating import beating
 from runstate.defs.shared import shared_definitions
@@ -25,6 +25,8 @@ def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
             dataset_tables.build_defs(),
             maintenance.build_defs(),
             runs.defs,
+            instance.defs,
+            automation.defs,
             # Every run of a job without an executor of its own beats (runstate.defs.runs.liveness), and
             # runs its ops in the run's own process: each job is one op or a short chain whose parallelism
             # lives inside its ops (thread pools, Spark), so a step process per op would only add a second

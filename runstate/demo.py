@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import dagster as dg
 
-from runstate.defs.ticking import TickResult, tick_schedule, tick_sensor
+from runstate.defs.ticking import TickResult, execute_run, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
 from runstate.wal import Change, DatasetReader, WalProducer
 from runstate.wal.dataset_tables import read_table, table_ident
@@ -221,8 +221,14 @@ def table_rows(spark: Any, name: str) -> list[tuple]:
 
 def run_maintenance(defs: dg.Definitions, instance: dg.DagsterInstance, summary: DemoSummary) -> None:
     """The orchestrator submits jobs; the worker runs the queue sensor starts drain them (several jobs a run)."""
-    for schedule in ("table_inventory_sync", "maintenance_orchestrator"):
-        _note(tick_schedule(schedule, defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL), summary)
+    # The inventory is an asset on an hourly AutomationCondition: here it runs now, before the orchestrator.
+    logs = {"loggers": {"console": {"config": {"log_level": RUN_LOG_LEVEL}}}}
+    inventory = execute_run(defs.resolve_job_def("table_inventory_job"), instance, run_config=logs)
+    _note(TickResult(requested=1, results=[inventory]), summary)
+    _note(
+        tick_schedule("maintenance_orchestrator", defs=defs, instance=instance, run_log_level=RUN_LOG_LEVEL),
+        summary,
+    )
     workers = tick_until_idle("maintenance_queue_sensor", defs, instance, summary)
     summary.maintenance_runs += len(workers)
     summary.jobs_completed += sum(

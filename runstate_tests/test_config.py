@@ -16,6 +16,7 @@ from runstate.config import (
     DATASET_MERGE_INTERVAL_MAX_S,
     LINGER_MAX_S,
     MAINTENANCE_WORKERS_MAX,
+    SPARK_SESSIONS_MAX,
     WAL_FLUSH_SHARDS_MAX,
     ConfigError,
     Settings,
@@ -29,6 +30,7 @@ WHOLE_NUMBER_KNOBS = {
     "RUNSTATE_APPLY_DELETES_AT": ("apply_deletes_at", 0, APPLY_DELETES_AT_MAX),
     "RUNSTATE_COPY_ON_WRITE_MAX_MB": ("copy_on_write_max_mb", 0, COPY_ON_WRITE_MAX_MB_MAX),
     "RUNSTATE_DATASET_MERGE_INTERVAL_S": ("dataset_merge_interval_s", 5, DATASET_MERGE_INTERVAL_MAX_S),
+    "RUNSTATE_SPARK_SESSIONS": ("spark_sessions", 1, SPARK_SESSIONS_MAX),
 }
 CHOICE_KNOBS = {
     "RUNSTATE_EVENTSTORE": ("eventstore", {"postgres", "snowflake"}),

@@ -1,4 +1,5 @@
-"""The instance from dagster.yaml: Postgres storage, queued runs with tag limits, retries, no telemetry."""
+"""The instance from dagster.yaml: Postgres storage, queued runs with the `concurrency:` block's tag limits,
+retries, monitoring, no telemetry; and nothing runstate relies on is missing from it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import psycopg
 import pytest
 import yaml
 
-from runstate.defs.tags import DATASET_TAG, TABLE_TAG, WAL_SHARD_TAG
+from runstate.defs.instance.checks import missing_bounds
+from runstate.defs.instance.pools import set_spark_pool_limit
+from runstate.defs.tags import DATASET_TAG, MERGE_SHARD_TAG, SPARK_TAG, TABLE_TAG, WAL_SHARD_TAG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,8 +62,8 @@ def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instan
     assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
     assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
-    assert {"key": WAL_SHARD_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
-    assert {"key": TABLE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
+    for tag in (WAL_SHARD_TAG, MERGE_SHARD_TAG, TABLE_TAG):
+        assert {"key": tag, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} in limits
     assert instance.run_retries_enabled and instance.run_retries_max_retries == 3
     assert instance.run_monitoring_enabled
     assert instance.telemetry_enabled is False
@@ -72,6 +75,29 @@ def test_sensors_schedules_and_the_queue_are_tuned_for_freshness(instance):
     assert instance.get_settings("schedules")["use_threads"] is True
     assert instance.run_coordinator.dequeue_interval_seconds <= 2
     assert instance.run_coordinator.inst_data.config_dict["dequeue_use_threads"] is True
+
+
+def test_the_run_limits_live_in_the_concurrency_block_and_spark_in_a_pool_not_a_tag_limit():
+    """Dagster refuses tag limits under run_coordinator beside `concurrency:`; only the queue's pace is there."""
+    config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
+    limits = config["concurrency"]["runs"]["tag_concurrency_limits"]
+
+    assert set(config["run_coordinator"]["config"]) == {
+        "dequeue_interval_seconds",
+        "dequeue_use_threads",
+        "dequeue_num_workers",
+    }
+    assert {limit["key"] for limit in limits} == {WAL_SHARD_TAG, MERGE_SHARD_TAG, TABLE_TAG}
+    assert SPARK_TAG not in {limit["key"] for limit in limits}
+    assert "default_limit" not in config["concurrency"].get("pools", {})  # it would bound others' pools
+
+
+def test_with_its_pool_limit_set_the_projects_instance_lacks_nothing_runstate_relies_on(instance):
+    before = missing_bounds(instance)
+    set_spark_pool_limit(instance, 2)  # what `runstate db upgrade` and `services up` do
+
+    assert [bound.name for bound in before] == ["a limit for the pool runstate_spark"]
+    assert missing_bounds(instance) == []
 
 
 def test_the_storage_url_is_read_from_the_environment_not_written_down():

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
+from runstate.config import Settings
 from runstate.definitions import defs
+from runstate.defs.maintenance.assets import INVENTORY_CRON
+from runstate.defs.tags import SPARK_POOL
+from runstate.defs.wal.checks import WAL_LAG_CRON
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,9 +39,11 @@ def test_definitions_resolve_with_every_named_definition():
 
 
 def test_no_two_schedules_start_in_the_same_minute():
-    """Each run is a process that loads the code location: schedules that fire together pile up."""
+    """Each run is a process that loads the code location: schedules that fire together pile up (the
+    AutomationConditions on a cron count as schedules here)."""
     schedules = defs.get_repository_def().schedule_defs
     starts = {schedule.name: _day_starts(schedule.cron_schedule) for schedule in schedules}
+    starts.update(table_inventory=_day_starts(INVENTORY_CRON), wal_lag=_day_starts(WAL_LAG_CRON))
 
     clashes = [
         (a, b, sorted(starts[a] & starts[b])[:3])
@@ -73,17 +81,91 @@ def test_core_packages_never_import_dagster():
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
-def test_dagster_definitions_validate_passes(tmp_path):
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}  # an empty home: validation needs no storage
+def _checkout_command(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    bin_dir = Path(sys.executable).parent
+    # An empty home: loading needs no storage. VIRTUAL_ENV: dg warns when it differs from the project's.
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "VIRTUAL_ENV": str(bin_dir.parent)}
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [str(bin_dir / argv[0]), *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_dg_check_defs_and_dagster_definitions_validate_pass_in_the_checkout(tmp_path):
+    checked = _checkout_command(tmp_path, "dg", "check", "defs")
+    validated = _checkout_command(tmp_path, "dagster", "definitions", "validate", "-w", "workspace.yaml")
+
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+    assert "All code locations passed validation" in validated.stdout + validated.stderr
+
+
+def test_dg_list_defs_lists_the_code_location(tmp_path):
+    listed = json.loads(_checkout_command(tmp_path, "dg", "list", "defs", "--json").stdout)
+
+    assert ASSETS <= {asset["asset_key"] for asset in listed["assets"]}
+    assert {"spark_pool_sensor", "runstate_instance_check", "runstate_automation"} <= {
+        sensor["name"] for sensor in listed["sensors"]
+    }
+
+
+def _spark_steps() -> dict[str, dg.OpDefinition]:
+    """Every op (asset ops included) of the code location that takes the `spark` resource."""
+    return {
+        op.name: op
+        for job in defs.get_repository_def().get_all_jobs()
+        for op in job.graph.iterate_op_defs()
+        if "spark" in op.required_resource_keys
+    }
+
+
+def test_every_step_that_takes_spark_is_in_the_spark_pool_and_ends_its_jvm():
+    steps = _spark_steps()
+
+    assert {"merge_datasets", "dataset_tables", "table_inventory", "table_health"} <= set(steps)
+    assert {"run_maintenance_worker", "run_orchestrator", "sync_table_health"} <= set(steps)
+    assert {name: op.pool for name, op in steps.items()} == dict.fromkeys(steps, SPARK_POOL)
+    ends = {
+        name: getattr(op.compute_fn.decorated_fn, "ends_spark_session", False) for name, op in steps.items()
+    }
+    assert ends == dict.fromkeys(steps, True)
+
+
+def test_the_assets_people_watch_have_freshness_policies_and_the_tables_follow_the_merge_interval():
+    from runstate.defs import dataset_tables
+
+    graph = defs.get_repository_def().asset_graph
+    policies = {
+        name: graph.get(dg.AssetKey(name)).freshness_policy
+        for name in (
+            "dataset_tables",
+            "dataset_snapshots",
+            "run_snapshots",
+            "table_health",
+            "table_inventory",
+        )
+    }
+    slow = dataset_tables.build_defs(Settings.from_env({"RUNSTATE_DATASET_MERGE_INTERVAL_S": "300"}))
+    [slow_tables] = slow.assets
+    slow_policy = next(iter(slow_tables.specs)).freshness_policy
+
+    assert all(policies.values()), policies
+    assert policies["dataset_tables"].fail_window.to_timedelta().total_seconds() == 600  # 10 x 60 s
+    assert slow_policy.fail_window.to_timedelta().total_seconds() == 3000
+    assert slow_policy.warn_window.to_timedelta().total_seconds() == 900
+
+
+def test_the_cron_rules_are_automation_conditions_that_a_running_sensor_evaluates():
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+    sensor = repo.get_sensor_def("runstate_automation")
+    wal_lag = next(key for key in graph.asset_check_keys if key.name == "wal_lag")
+
+    assert graph.get(dg.AssetKey("table_inventory")).automation_condition is not None
+    assert graph.get(wal_lag).automation_condition is not None
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert not {"table_inventory_sync", "wal_lag_schedule"} & {s.name for s in repo.schedule_defs}
+    assert "default_automation_condition_sensor" not in {s.name for s in repo.sensor_defs}
 
 
 def test_every_job_has_a_description_for_the_launchpad():

@@ -1,4 +1,4 @@
-"""`runstate db upgrade|status`: versioned schema migrations, and the WAL's AWS resources.
+"""`runstate db upgrade|status`: versioned schema migrations, the WAL's AWS resources and the Spark pool.
 
 These are the only verbs (with `services up`) that migrate: every other verb checks that the schema
 is current and, when it is not, says to run `runstate db upgrade`.
@@ -50,10 +50,26 @@ def db() -> None:
     """Schema migrations (Postgres, and Snowflake when configured) and the WAL's table and bucket."""
 
 
+def _set_spark_pool_limit(s: Settings) -> str:
+    from runstate.defs.instance.pools import apply_spark_sessions
+    from runstate.migrations import MigrationError
+
+    try:
+        return apply_spark_sessions(s.spark_sessions)
+    except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
+        raise MigrationError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
+
+
 @db.command()
 @click.option("--skip-aws", is_flag=True, help="Do not create the DynamoDB WAL table and the S3 bucket.")
-def upgrade(skip_aws: bool) -> None:
-    """Apply pending migrations of every domain; safe to run twice, and from two processes at once."""
+@click.option(
+    "--skip-dagster", is_flag=True, help="Do not set the Dagster pool runstate_spark's limit in the instance."
+)
+def upgrade(skip_aws: bool, skip_dagster: bool) -> None:
+    """Apply pending migrations of every domain; safe to run twice, and from two processes at once.
+
+    Also sets the limit of the Dagster pool `runstate_spark` (RUNSTATE_SPARK_SESSIONS) in the instance of
+    DAGSTER_HOME (else the checkout's dagster.yaml): at most that many Spark sessions at once."""
     from runstate import migrations
 
     s = settings()
@@ -64,6 +80,8 @@ def upgrade(skip_aws: bool) -> None:
                 click.echo(f"  + {migration.version}_{migration.name}")
     if not skip_aws:
         click.echo(_ensure_wal_resources(s))
+    if not skip_dagster:
+        click.echo(_set_spark_pool_limit(s))
 
 
 @db.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -39,7 +40,8 @@ def up(
     embedded_pg: bool,
     spark_workers: int | None,
 ) -> None:
-    """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations."""
+    """Start (or reuse) Postgres, moto and fakesnow (and a Spark cluster); create databases; apply migrations;
+    set the Dagster pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS)."""
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
 
     report = svc.up(
@@ -51,6 +53,21 @@ def up(
         log=click.echo,
     )
     click.echo(f"endpoints written to {report.env_path}")
+    click.echo(set_spark_pool_limit(report.env["DAGSTER_PG_URL"]))
+
+
+def set_spark_pool_limit(dagster_pg_url: str) -> str:
+    """After `up` (and `runstate dev`'s): the pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS) in the
+    instance, whose storage is the database `up` chose (the caller's own DAGSTER_PG_URL when set)."""
+    from runstate.config import Settings
+    from runstate.defs.instance.pools import apply_spark_sessions
+    from runstate.services.state import ServiceError
+
+    os.environ["DAGSTER_PG_URL"] = dagster_pg_url
+    try:
+        return apply_spark_sessions(Settings.from_env().spark_sessions)
+    except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
+        raise ServiceError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
 
 
 def _within_the_machine(workers: int | None) -> int | None:

@@ -1,8 +1,8 @@
-"""Every `runstate/...` run and op tag the deployment writes, in one place.
+"""Every `runstate/...` run and op tag the deployment writes, and the Dagster pool, in one place.
 
-dagster.yaml's `tag_concurrency_limits` key on some of these (`WAL_SHARD_TAG`, `TABLE_TAG`,
-`MERGE_SHARD_TAG`: one in-progress run per value; `SPARK_TAG`: a few runs in all), so renaming one
-here means renaming it there too.
+dagster.yaml's `concurrency: runs: tag_concurrency_limits` key on three of these (`WAL_SHARD_TAG`,
+`TABLE_TAG`, `MERGE_SHARD_TAG`: one in-progress run per value), so renaming one here means renaming it
+there too. The Spark cap is the pool `SPARK_POOL`, not a tag limit.
 """
 
 # A dataset always maps to the same WAL shard, so one run per shard value means a dataset never has
@@ -14,10 +14,14 @@ DATASET_TAG = "runstate/dataset"
 # One dataset-table merge run per merge shard at a time (each holds a Spark session).
 MERGE_SHARD_TAG = "runstate/merge_shard"
 MAINTENANCE_WORKER_TAG = "runstate/maintenance_worker"
-# Every job that starts a Spark session (a JVM of about a core and a gigabyte) carries it; dagster.yaml
-# caps how many such runs are in progress at once, so merges and maintenance never starve the flushes.
+# Every job that may start a Spark session carries it: a label for the UI's run filters. The cap itself
+# is the pool below; an older dagster.yaml's `runstate/spark` tag limit still works beside it.
 SPARK_TAG = "runstate/spark"
 SPARK_JOB_TAGS = {SPARK_TAG: "session"}
+# The Dagster pool of every op and asset that builds a Spark session (a JVM of about a core and a
+# gigabyte): its limit (RUNSTATE_SPARK_SESSIONS, set in the instance by `runstate db upgrade`, `services up`
+# and `spark_pool_sensor`) is how many sessions are alive at once across all runs.
+SPARK_POOL = "runstate_spark"
 DOMAIN_TAG = "runstate/domain"
 # One in-progress run per table written (run_events, run_snapshots).
 TABLE_TAG = "runstate/table"

@@ -8,7 +8,7 @@ import warnings
 import dagster as dg
 
 from runstate.config import Settings, settings
-from runstate.defs.dataset_tables.assets import dataset_tables
+from runstate.defs.dataset_tables.assets import dataset_tables, tables_freshness
 from runstate.defs.dataset_tables.jobs import merge_dataset_tables
 from runstate.defs.dataset_tables.sensors import build_dataset_tables_sensor
 
@@ -18,8 +18,13 @@ CATALOG_ASSET = "table_inventory"
 
 def build_defs(s: Settings | None = None) -> dg.Definitions:
     """The domain's definitions; the `wal` and `spark` resources come from the WAL and shared definitions."""
-    sensor = build_dataset_tables_sensor((s or settings()).dataset_merge_interval_s)
-    return dg.Definitions(assets=[dataset_tables], jobs=[merge_dataset_tables], sensors=[sensor])
+    interval = (s or settings()).dataset_merge_interval_s
+    tables = dataset_tables.map_asset_specs(
+        lambda spec: spec.replace_attributes(freshness_policy=tables_freshness(interval))
+    )
+    return dg.Definitions(
+        assets=[tables], jobs=[merge_dataset_tables], sensors=[build_dataset_tables_sensor(interval)]
+    )
 
 
 def link_to_maintenance(defs: dg.Definitions) -> dg.Definitions:

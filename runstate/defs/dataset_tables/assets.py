@@ -1,10 +1,13 @@
 """`dataset_tables`: one dynamic partition per dataset; materializing one rebuilds its Iceberg table."""
 
+from datetime import timedelta
+
 import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import merge_metadata
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
-from runstate.defs.spark import SparkResource
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_POOL
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
@@ -15,16 +18,29 @@ GROUP = "datasets"
 DATASETS_PER_BACKFILL_RUN = 25
 
 
+def tables_freshness(merge_interval_s: int) -> dg.FreshnessPolicy:
+    """While datasets change, a table is one merge interval (RUNSTATE_DATASET_MERGE_INTERVAL_S) plus a merge
+    behind its blobs: late after 3 intervals without a merge, behind after 10 (Dagster's floor is a minute).
+    Dagster judges the asset's latest materialization of any table, and a merge of a table that was already
+    current is an observation: when no dataset changes, the asset reads as behind too."""
+    return dg.FreshnessPolicy.time_window(
+        fail_window=timedelta(seconds=max(120, 10 * merge_interval_s)),
+        warn_window=timedelta(seconds=max(60, 3 * merge_interval_s)),
+    )
+
+
 @dg.asset(
     partitions_def=datasets_partitions,
     deps=[dataset_snapshots],
     group_name=GROUP,
+    pool=SPARK_POOL,
     backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=DATASETS_PER_BACKFILL_RUN),
     description="Each dataset as the Iceberg table lake.datasets.<name> (key, value JSON, wal_seq, "
     "updated_at, deleted); live rows: WHERE NOT deleted. merge_dataset_tables keeps it current after "
     "flushes; materializing (or backfilling) partitions rebuilds their tables from the snapshot plus every "
     "delta, on Spark.",
 )
+@ends_spark_session
 def dataset_tables(
     context: dg.AssetExecutionContext, wal: WalResource, spark: SparkResource
 ) -> dg.MaterializeResult:

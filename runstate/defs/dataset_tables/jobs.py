@@ -5,8 +5,8 @@ from pydantic import Field
 
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
-from runstate.defs.spark import SparkResource
-from runstate.defs.tags import SPARK_JOB_TAGS
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import BlobIntegrityError, WalError, WalInputError
 from runstate.wal.dataset_tables import MergeResult, merge_dataset
@@ -43,8 +43,13 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
     return metadata
 
 
-@dg.op(name=MERGE_OP, retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL))
+@dg.op(
+    name=MERGE_OP,
+    pool=SPARK_POOL,
+    retry_policy=dg.RetryPolicy(max_retries=2, delay=5, backoff=dg.Backoff.EXPONENTIAL),
+)
 @ends_run_when_interrupted
+@ends_spark_session
 def merge_datasets(
     context: dg.OpExecutionContext, config: MergeConfig, wal: WalResource, spark: SparkResource
 ) -> None:

@@ -18,7 +18,7 @@ Design (incremental projection AND day-partitioned backfills, one asset):
 """
 
 import warnings
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -34,6 +34,11 @@ from runstate.eventstore import ProjectionReport
 warnings.filterwarnings("ignore", message="Parameter `backfill_policy`", category=dg.BetaWarning)
 
 RUN_START_DAYS = dg.DailyPartitionsDefinition(start_date="2025-01-01", timezone="UTC", end_offset=1)
+# run_snapshots_sensor projects runs with new events every minute: ten minutes without a projection is late
+# while engines write, an hour is behind (a quiet event store, with no new events, reads the same).
+RUN_SNAPSHOTS_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=1), warn_window=timedelta(minutes=10)
+)
 BACKFILL_TAG = "dagster/backfill"
 
 run_events = dg.AssetSpec(
@@ -68,6 +73,7 @@ def project_window(store: Any, start: datetime, end: datetime, rebuild: bool) ->
     deps=[run_events],
     group_name="eventstore",
     backfill_policy=dg.BackfillPolicy.single_run(),
+    freshness_policy=RUN_SNAPSHOTS_FRESHNESS,
     retry_policy=STORE_RETRY_POLICY,
     op_tags={TABLE_TAG: "run_snapshots"},
     description="Projected state of each run (status, steps, artifacts), by the UTC day the run started.",

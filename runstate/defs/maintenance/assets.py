@@ -1,10 +1,13 @@
 """`table_inventory` (the catalog copied into the cache) and `table_health` (one partition per table)."""
 
+from datetime import timedelta
+
 import dagster as dg
 
 from runstate.defs.maintenance.checks import TABLE_IS_HEALTHY, table_is_healthy
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.defs.spark import SparkResource
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_POOL
 from runstate.maintenance.catalog import list_tables
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import parse_table_ref
@@ -12,12 +15,25 @@ from runstate.maintenance.models import HealthSnapshot
 
 GROUP = "maintenance"
 tables_partitions = dg.DynamicPartitionsDefinition(name="tables")
+# The inventory runs hourly at :50 (before the orchestrator reads the cache on the hour), by its
+# AutomationCondition, not a schedule. Its upstream (dataset_tables, the lineage's edge) does not gate it.
+INVENTORY_CRON = "50 * * * *"
+# Hourly work (the inventory; table_health_sync measures every table at :20): one missed hour warns, two fail.
+HOURLY_FRESHNESS = dg.FreshnessPolicy.time_window(
+    fail_window=timedelta(hours=2), warn_window=timedelta(minutes=70)
+)
 
 
 @dg.asset(
     group_name=GROUP,
+    pool=SPARK_POOL,
+    freshness_policy=HOURLY_FRESHNESS,
+    automation_condition=dg.AutomationCondition.on_cron(INVENTORY_CRON).ignore(
+        dg.AssetSelection.assets("dataset_tables")
+    ),
     description="Every table of the `lake` catalog, copied atomically into table_cache_entries.",
 )
+@ends_spark_session
 def table_inventory(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:
@@ -49,6 +65,8 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
 @dg.asset(
     group_name=GROUP,
     partitions_def=tables_partitions,
+    pool=SPARK_POOL,
+    freshness_policy=HOURLY_FRESHNESS,
     deps=[table_inventory],
     check_specs=[TABLE_IS_HEALTHY],
     description=(
@@ -56,6 +74,7 @@ def sync_table_partitions(instance: dg.DagsterInstance, keys: set[str]) -> tuple
         " each materialization appends a health_snapshots row."
     ),
 )
+@ends_spark_session
 def table_health(
     context: dg.AssetExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dg.MaterializeResult:

@@ -5,15 +5,17 @@ import dagster as dg
 
 from runstate.defs.maintenance.assets import health_metadata, sync_table_partitions, table_health
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.defs.spark import SparkResource
-from runstate.defs.tags import SPARK_JOB_TAGS
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
 from runstate.maintenance.errors import TableNotFound
 from runstate.maintenance.health import HealthAnalyzer
 
 
 @dg.op(
-    description="Analyze every cached table; one health_snapshots row and table_health materialization each."
+    pool=SPARK_POOL,
+    description="Analyze every cached table; one health_snapshots row and table_health materialization each.",
 )
+@ends_spark_session
 def sync_table_health(
     context: dg.OpExecutionContext, spark: SparkResource, maintenance: MaintenanceResource
 ) -> dict:

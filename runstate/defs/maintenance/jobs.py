@@ -12,8 +12,8 @@ from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import DEAD_STATUSES
-from runstate.defs.spark import SparkResource
-from runstate.defs.tags import SPARK_JOB_TAGS
+from runstate.defs.spark import SparkResource, ends_spark_session
+from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import DEFAULT_ACTIONS, parse_table_ref
 from runstate.maintenance.options import ActionSettings
@@ -86,10 +86,12 @@ def worker_summary(report: WorkerReport, jobs: dict[str, dict[str, Any]], stoppe
 
 
 @dg.op(
+    pool=SPARK_POOL,
     retry_policy=TRANSIENT_RETRY,
     description="Claim jobs one after another on one Spark session until the queue is empty or time is up.",
 )
 @ends_run_when_interrupted
+@ends_spark_session
 def run_maintenance_worker(
     context: dg.OpExecutionContext,
     config: MaintenanceWorkerConfig,
@@ -189,7 +191,10 @@ class OrchestratorConfig(dg.Config):
     dry_run: bool | None = Field(default=None, description="Advisory only; default from the resource.")
 
 
-@dg.op(description="Assess every cached table and submit jobs for the unhealthy opted-in ones.")
+@dg.op(
+    pool=SPARK_POOL, description="Assess every cached table and submit jobs for the unhealthy opted-in ones."
+)
+@ends_spark_session
 def run_orchestrator(
     context: dg.OpExecutionContext,
     config: OrchestratorConfig,

@@ -1,4 +1,7 @@
-"""Maintenance schedules: inventory sync, the hourly orchestrator, the sweeps and health retention."""
+"""Maintenance schedules: the hourly orchestrator, the sweeps, health sync and health retention.
+
+They start jobs, not assets' materializations, so they stay schedules; the inventory (an asset) runs hourly
+by its AutomationCondition (runstate.defs.maintenance.assets.INVENTORY_CRON)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ from runstate.defs.maintenance.jobs import (
     maintenance_health_retention,
     maintenance_lock_sweep,
     maintenance_orchestrator_job,
-    table_inventory_job,
 )
 
 
@@ -27,11 +29,10 @@ def _running(
 
 
 # Each run is a process that loads the code location, so no two schedules of the deployment start in the
-# same minute: the sweeps at :02/:03 (+5), the WAL lag check at :04 (+10), health sync at :20, the
-# inventory at :50 (just before the orchestrator reads it), the orchestrator on the hour; daily jobs at
-# 03:10, 03:30 and 03:40 UTC.
+# same minute (the AutomationConditions' crons included): the sweeps at :02/:03 (+5), the WAL lag check at
+# :04 (+10), health sync at :20, the inventory at :50 (just before the orchestrator reads it), the
+# orchestrator on the hour; daily jobs at 03:10, 03:30 and 03:40 UTC.
 SCHEDULES = [
-    _running("table_inventory_sync", "50 * * * *", table_inventory_job),
     _running(
         "maintenance_orchestrator",
         "0 * * * *",

@@ -9,7 +9,7 @@ from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.checks import wal_lag, wal_lag_job
 from runstate.defs.wal.jobs import compact_wal, flush_wal
 from runstate.defs.wal.resources import WalResource
-from runstate.defs.wal.schedules import wal_compaction_schedule, wal_lag_schedule
+from runstate.defs.wal.schedules import wal_compaction_schedule
 from runstate.defs.wal.sensors import wal_sensor
 
 
@@ -20,7 +20,7 @@ def build_defs(wal: WalResource | None = None, flush_job: dg.JobDefinition | Non
         asset_checks=[wal_lag],
         jobs=[flush_job or flush_wal, compact_wal, wal_lag_job],
         sensors=[wal_sensor],
-        schedules=[wal_compaction_schedule, wal_lag_schedule],
+        schedules=[wal_compaction_schedule],
         resources={"wal": wal or wal_resource()},
     )
 

@@ -7,10 +7,14 @@ from runstate.defs.wal.resources import WalResource
 from runstate.wal import oldest_pending_age_s
 
 MAX_PENDING_AGE_S = 3600
+# Evaluated every 10 minutes by its AutomationCondition (runstate_automation), not only after a flush.
+WAL_LAG_CRON = "4-59/10 * * * *"
 
 
 @dg.asset_check(
-    asset=dataset_snapshots, description="Fails when the oldest Pending WAL row is older than 1 h."
+    asset=dataset_snapshots,
+    description="Fails when the oldest Pending WAL row is older than 1 h.",
+    automation_condition=dg.AutomationCondition.cron_tick_passed(WAL_LAG_CRON),
 )
 def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
     age = oldest_pending_age_s(wal.wal_table())
@@ -22,7 +26,7 @@ def wal_lag(wal: WalResource) -> dg.AssetCheckResult:
     )
 
 
-# The check runs on its own every 10 minutes, not only after a materialization.
+# The check on its own, from the launchpad or a script.
 wal_lag_job = dg.define_asset_job(
     "wal_lag_check",
     selection=dg.AssetSelection.checks(wal_lag),

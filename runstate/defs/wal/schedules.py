@@ -1,8 +1,8 @@
-"""`wal_compaction_schedule` (daily, one compaction run per flush shard) and the WAL lag check's schedule."""
+"""`wal_compaction_schedule`: daily, one compaction run per flush shard (the wal_lag check runs by its
+AutomationCondition)."""
 
 import dagster as dg
 
-from runstate.defs.wal.checks import wal_lag_job
 from runstate.defs.wal.jobs import compact_wal, compaction_run_request
 from runstate.defs.wal.resources import WalResource
 from runstate.wal.shards import shard_of
@@ -23,12 +23,3 @@ def wal_compaction_schedule(context: dg.ScheduleEvaluationContext, wal: WalResou
     if not by_shard:
         return dg.SkipReason("no datasets in the WAL")
     return [compaction_run_request(shard, datasets, day) for shard, datasets in sorted(by_shard.items())]
-
-
-wal_lag_schedule = dg.ScheduleDefinition(
-    name="wal_lag_schedule",
-    job=wal_lag_job,
-    cron_schedule="4-59/10 * * * *",
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Evaluate the wal_lag check every 10 minutes.",
-)

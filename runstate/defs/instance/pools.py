@@ -1,0 +1,124 @@
+"""The `runstate_spark` pool in the instance: its limit, and slots no live run holds.
+
+A Dagster pool is bounded only once the instance has a limit for it: with none (and no `concurrency:
+pools: default_limit` in dagster.yaml) Dagster lets every step of the pool run at once. So
+`runstate db upgrade` and `runstate services up` set the limit to RUNSTATE_SPARK_SESSIONS through the
+instance API, and `spark_pool_sensor` sets it in an instance where neither ran.
+
+A slot is freed when its step ends, but a run whose process was killed holds its slots until someone
+frees them: Dagster's run monitoring does that only when `free_slots_after_run_end_seconds` is set, and a
+plain instance has no run monitoring. `spark_pool_sensor` judges every run that holds or waits for a slot
+by its heartbeat (`runstate.defs.runs.liveness`: a dead one is reported failed) and frees the slots and
+queue places of every run that has ended, so a killed Spark run never blocks the pool for good.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from runstate.config import settings
+from runstate.defs.runs.liveness import RunLiveness, check_runs
+from runstate.defs.tags import SPARK_POOL
+
+SWEEP_INTERVAL_S = 15
+ENDED_STATUSES = frozenset(
+    {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
+)
+
+
+def spark_pool_limit(instance: dg.DagsterInstance) -> int | None:
+    """The pool's limit in the instance (or its `concurrency: pools: default_limit`); None: unbounded."""
+    if not instance.event_log_storage.supports_global_concurrency_limits:
+        return None
+    return instance.event_log_storage.get_concurrency_info(SPARK_POOL).limit
+
+
+def set_spark_pool_limit(instance: dg.DagsterInstance, sessions: int) -> str:
+    """Give the pool `sessions` slots (the setting wins over what the instance had); says what it did."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return f"Dagster pool {SPARK_POOL}: this instance's storage has no pools (run `dagster instance migrate`)"
+    before = spark_pool_limit(instance)
+    storage.set_concurrency_slots(SPARK_POOL, sessions)
+    change = "" if before == sessions else f" (was {'unset' if before is None else before})"
+    return f"Dagster pool {SPARK_POOL}: at most {sessions} Spark session(s) at once{change}"
+
+
+@dataclass
+class PoolSweep:
+    """One look at the pool: its limit, the runs holding or waiting for slots, what was set or freed."""
+
+    limit: int | None
+    limit_set: bool = False
+    holders: list[RunLiveness] = field(default_factory=list)
+    freed_runs: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        limit = "no limit" if self.limit is None else f"limit {self.limit}"
+        parts = [
+            f"{SPARK_POOL}: {limit}" + (" (set now from RUNSTATE_SPARK_SESSIONS)" if self.limit_set else "")
+        ]
+        alive = [holder for holder in self.holders if holder.alive]
+        parts.append(
+            f"{len(alive)} live run(s) holding or waiting for a slot"
+            + (": " + "; ".join(holder.describe() for holder in alive) if alive else "")
+        )
+        if self.freed_runs:
+            parts.append(
+                f"freed the slots of {len(self.freed_runs)} ended run(s): {', '.join(self.freed_runs)}"
+            )
+        return "; ".join(parts)
+
+
+def sweep_spark_pool(instance: dg.DagsterInstance, sessions: int) -> PoolSweep:
+    """Set the pool's limit when the instance has none, and free the slots of runs that have ended."""
+    storage = instance.event_log_storage
+    if not storage.supports_global_concurrency_limits:
+        return PoolSweep(limit=None)
+    info = storage.get_concurrency_info(SPARK_POOL)
+    sweep = PoolSweep(limit=info.limit)
+    if info.limit is None:
+        storage.set_concurrency_slots(SPARK_POOL, sessions)
+        sweep.limit, sweep.limit_set = sessions, True
+    run_ids = {slot.run_id for slot in info.claimed_slots} | {step.run_id for step in info.pending_steps}
+    if not run_ids:
+        return sweep
+    records = instance.get_run_records(filters=dg.RunsFilter(run_ids=sorted(run_ids)))
+    sweep.holders = check_runs(instance, records)
+    ended = {holder.run_id for holder in sweep.holders if holder.status in ENDED_STATUSES}
+    ended |= run_ids - {record.dagster_run.run_id for record in records}  # a deleted run holds nothing
+    for run_id in sorted(ended):
+        storage.free_concurrency_slots_for_run(run_id)
+    sweep.freed_runs = sorted(ended)
+    return sweep
+
+
+@dg.sensor(
+    name="spark_pool_sensor",
+    minimum_interval_seconds=SWEEP_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=f"Keeps the Dagster pool {SPARK_POOL} bounded in any instance: sets its limit "
+    "(RUNSTATE_SPARK_SESSIONS) when the instance has none, and frees the slots of runs that ended or died.",
+)
+def spark_pool_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
+    sweep = sweep_spark_pool(context.instance, settings().spark_sessions)
+    if sweep.limit_set or sweep.freed_runs:
+        context.log.warning(sweep.describe())
+    return dg.SkipReason(sweep.describe())
+
+
+def apply_spark_sessions(sessions: int) -> str:
+    """What `runstate db upgrade` and `services up` do: the deployment's instance (DAGSTER_HOME, else the
+    checkout's dagster.yaml) gets the pool limit RUNSTATE_SPARK_SESSIONS. Where there is no instance (no
+    DAGSTER_HOME and no dagster.yaml), nothing is written: Dagster would make a scratch one in the folder."""
+    from runstate.defs.ticking import default_instance
+    from runstate.services.dev import dagster_home
+
+    home = dagster_home(os.environ)
+    if not os.environ.get("DAGSTER_HOME") and not (home / "dagster.yaml").exists():
+        return f"Dagster pool {SPARK_POOL}: no Dagster instance here (set DAGSTER_HOME to set its limit)"
+    with default_instance() as instance:
+        return set_spark_pool_limit(instance, sessions)

@@ -1,0 +1,77 @@
+"""runstate_instance_check: a storage-only instance gets a warning for each missing setting, saying what to
+add; adding exactly that leaves nothing missing; the project's own dagster.yaml lacks nothing (its pool limit
+aside, which `db upgrade` sets: runstate_tests/test_dagster_instance.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from runstate.defs.instance.checks import missing_bounds, runstate_instance_check
+from runstate_tests.defs.instance_homes import storage_only_config, write_home
+
+BIN = str(Path(sys.executable).parent)  # where `dagster` is, as on a user's PATH
+STORAGE_ONLY_MISSING = [
+    "a limit for the pool runstate_spark",
+    "one in-progress run per value of runstate/wal_shard, runstate/merge_shard, runstate/table in the run queue",
+    "run monitoring",
+    "run retries",
+    "the run launcher's health check",
+]
+
+
+@pytest.fixture
+def home(tmp_path: Path, fresh_database: str) -> Path:
+    return write_home(tmp_path / "home", storage_only_config(fresh_database))
+
+
+def test_a_storage_only_instance_lacks_each_setting_the_code_location_names(home):
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        missing = missing_bounds(instance)
+
+    assert [bound.name for bound in missing] == STORAGE_ONLY_MISSING
+
+
+def test_automation_and_freshness_turned_off_are_named_too(tmp_path, fresh_database):
+    config = storage_only_config(fresh_database)
+    config.update(auto_materialize={"use_sensors": False}, freshness={"enabled": False})
+    with dg.DagsterInstance.from_config(str(write_home(tmp_path, config))) as instance:
+        names = [bound.name for bound in missing_bounds(instance)]
+
+    assert names[-2:] == ["automation sensors", "the freshness daemon"]
+
+
+def test_the_sensor_says_it_on_its_tick_and_in_its_log(home, capfd):
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        result = runstate_instance_check(dg.build_sensor_context(instance=instance))
+
+    assert isinstance(result, dg.SkipReason)
+    assert result.skip_message.startswith("runstate: 5 setting(s) missing from this Dagster instance")
+    assert "add to dagster.yaml `{run_retries: {enabled: true, max_retries: 3}}`" in result.skip_message
+    assert "run `dagster instance concurrency set runstate_spark 2`" in result.skip_message
+    logged = [line for line in capfd.readouterr().err.splitlines() if " - dagster - WARNING - " in line]
+    assert len(logged) == 5 and "run retries: a run that fails to launch" in logged[3], logged
+
+
+def test_adding_exactly_what_it_says_leaves_nothing_missing(home, fresh_database):
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        missing = missing_bounds(instance)
+    config = storage_only_config(fresh_database)
+    for bound in missing:
+        assert not set(bound.dagster_yaml) & set(config), bound  # each adds sections of its own
+        config.update(bound.dagster_yaml)
+    write_home(home, config)
+    commands = [bound.command for bound in missing if bound.command]
+    for command in commands:  # as a user types it, against this home
+        env = {**os.environ, "DAGSTER_HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}"}
+        done = subprocess.run(command.split(), env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert missing_bounds(instance) == []
+    assert commands == ["dagster instance concurrency set runstate_spark 2"]
