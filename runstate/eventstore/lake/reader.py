@@ -82,15 +82,16 @@ def table_position(table: Any | None) -> int:
     found = first_position(_ancestor_summaries(table, snapshot))
     if found is not None:
         return found
+    # No export snapshot left (compacted, then expired): the largest position of the rows, from the data
+    # files' column bounds (no data read) when every file has one.
+    scan = table.scan(selected_fields=("position",))
     field_id = table.schema().find_field("position").field_id
-    bounds = [
-        task.file.upper_bounds.get(field_id)
-        for task in table.scan(selected_fields=("position",)).plan_files()
-    ]
+    bounds = [task.file.upper_bounds.get(field_id) for task in scan.plan_files()]
     if all(bound is not None for bound in bounds):
         return max((int.from_bytes(bound, "little", signed=True) for bound in bounds), default=0)
-    column = table.scan(selected_fields=("position",)).to_arrow().column("position")
-    return int(column.to_pylist() and max(column.to_pylist()) or 0)
+    import pyarrow.compute as pc
+
+    return int(pc.max(scan.to_arrow().column("position")).as_py() or 0)
 
 
 def _ancestor_summaries(table: Any, snapshot: Any) -> Any:

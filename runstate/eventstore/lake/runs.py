@@ -175,7 +175,7 @@ def merge_runs(
     if again:
         full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
         rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
-    _merge(spark, config, rows)
+    merge_rows(spark, config, rows)
     return RunsMerged(config.runs_table, position, end, len(rows), len(again), time.perf_counter() - started)
 
 
@@ -224,7 +224,7 @@ def _events_of_runs(
         spark.catalog.dropTempView(view)
 
 
-def _merge(spark: Any, config: HistoryConfig, rows: list[RunRow]) -> None:
+def merge_rows(spark: Any, config: HistoryConfig, rows: list[RunRow]) -> None:
     """One MERGE: a row replaces a stored one only when its last_position is higher."""
     import pyarrow as pa
 
