@@ -17,6 +17,7 @@ from runstate.eventstore.contract import InvalidEvent, StoredEvent
 from runstate.eventstore.lake.arrow import events_from_arrow
 from runstate.eventstore.lake.config import CATALOG, EVENTS_TABLE, HistoryConfig
 from runstate.eventstore.lake.errors import HistoryError
+from runstate.eventstore.lake.export import check_feed
 from runstate.eventstore.lake.tables import first_position
 from runstate.eventstore.validation import check_run_id
 
@@ -165,6 +166,7 @@ class HistoryLag:
 
 def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> HistoryLag:
     """The lag of `lake.<namespace>.run_events` behind the feed (one feed read of up to max_events + 1)."""
+    check_feed(feed)
     position = table_position(catalog.load(config.namespace, EVENTS_TABLE))
     behind = feed.fetch_all(position, config.max_lag_events + 1)
     oldest = behind[0].persisted_at.astimezone(UTC) if behind else None
@@ -173,5 +175,6 @@ def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> Hi
 
 def pending_position(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> int | None:
     """The table's position when the feed has an event after it (an export is due), else None."""
+    check_feed(feed)
     position = table_position(catalog.load(config.namespace, EVENTS_TABLE))
     return position if feed.fetch_all(position, 1) else None
