@@ -4,6 +4,7 @@ export on the shared Spark session), the bound of one export at a time, and the 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
@@ -22,6 +23,14 @@ from runstate_tests.eventstore.lake.conftest import append_randomly, assert_lake
 pytestmark = [pytest.mark.spark]
 history = lake.history  # the fixture: a lake namespace of the test's own
 MAX_LAG_EVENTS = 5
+
+
+@pytest.fixture
+def own_resource(fresh_database: str) -> Iterator[EventStoreResource]:
+    """The event store resource on a database of the test's own (lake/conftest.py's own_store says why)."""
+    resource = EventStoreResource(backend="postgres", pg_url=fresh_database, pg_schema="runstate")
+    yield resource
+    resource.close()
 
 
 def history_defs(event_store: EventStoreResource, spark_settings, history: HistoryConfig) -> dg.Definitions:
@@ -45,9 +54,10 @@ def lag_check(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.AssetChe
 
 
 def test_the_sensor_requests_one_export_whose_run_brings_the_lake_to_the_feed(
-    spark, spark_settings, resource, store, history, bare_instance
+    spark, spark_settings, own_resource, history, bare_instance
 ):
-    defs = history_defs(resource, spark_settings, history)
+    defs = history_defs(own_resource, spark_settings, history)
+    store = own_resource.get_store()
     append_randomly(store, random.Random(31), runs=5, appends=20)
     behind = lag_check(defs, bare_instance)
 
@@ -67,9 +77,10 @@ def test_the_sensor_requests_one_export_whose_run_brings_the_lake_to_the_feed(
 
 
 def test_while_an_export_run_is_alive_the_sensor_requests_no_other(
-    spark_settings, resource, store, history, bare_instance
+    spark_settings, own_resource, history, bare_instance
 ):
-    defs = history_defs(resource, spark_settings, history)
+    defs = history_defs(own_resource, spark_settings, history)
+    store = own_resource.get_store()
     append_randomly(store, random.Random(32), runs=2, appends=3)
     running = started_run(bare_instance, defs.resolve_job_def(EXPORT_JOB))
 

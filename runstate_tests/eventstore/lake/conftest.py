@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, StoredEvent
+from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, PostgresEventStore, StoredEvent
 from runstate.eventstore.lake import HistoryConfig
 from runstate.eventstore.lake.arrow import (
     EVENT_COLUMNS,
@@ -26,6 +26,16 @@ from runstate_tests.conftest import drop_iceberg_table
 
 T0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
 STEPS = ("extract", "load", None)
+
+
+@pytest.fixture
+def own_store(fresh_database: str) -> Iterator[PostgresEventStore]:
+    """A store in a database of the test's own: its feed waits for no transaction of another test (nor for
+    the catalog's commits, whose tables live in the worker's database)."""
+    store = PostgresEventStore(fresh_database, schema="runstate")
+    store.ensure_schema()
+    yield store
+    store.close()
 
 
 @pytest.fixture

@@ -24,14 +24,14 @@ def snapshots(spark, ident: str) -> int:
     return spark.table(f"{ident}.snapshots").count()
 
 
-def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, pg_store, history):
-    append_randomly(pg_store, random.Random(7), runs=6, appends=30)
+def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own_store, history):
+    append_randomly(own_store, random.Random(7), runs=6, appends=30)
 
-    steps = list(export_history(spark, pg_store, history))
+    steps = list(export_history(spark, own_store, history))
     before = snapshots(spark, history.events_table), snapshots(spark, history.runs_table)
-    again = list(export_history(spark, pg_store, history))
+    again = list(export_history(spark, own_store, history))
 
-    feed = assert_lake_equals_feed(spark, pg_store, history)
+    feed = assert_lake_equals_feed(spark, own_store, history)
     commits = [step for step in steps if type(step).__name__ == "EventsCommitted"]
     assert len(commits) >= 2 and sum(step.events for step in commits) == len(feed)
     assert commits[-1].position == feed[-1].position
@@ -41,21 +41,21 @@ def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, pg_
     )
 
 
-def test_once_commits_one_batch(spark, pg_store, history):
-    append_randomly(pg_store, random.Random(8), runs=3, appends=30)
+def test_once_commits_one_batch(spark, own_store, history):
+    append_randomly(own_store, random.Random(8), runs=3, appends=30)
 
-    steps = list(export_history(spark, pg_store, history, once=True))
+    steps = list(export_history(spark, own_store, history, once=True))
 
     assert [type(step).__name__ for step in steps] == ["EventsCommitted", "RunsMerged"]
     assert steps[0].events == history.batch_events
     assert len(lake_events(spark, history)) == history.batch_events
 
 
-def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, pg_store, history):
-    append_randomly(pg_store, random.Random(9), runs=3, appends=5)
+def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_store, history):
+    append_randomly(own_store, random.Random(9), runs=3, appends=5)
     ensure_tables(spark, history)
     snapshot_id, after = events_position(spark, history)
-    events = pg_store.fetch_all(after, 1000)
+    events = own_store.fetch_all(after, 1000)
     commit_events(spark, history, snapshot_id, after, events)  # the export that won
 
     with pytest.raises(HistoryConflict, match="another export committed while this one ran"):
@@ -64,27 +64,27 @@ def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, pg_st
     assert lake_events(spark, history) == events
 
 
-def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, pg_store, history):
-    append_randomly(pg_store, random.Random(10), runs=3, appends=6)
-    list(export_history(spark, pg_store, history))
+def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
+    append_randomly(own_store, random.Random(10), runs=3, appends=6)
+    list(export_history(spark, own_store, history))
     snapshot_id, after = events_position(spark, history)
     spark.sql(
         f"CALL lake.system.rewrite_data_files(table => '{history.namespace}.run_events', "
         "options => map('min-input-files', '1'))"
     ).collect()
-    append_randomly(pg_store, random.Random(11), runs=3, appends=3)
+    append_randomly(own_store, random.Random(11), runs=3, appends=3)
 
-    commit_events(spark, history, snapshot_id, after, pg_store.fetch_all(after, 1000))
+    commit_events(spark, history, snapshot_id, after, own_store.fetch_all(after, 1000))
 
-    assert lake_events(spark, history) == feed_from_start(pg_store)
+    assert lake_events(spark, history) == feed_from_start(own_store)
 
 
 def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
-    spark, spark_settings, pg_store, history
+    spark, spark_settings, own_store, history
 ):
-    append_randomly(pg_store, random.Random(12), runs=4, appends=20)
-    list(export_history(spark, pg_store, history))
-    reached = feed_from_start(pg_store)[-1].position
+    append_randomly(own_store, random.Random(12), runs=4, appends=20)
+    list(export_history(spark, own_store, history))
+    reached = feed_from_start(own_store)[-1].position
     table = f"{history.namespace}.run_events"
     spark.sql(
         f"CALL lake.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '1'))"
@@ -104,18 +104,18 @@ def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
     finally:
         catalog.close()
     assert events_position(spark, history)[1] == pyiceberg_position == reached
-    append_randomly(pg_store, random.Random(13), runs=4, appends=5)
-    list(export_history(spark, pg_store, history))
-    assert_lake_equals_feed(spark, pg_store, history)
+    append_randomly(own_store, random.Random(13), runs=4, appends=5)
+    list(export_history(spark, own_store, history))
+    assert_lake_equals_feed(spark, own_store, history)
 
 
-def test_timestamps_at_both_ends_of_what_the_store_keeps_round_trip(spark, pg_store, history):
+def test_timestamps_at_both_ends_of_what_the_store_keeps_round_trip(spark, own_store, history):
     for when in (EARLIEST_EMITTED_AT, LATEST_EMITTED_AT):
-        pg_store.append(NewEvent(run_id=f"edge-{when.year}", event_type="RunStarted", emitted_at=when))
+        own_store.append(NewEvent(run_id=f"edge-{when.year}", event_type="RunStarted", emitted_at=when))
 
-    list(export_history(spark, pg_store, history))
+    list(export_history(spark, own_store, history))
 
-    assert_lake_equals_feed(spark, pg_store, history)
+    assert_lake_equals_feed(spark, own_store, history)
 
 
 def test_a_snowflake_store_is_refused_before_anything_is_created(spark, sf_store, history):

@@ -45,7 +45,7 @@ def _killed_export(child_args: dict, hold_after: str | None, delay_s: float) -> 
 
 
 def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
-    spark, spark_settings, pg_database, pg_schema, pg_store, history
+    spark, spark_settings, fresh_database, own_store, history
 ):
     rng = random.Random(SEED)
     # The killed exports commit small batches (so kills land between commits); the catch-up takes all.
@@ -53,21 +53,21 @@ def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
     child_args = {
         "catalog_url": spark_settings.pg_url,
         "warehouse": str(spark_settings.warehouse_dir),
-        "store_url": pg_database,
-        "schema": pg_schema,
+        "store_url": fresh_database,
+        "schema": own_store.schema,
         "namespace": history.namespace,
         "batch_events": history.batch_events,
     }
     for round_ in range(ROUNDS):
-        append_randomly(pg_store, rng, RUNS, appends=rng.randint(30, 60))
+        append_randomly(own_store, rng, RUNS, appends=rng.randint(30, 60))
         hold_after = "EventsCommitted" if round_ == 0 else None
         reported = _killed_export(child_args, hold_after, delay_s=rng.uniform(0.5, 6.0))
         if hold_after:  # the kill fell between the two commits: runs is behind run_events
             assert reported[-1] == "EventsCommitted", reported
-            assert 0 < len(lake_events(spark, history)) < len(feed_from_start(pg_store))
+            assert 0 < len(lake_events(spark, history)) < len(feed_from_start(own_store))
 
-        list(export_history(spark, pg_store, catch_up))
-        repeated = list(export_history(spark, pg_store, catch_up))
+        list(export_history(spark, own_store, catch_up))
+        repeated = list(export_history(spark, own_store, catch_up))
 
         assert repeated == [], f"round {round_}: a repeated export wrote {repeated}"
-        assert_lake_equals_feed(spark, pg_store, history)
+        assert_lake_equals_feed(spark, own_store, history)

@@ -23,16 +23,16 @@ def catalog(spark_settings) -> Iterator[HistoryCatalog]:
     catalog.close()
 
 
-def test_read_run_gives_what_fetch_gives_page_by_page(spark, pg_store, history, catalog):
-    append_randomly(pg_store, random.Random(21), runs=5, appends=40)
-    list(export_history(spark, pg_store, history))
+def test_read_run_gives_what_fetch_gives_page_by_page(spark, own_store, history, catalog):
+    append_randomly(own_store, random.Random(21), runs=5, appends=40)
+    list(export_history(spark, own_store, history))
     reader = LakeRunReader(catalog, history.namespace)
 
-    for run_id in sorted({event.run_id for event in feed_from_start(pg_store)}):
-        assert reader.read_run(run_id) == pg_store.fetch(run_id)
-        assert reader.read_run(run_id, after_seq=2, limit=3) == pg_store.fetch(run_id, after_seq=2, limit=3)
+    for run_id in sorted({event.run_id for event in feed_from_start(own_store)}):
+        assert reader.read_run(run_id) == own_store.fetch(run_id)
+        assert reader.read_run(run_id, after_seq=2, limit=3) == own_store.fetch(run_id, after_seq=2, limit=3)
     assert reader.read_run("no-such-run") == []
-    assert reader.position() == feed_from_start(pg_store)[-1].position
+    assert reader.position() == feed_from_start(own_store)[-1].position
 
 
 def test_before_any_export_there_is_nothing_to_read(catalog, history):

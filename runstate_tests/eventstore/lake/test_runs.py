@@ -67,30 +67,30 @@ def test_a_run_whose_new_events_are_not_all_after_its_row_is_folded_again():
 
 
 @pytest.mark.spark
-def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, pg_store, history):
+def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, own_store, history):
     def imported(seq: int, event_type: str) -> StoredEvent:
         event = NewEvent(run_id="gappy", event_type=event_type, emitted_at=T0 + timedelta(seconds=seq))
         return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": T0})
 
-    pg_store.import_events([imported(1, "RunStarted"), imported(3, "RunCompleted")])
-    list(export_history(spark, pg_store, history))
-    pg_store.import_events([imported(2, "SignalWaiting")])  # seq 2, at a position after seq 3's
+    own_store.import_events([imported(1, "RunStarted"), imported(3, "RunCompleted")])
+    list(export_history(spark, own_store, history))
+    own_store.import_events([imported(2, "SignalWaiting")])  # seq 2, at a position after seq 3's
 
-    steps = list(export_history(spark, pg_store, history))
+    steps = list(export_history(spark, own_store, history))
 
     assert [step.folded_again for step in steps if hasattr(step, "folded_again")] == [1]
     assert lake_runs(spark, history)["gappy"]["event_count"] == 3
-    assert_lake_equals_feed(spark, pg_store, history)
+    assert_lake_equals_feed(spark, own_store, history)
 
 
 @pytest.mark.spark
-def test_rows_of_an_older_merge_landing_late_change_nothing(spark, pg_store, history):
-    append_randomly(pg_store, random.Random(3), runs=4, appends=10)
-    early = by_run(pg_store.fetch_all(0, 12))
-    list(export_history(spark, pg_store, history))
+def test_rows_of_an_older_merge_landing_late_change_nothing(spark, own_store, history):
+    append_randomly(own_store, random.Random(3), runs=4, appends=10)
+    early = by_run(own_store.fetch_all(0, 12))
+    list(export_history(spark, own_store, history))
     before = lake_runs(spark, history)
 
     merge_rows(spark, history, [RunRow.of(run_id, events) for run_id, events in early.items()])
 
     assert lake_runs(spark, history) == before
-    assert_lake_equals_feed(spark, pg_store, history)
+    assert_lake_equals_feed(spark, own_store, history)
