@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -56,21 +57,23 @@ def lake_session() -> Any:
 def check_read_only(spark: Any, statement: str) -> None:
     """QueryRefused unless `statement` parses as exactly one query that calls no JVM function."""
     from py4j.protocol import Py4JJavaError
-
-    from runstate.cli import one_line
+    from pyspark.errors import PySparkException
 
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:
         plan = parser.parsePlan(statement)
-    except Py4JJavaError as error:
-        message = one_line(error.java_exception.getMessage() or error)
-        raise QueryRefused(f"not one Spark SQL statement: {message}; nothing was run") from None
+    except (
+        PySparkException,
+        Py4JJavaError,
+    ) as error:  # PySpark turns the parser's ParseException into its own
+        raise QueryRefused(f"not one Spark SQL statement: {_message(error)}; nothing was run") from None
     kinds = _JvmClasses(spark, parser)
     for node in _plan_nodes(plan):
         if kinds.is_statement(node):
+            kind = node.getClass().getSimpleName().rstrip("$")
             raise QueryRefused(
-                f"only a query may run here (SELECT, WITH ... SELECT, VALUES, TABLE), not a "
-                f"{node.getClass().getSimpleName().rstrip('$')}; nothing was run"
+                f"only a query may run here (SELECT, WITH ... SELECT, VALUES, TABLE), not {_words(kind)} "
+                f"(Spark's {kind}); nothing was run"
             )
         for name in kinds.function_names(node):
             if name in JVM_FUNCTIONS:
@@ -101,6 +104,21 @@ class _JvmClasses:
                     names += self.function_names(inner)
             pending += _seq(expression.children())
         return names
+
+
+def _words(kind: str) -> str:
+    """InsertIntoStatement -> INSERT INTO, DropTable -> DROP TABLE: what the statement says."""
+    words = re.findall(r"[A-Z][a-z]*", kind)
+    while len(words) > 1 and words[-1] in ("Statement", "Command"):
+        words.pop()
+    return " ".join(words).upper()
+
+
+def _message(error: BaseException) -> str:
+    """Spark's message on one line, without the JVM stack trace."""
+    from runstate.cli import one_line
+
+    return one_line(str(error).split("JVM stacktrace:")[0])[:1000]
 
 
 def _seq(scala_seq: Any) -> list[Any]:
@@ -161,7 +179,6 @@ def sql(statement: str, fmt: str, limit: int) -> None:
     json prints one object per row (JSON lines); table prints aligned columns."""
     from pyspark.errors import PySparkException
 
-    from runstate.cli import one_line
     from runstate.cli.events_io import format_table
 
     spark = lake_session()
@@ -170,7 +187,7 @@ def sql(statement: str, fmt: str, limit: int) -> None:
         frame = spark.sql(statement)
         rows = frame.limit(limit + 1).collect()
     except PySparkException as error:
-        raise click.ClickException(one_line(error).split(" JVM stacktrace:")[0][:1000]) from None
+        raise click.ClickException(_message(error)) from None
     columns = frame.columns
     if fmt == "json":
         for row in rows[:limit]:
