@@ -12,6 +12,8 @@ Why a merge is exactly-once even when it is killed, repeated or raced by another
   `wal_seq` wins), so writing a row twice, or an older row after a newer one, changes nothing;
 - the rows commit together, and the table's position is their largest `last_position`: a merge
   killed before its commit leaves the position where it was, and the next export merges the range again.
+  (The position is read from a table property set after the commit; if a merge dies between the two, the
+  property lags, and the next merge's range holds events some rows have: those runs are folded again.)
 A run's events usually come in seq order; one whose new events are not all after its stored last seq
 (two appends whose feed positions crossed) is folded again from all its events in run_events.
 """
@@ -40,7 +42,12 @@ from runstate.eventstore.lake.arrow import (
 )
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import HistoryError
-from runstate.eventstore.lake.tables import events_position, runs_position, spark_errors
+from runstate.eventstore.lake.tables import (
+    events_position,
+    record_runs_position,
+    runs_position,
+    spark_errors,
+)
 from runstate.eventstore.projection import fold
 
 
@@ -171,11 +178,13 @@ def merge_runs(
         )
     end = events[-1].position
     new = by_run(events)
-    rows, again = plan_rows(_stored_rows(spark, config, list(new)), new)
+    stored = _stored_rows(spark, config, list(new)) if position else {}
+    rows, again = plan_rows(stored, new)
     if again:
         full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
         rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
     merge_rows(spark, config, rows)
+    record_runs_position(spark, config, end)
     return RunsMerged(config.runs_table, position, end, len(rows), len(again), time.perf_counter() - started)
 
 

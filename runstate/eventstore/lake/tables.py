@@ -8,7 +8,9 @@ Where a table's position lives:
   the newest ancestor that has it says it; and if those were expired too, the rows do, as the largest
   `position` (every exported event carries its position, and the feed never adds one below it later).
 - `runs`: each row carries the position of its run's last event (`last_position`), and a merge commits
-  its rows together, so the table's largest `last_position` is the position its rows reflect.
+  its rows together, so the table's largest `last_position` is the position its rows reflect. The
+  table property POSITION_PROPERTY says the same without a scan: it is set after each merge's commit,
+  so it is never ahead of the rows (when it lags, the next merge folds some runs again: runs.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ EVENTS_PROPERTIES = {**_COMMON, "write.distribution-mode": "none", "write.spark.
 # than rewriting the files (maintenance applies the deletes).
 RUNS_PROPERTIES = {
     **_COMMON,
+    POSITION_PROPERTY: "0",
     "write.merge.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
@@ -107,12 +110,21 @@ def events_position(spark: Any, config: HistoryConfig) -> tuple[int | None, int]
 
 
 def runs_position(spark: Any, config: HistoryConfig) -> int:
-    """The feed position the runs table reflects: its largest last_position (0 when empty)."""
+    """The feed position the runs table reflects: its position property, else its largest last_position."""
     ident = config.runs_table
     with spark_errors(ident, "read the position of"):
-        iceberg_table(spark, ident)
+        recorded = iceberg_table(spark, ident).properties().get(POSITION_PROPERTY)
+        if recorded is not None:
+            return int(recorded)
         row = spark.sql(f"SELECT max(last_position) AS p FROM {ident}").first()
     return int(row.p or 0)
+
+
+def record_runs_position(spark: Any, config: HistoryConfig, position: int) -> None:
+    """Record the position a merge's commit reached, after that commit."""
+    ident = config.runs_table
+    with spark_errors(ident, "record the position of"):
+        spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('{POSITION_PROPERTY}' = '{int(position)}')")
 
 
 @contextmanager
