@@ -15,7 +15,13 @@ from runstate.eventstore.lake.reader import HistoryCatalog, table_position
 from runstate.eventstore.lake.tables import ensure_tables, events_position
 from runstate.eventstore.validation import EARLIEST_EMITTED_AT, LATEST_EMITTED_AT
 
-from .conftest import append_randomly, assert_lake_equals_feed, feed_from_start, lake_events
+from .conftest import (
+    append_randomly,
+    assert_lake_equals_feed,
+    exported_to_the_end,
+    feed_from_start,
+    lake_events,
+)
 
 pytestmark = [pytest.mark.spark]
 
@@ -27,7 +33,7 @@ def snapshots(spark, ident: str) -> int:
 def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own_store, history):
     append_randomly(own_store, random.Random(7), runs=6, appends=30)
 
-    steps = list(export_history(spark, own_store, history))
+    steps = exported_to_the_end(spark, own_store, history)
     before = snapshots(spark, history.events_table), snapshots(spark, history.runs_table)
     again = list(export_history(spark, own_store, history))
 
@@ -66,7 +72,7 @@ def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_s
 
 def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
     append_randomly(own_store, random.Random(10), runs=3, appends=6)
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     snapshot_id, after = events_position(spark, history)
     spark.sql(
         f"CALL lake.system.rewrite_data_files(table => '{history.namespace}.run_events', "
@@ -83,7 +89,7 @@ def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
     spark, spark_settings, own_store, history
 ):
     append_randomly(own_store, random.Random(12), runs=4, appends=20)
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     reached = feed_from_start(own_store)[-1].position
     table = f"{history.namespace}.run_events"
     spark.sql(
@@ -105,7 +111,7 @@ def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
         catalog.close()
     assert events_position(spark, history)[1] == pyiceberg_position == reached
     append_randomly(own_store, random.Random(13), runs=4, appends=5)
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     assert_lake_equals_feed(spark, own_store, history)
 
 
@@ -113,7 +119,7 @@ def test_timestamps_at_both_ends_of_what_the_store_keeps_round_trip(spark, own_s
     for when in (EARLIEST_EMITTED_AT, LATEST_EMITTED_AT):
         own_store.append(NewEvent(run_id=f"edge-{when.year}", event_type="RunStarted", emitted_at=when))
 
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
 
     assert_lake_equals_feed(spark, own_store, history)
 

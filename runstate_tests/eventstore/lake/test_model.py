@@ -19,7 +19,13 @@ import pytest
 
 from runstate.eventstore.lake import export_history
 
-from .conftest import append_randomly, assert_lake_equals_feed, feed_from_start, lake_events
+from .conftest import (
+    append_randomly,
+    assert_lake_equals_feed,
+    exported_to_the_end,
+    feed_from_start,
+    lake_events,
+)
 from .export_child import ExportChild
 
 ROUNDS = int(os.environ.get("RUNSTATE_HISTORY_MODEL_ROUNDS", "3"))
@@ -66,7 +72,7 @@ def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
             assert reported[-1] == "EventsCommitted", reported
             assert 0 < len(lake_events(spark, history)) < len(feed_from_start(own_store))
 
-        list(export_history(spark, own_store, catch_up))
+        exported_to_the_end(spark, own_store, catch_up)
         repeated = list(export_history(spark, own_store, catch_up))
 
         assert repeated == [], f"round {round_}: a repeated export wrote {repeated}"

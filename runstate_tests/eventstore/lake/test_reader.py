@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 
 from runstate.eventstore import InvalidEvent
-from runstate.eventstore.lake import HistoryCatalog, HistoryError, LakeRunReader, export_history
+from runstate.eventstore.lake import HistoryCatalog, HistoryError, LakeRunReader
 from runstate.spark import SparkSettings
 
-from .conftest import append_randomly, feed_from_start
+from .conftest import append_randomly, exported_to_the_end, feed_from_start
 
 pytestmark = [pytest.mark.spark]
 
@@ -25,7 +25,7 @@ def catalog(spark_settings) -> Iterator[HistoryCatalog]:
 
 def test_read_run_gives_what_fetch_gives_page_by_page(spark, own_store, history, catalog):
     append_randomly(own_store, random.Random(21), runs=5, appends=40)
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     reader = LakeRunReader(catalog, history.namespace)
 
     for run_id in sorted({event.run_id for event in feed_from_start(own_store)}):

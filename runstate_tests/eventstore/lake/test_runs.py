@@ -9,10 +9,9 @@ import pytest
 
 from runstate.eventstore import NewEvent, StoredEvent, fold
 from runstate.eventstore.contract import RunSnapshot
-from runstate.eventstore.lake import export_history
 from runstate.eventstore.lake.runs import RunRow, by_run, merge_rows, plan_rows
 
-from .conftest import T0, append_randomly, assert_lake_equals_feed, lake_runs
+from .conftest import T0, append_randomly, assert_lake_equals_feed, exported_to_the_end, lake_runs
 
 
 def stored(run_id: str, seq: int, event_type: str, position: int, step_id: str | None = None) -> StoredEvent:
@@ -73,10 +72,10 @@ def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, own_s
         return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": T0})
 
     own_store.import_events([imported(1, "RunStarted"), imported(3, "RunCompleted")])
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     own_store.import_events([imported(2, "SignalWaiting")])  # seq 2, at a position after seq 3's
 
-    steps = list(export_history(spark, own_store, history))
+    steps = exported_to_the_end(spark, own_store, history)
 
     assert [step.folded_again for step in steps if hasattr(step, "folded_again")] == [1]
     assert lake_runs(spark, history)["gappy"]["event_count"] == 3
@@ -87,7 +86,7 @@ def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, own_s
 def test_rows_of_an_older_merge_landing_late_change_nothing(spark, own_store, history):
     append_randomly(own_store, random.Random(3), runs=4, appends=10)
     early = by_run(own_store.fetch_all(0, 12))
-    list(export_history(spark, own_store, history))
+    exported_to_the_end(spark, own_store, history)
     before = lake_runs(spark, history)
 
     merge_rows(spark, history, [RunRow.of(run_id, events) for run_id, events in early.items()])
