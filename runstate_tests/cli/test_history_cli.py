@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 
 from runstate.cli import main
 from runstate.config import settings
-from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
+from runstate_tests.eventstore import conftest as eventstore_fixtures
 from runstate_tests.eventstore.lake import conftest as lake
 from runstate_tests.eventstore.lake.conftest import append_randomly, feed_from_start
 from runstate_tests.wal import conftest as wal_fixtures
@@ -27,26 +27,11 @@ from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 pytestmark = [pytest.mark.spark]
 # Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
 history = lake.history
+store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
+sf_store = eventstore_fixtures.sf_store
 wal = wal_fixtures.wal
 feed = dataset_fixtures.feed
 dataset_ids = dataset_fixtures.dataset_ids
-
-
-@pytest.fixture
-def store(pg_database: str, pg_schema: str) -> Iterator[PostgresEventStore]:
-    store = PostgresEventStore(pg_database, schema=pg_schema)
-    store.ensure_schema()
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def sf_store(snowflake_schema) -> Iterator[SnowflakeEventStore]:
-    kwargs, schema = snowflake_schema
-    store = SnowflakeEventStore(connect_kwargs=kwargs, schema=schema)
-    store.ensure_schema()
-    yield store
-    store.close()
 
 
 @pytest.fixture

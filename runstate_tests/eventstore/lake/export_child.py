@@ -9,46 +9,27 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
+from runstate_tests.wal.dataset_tables.killing import REPO, MergeChild
 
 
-class ExportChild:
+class ExportChild(MergeChild):
     """The child process; `kill()` ends its whole process group (Python driver and JVM) with SIGKILL."""
 
     def __init__(self, args: dict[str, Any]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "runstate_tests.eventstore.lake.export_child", json.dumps(args)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            env=env,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             start_new_session=True,
         )
-        self.lines: list[str] = []
-
-    def wait_for(self, line: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            got = self.process.stdout.readline()
-            self.lines.append(got.strip())
-            if got.strip() == line:
-                return
-            if not got and self.process.poll() is not None:
-                raise AssertionError(f"the export child exited ({self.process.returncode}) before {line}")
-        raise AssertionError(f"the export child never printed {line}")
-
-    def kill(self) -> None:
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(60)
 
 
 def _child(args: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -10,22 +11,14 @@ import pytest
 from runstate.eventstore import NewEvent, StoredEvent, fold
 from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.lake.runs import RunRow, by_run, merge_rows, plan_rows
+from runstate_tests.eventstore.test_projection import T0
+from runstate_tests.eventstore.test_projection import stored as projected
 
-from .conftest import T0, append_randomly, assert_lake_equals_feed, exported_to_the_end, lake_runs
+from .conftest import append_randomly, assert_lake_equals_feed, exported_to_the_end, lake_runs
 
 
 def stored(run_id: str, seq: int, event_type: str, position: int, step_id: str | None = None) -> StoredEvent:
-    return StoredEvent(
-        run_id=run_id,
-        run_seq=seq,
-        event_type=event_type,
-        emitted_at=T0 + timedelta(seconds=seq),
-        persisted_at=T0,
-        idempotency_key=f"{run_id}-{seq}",
-        event_id=f"00000000-0000-0000-0000-{seq:012d}",
-        step_id=step_id,
-        position=position,
-    )
+    return replace(projected(seq, event_type, step_id), run_id=run_id, position=position)
 
 
 def test_a_run_folds_onto_its_row_as_the_projection_folds_all_its_events():
