@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import random
+import shlex
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -25,6 +27,7 @@ from runstate_tests.wal import conftest as wal_fixtures
 from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
 pytestmark = [pytest.mark.spark]
+README = Path(__file__).resolve().parents[2] / "README.md"
 # Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
 history = lake.history
 store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
@@ -169,3 +172,27 @@ def test_export_from_a_snowflake_store_is_refused(cli, sf_store, snowflake_schem
     assert answer.exit_code == 1
     [line] = answer.output.strip().splitlines()
     assert line.startswith("Error: the run history is exported from a Postgres event store only")
+
+
+def test_the_readmes_example_queries_run(spark, cli, store, history):
+    section = README.read_text().split("\n## Run history in the lake\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    append_randomly(store, random.Random(43), runs=3, appends=6)
+    assert run(cli, "events", "export").exit_code == 0
+
+    answers = [run(cli, *argv) for argv in _readme_commands(block, history.namespace)]
+
+    assert len(answers) == 2
+    assert all(answer.exit_code == 0 for answer in answers), [answer.output for answer in answers]
+
+
+def _readme_commands(block: str, namespace: str) -> list[list[str]]:
+    """Each `runstate ...` command of a README code block, as argv, on the test's namespace."""
+    words = shlex.split(block.replace("runstate.", f"{namespace}."))
+    commands: list[list[str]] = []
+    for word in words:
+        if word == "runstate":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands
