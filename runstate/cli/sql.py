@@ -62,10 +62,7 @@ def check_read_only(spark: Any, statement: str) -> None:
     parser = spark._jsparkSession.sessionState().sqlParser()
     try:
         plan = parser.parsePlan(statement)
-    except (
-        PySparkException,
-        Py4JJavaError,
-    ) as error:  # PySpark turns the parser's ParseException into its own
+    except (PySparkException, Py4JJavaError) as error:  # PySpark makes the parser's errors its own
         raise QueryRefused(f"not one Spark SQL statement: {_message(error)}; nothing was run") from None
     kinds = _JvmClasses(spark, parser)
     for node in _plan_nodes(plan):

@@ -14,6 +14,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from runstate.eventstore.lake import export_history
 from runstate_tests.eventstore.lake import conftest as lake
 from runstate_tests.eventstore.lake.conftest import (
+    SMALL_BATCHES,
     append_randomly,
     assert_lake_equals_feed,
     exported_to_the_end,
@@ -61,6 +63,7 @@ def _export_into(outcome: dict, spark, store, history) -> None:
 
 def test_exports_on_the_cluster_survive_a_killed_executor_exactly_once(spark, own_store, history, executors):
     rng = random.Random(SEED)
+    history = replace(history, batch_events=SMALL_BATCHES)  # many commits and merges: jobs to kill into
     app_id = spark.sparkContext.applicationId
     kills_mid_export = 0
     for round_ in range(ROUNDS):

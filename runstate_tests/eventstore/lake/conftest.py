@@ -27,6 +27,7 @@ from runstate.eventstore.lake.tables import events_position
 from runstate_tests.conftest import drop_iceberg_table
 
 T0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+SMALL_BATCHES = 40
 STEPS = ("extract", "load", None)
 
 
@@ -42,8 +43,8 @@ def own_store(fresh_database: str) -> Iterator[PostgresEventStore]:
 
 @pytest.fixture
 def history(spark, spark_settings) -> Iterator[HistoryConfig]:
-    """A HistoryConfig on a namespace of the test's own (small batches: an export makes several commits)."""
-    config = HistoryConfig(namespace=f"hist_{uuid.uuid4().hex[:10]}", batch_events=40)
+    """A HistoryConfig on a namespace of the test's own; `SMALL_BATCHES` of it makes an export commit often."""
+    config = HistoryConfig(namespace=f"hist_{uuid.uuid4().hex[:10]}", batch_events=1000)
     yield config
     for table in ("run_events", "runs"):
         drop_iceberg_table(spark, spark_settings.warehouse_dir, config.namespace, table)

@@ -4,6 +4,7 @@ what the conditional commit refuses."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from runstate.eventstore.lake.tables import ensure_tables, events_position
 from runstate.eventstore.validation import EARLIEST_EMITTED_AT, LATEST_EMITTED_AT
 
 from .conftest import (
+    SMALL_BATCHES,
     append_randomly,
     assert_lake_equals_feed,
     exported_to_the_end,
@@ -33,6 +35,7 @@ def snapshots(spark, ident: str) -> int:
 def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own_store, history):
     append_randomly(own_store, random.Random(7), runs=6, appends=30)
 
+    history = replace(history, batch_events=SMALL_BATCHES)
     steps = exported_to_the_end(spark, own_store, history)
     before = snapshots(spark, history.events_table), snapshots(spark, history.runs_table)
     again = list(export_history(spark, own_store, history))
@@ -50,6 +53,7 @@ def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own
 def test_once_commits_one_batch(spark, own_store, history):
     append_randomly(own_store, random.Random(8), runs=3, appends=30)
 
+    history = replace(history, batch_events=SMALL_BATCHES)
     steps = list(export_history(spark, own_store, history, once=True))
 
     assert [type(step).__name__ for step in steps] == ["EventsCommitted", "RunsMerged"]

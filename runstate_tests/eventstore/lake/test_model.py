@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -21,6 +20,7 @@ from runstate.eventstore.lake import export_history
 from runstate.eventstore.lake.tables import events_position, runs_position
 
 from .conftest import (
+    SMALL_BATCHES,
     append_randomly,
     assert_lake_equals_feed,
     exported_to_the_end,
@@ -54,15 +54,13 @@ def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
     spark, spark_settings, fresh_database, own_store, history
 ):
     rng = random.Random(SEED)
-    # The killed exports commit small batches (so kills land between commits); the catch-up takes all.
-    catch_up = replace(history, batch_events=1000)
     child_args = {
         "catalog_url": spark_settings.pg_url,
         "warehouse": str(spark_settings.warehouse_dir),
         "store_url": fresh_database,
         "schema": own_store.schema,
         "namespace": history.namespace,
-        "batch_events": history.batch_events,
+        "batch_events": SMALL_BATCHES,  # so kills land between commits
     }
     for round_ in range(ROUNDS):
         append_randomly(own_store, rng, RUNS, appends=rng.randint(30, 60))
@@ -72,8 +70,8 @@ def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
             assert 0 < len(lake_events(spark, history)) < len(feed_from_start(own_store))
             assert runs_position(spark, history) < events_position(spark, history)[1]
 
-        exported_to_the_end(spark, own_store, catch_up)
-        repeated = list(export_history(spark, own_store, catch_up))
+        exported_to_the_end(spark, own_store, history)
+        repeated = list(export_history(spark, own_store, history))
 
         assert repeated == [], f"round {round_}: a repeated export wrote {repeated}"
         assert_lake_equals_feed(spark, own_store, history)
