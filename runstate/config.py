@@ -76,6 +76,13 @@ DATASET_MERGE_INTERVAL_MAX_S = 3600
 SPARK_SESSIONS_MAX = 64
 LINGER_MAX_S = 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
+# The run history's knobs (runstate.eventstore.lake): one Iceberg commit holds at most a batch (the
+# exporter keeps a batch in memory), and the lag check reads up to its bound of events from the feed.
+HISTORY_BATCH_EVENTS_MAX = 1_000_000
+HISTORY_EXPORT_INTERVAL_MAX_S = 3600
+HISTORY_MAX_LAG_EVENTS_MAX = 1_000_000
+HISTORY_MAX_LAG_MINUTES_MAX = 1440
+LAKE_NAMESPACE = re.compile(r"^[a-z_][a-z0-9_]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,14 @@ class Settings:
     dataset_merge_interval_s: int = 60
     # At most this many Spark sessions at once across all runs: the Dagster pool `runstate_spark`'s limit.
     spark_sessions: int = 2
+    # The run history in the lake: its namespace (`lake.<namespace>.run_events` and `.runs`), the most
+    # events one Iceberg commit takes, how often run_history_sensor looks at the feed, and the lag
+    # (events, minutes) beyond which the run_history_lag check fails.
+    history_namespace: str = "runstate"
+    history_batch_events: int = 50_000
+    history_export_interval_s: int = 60
+    history_max_lag_events: int = 10_000
+    history_max_lag_minutes: int = 10
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -147,6 +162,19 @@ class Settings:
                 env, "RUNSTATE_DATASET_MERGE_INTERVAL_S", 60, DATASET_MERGE_INTERVAL_MAX_S, minimum=5
             ),
             spark_sessions=_bounded_int(env, "RUNSTATE_SPARK_SESSIONS", 2, SPARK_SESSIONS_MAX),
+            history_namespace=_lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", "runstate"),
+            history_batch_events=_bounded_int(
+                env, "RUNSTATE_HISTORY_BATCH_EVENTS", 50_000, HISTORY_BATCH_EVENTS_MAX
+            ),
+            history_export_interval_s=_bounded_int(
+                env, "RUNSTATE_HISTORY_EXPORT_INTERVAL_S", 60, HISTORY_EXPORT_INTERVAL_MAX_S, minimum=5
+            ),
+            history_max_lag_events=_bounded_int(
+                env, "RUNSTATE_HISTORY_MAX_LAG_EVENTS", 10_000, HISTORY_MAX_LAG_EVENTS_MAX
+            ),
+            history_max_lag_minutes=_bounded_int(
+                env, "RUNSTATE_HISTORY_MAX_LAG_MINUTES", 10, HISTORY_MAX_LAG_MINUTES_MAX
+            ),
         )
 
 
@@ -167,6 +195,13 @@ def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int, 
     if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
         raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {_shown(raw)}")
     return int(raw)
+
+
+def _lake_namespace(env: Mapping[str, str], name: str, default: str) -> str:
+    raw = env.get(name) or default
+    if not LAKE_NAMESPACE.match(raw):
+        raise ConfigError(f"{name} must be a lower-case identifier ([a-z_][a-z0-9_]*), got {_shown(raw)}")
+    return raw
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -21,6 +21,7 @@ def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
         dg.Definitions.merge(
             shared_definitions(),
             eventstore.build_defs(),
+            eventstore.build_history_defs(),
             wal.build_defs(wal_resource(**wal_overrides)),
             dataset_tables.build_defs(),
             maintenance.build_defs(),

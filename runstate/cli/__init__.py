@@ -46,6 +46,7 @@ VERBS = {
     "health": "runstate.cli.maintenance:health",
     "maintenance": "runstate.cli.maintenance:maintenance",
     "services": "runstate.cli.services:services",
+    "sql": "runstate.cli.sql:sql",
     "wal": "runstate.cli.wal:wal",
 }
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from runstate.cli import events_export
 from runstate.cli.events_io import (
     DEFAULT_ARCHIVE_AFTER_DAYS,
     MAX_FILE_EVENTS,
@@ -328,3 +329,6 @@ def migrate(batch_size: int, no_progress: bool) -> None:
         for mismatch in report.mismatches[:20]:
             click.echo(f"  mismatch: {mismatch}", err=True)
         raise click.ClickException(f"migration not verified: {len(report.mismatches)} mismatch(es)")
+
+
+events.add_command(events_export.export)

@@ -4,6 +4,7 @@ the run_snapshots asset (daily partitions by run start day), its sensor and the 
 import dagster as dg
 
 from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
+from runstate.defs.eventstore.history import build_history_defs as build_history_defs
 from runstate.defs.eventstore.jobs import append_events, archive_events
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.eventstore.schedules import archive_events_schedule

@@ -1,0 +1,204 @@
+"""Benchmark of the run history in the lake: the export's events per second on Spark local[2], beside a
+bare Spark INSERT INTO of the same rows in the same session; with --lag, the lag from an append to the
+event being in the lake, through `runstate dev` (its sensor, queue, run worker and export).
+
+Prints ONE JSON line:
+- export mode: export_events_per_s (`export_history` from the Postgres feed: feed pages, the conditional
+  Iceberg commits of --batch-events each, and the runs merges, with the seconds of each part),
+  insert_events_per_s (the same rows, cached in Spark, written by `INSERT INTO` into a table of the same
+  schema and partitioning: the floor of any write of them), and export_over_insert (goal: at least 0.7);
+- --lag: lag_p50_s, lag_p99_s and lag_max_s of --lag-appends events appended --lag-every seconds apart,
+  each from its append until pyiceberg reads the lake at or past its feed position, beside
+  goal_p99_s = 2 x RUNSTATE_HISTORY_EXPORT_INTERVAL_S (--interval).
+Both record the 1-minute load at start and end; "quiet" is false when it was above 1.0 at the start.
+
+Usage: python bench/run_history.py [--events N --runs N --batch-events N]
+       python bench/run_history.py --lag [--interval S --lag-appends N --lag-every S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench.common import create_database, drop_database, load_end, load_start  # noqa: E402
+
+ADMIN_URL = os.environ.get("RUNSTATE_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+TYPES = ("RunStarted", "StepStarted", "StepCompleted", "StepFailed", "ArtifactEmitted", "RunCompleted")
+APPEND_BATCH = 100
+
+
+def load_events(store: Any, events: int, runs: int, seed: int = 7) -> None:
+    """`events` events over `runs` runs, appended in batches of APPEND_BATCH per run."""
+    from runstate.eventstore import NewEvent
+
+    rng = random.Random(seed)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for offset in range(0, events, APPEND_BATCH):
+        run_id = f"bench-run-{rng.randrange(runs):05d}"
+        batch = [
+            NewEvent(
+                run_id=run_id,
+                event_type=rng.choice(TYPES),
+                emitted_at=start + timedelta(seconds=offset + n),
+                step_id=f"step-{rng.randrange(20)}",
+                data={"rows": rng.randrange(10_000), "note": "x" * rng.randrange(64)},
+                idempotency_key=uuid.uuid4().hex,
+            )
+            for n in range(min(APPEND_BATCH, events - offset))
+        ]
+        store.append_batch(run_id, batch)
+
+
+def export_vs_insert(args: argparse.Namespace) -> dict[str, Any]:
+    from runstate.eventstore import PostgresEventStore
+    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, export_history
+    from runstate.eventstore.lake.arrow import EVENT_DDL
+    from runstate.spark import SparkSettings, build_session
+
+    name, dsn = create_database(ADMIN_URL)
+    warehouse = Path(tempfile.mkdtemp(prefix="runstate-bench-lake-"))
+    store = PostgresEventStore(dsn, schema="runstate")
+    try:
+        store.ensure_schema()
+        load_events(store, args.events, args.runs)
+        spark = build_session(
+            SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="bench-run-history")
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        # Warm the JVM on both paths (a first Spark job pays for class loading and the JIT).
+        warm = HistoryConfig(namespace="bench_warm", batch_events=min(args.batch_events, 1000))
+        list(export_history(spark, store, warm, once=True))
+        _insert(spark, warm.events_table, "lake.bench_warm.copy", EVENT_DDL)
+
+        history = HistoryConfig(namespace="bench", batch_events=args.batch_events)
+        began = time.perf_counter()
+        steps = list(export_history(spark, store, history))
+        export_s = time.perf_counter() - began
+        commits = [step for step in steps if isinstance(step, EventsCommitted)]
+        exported = sum(step.events for step in commits)
+        insert_s = _insert(spark, history.events_table, "lake.bench.bare_insert", EVENT_DDL)
+        spark.stop()
+    finally:
+        store.close()
+        drop_database(ADMIN_URL, name)
+        shutil.rmtree(warehouse, ignore_errors=True)
+    export_eps, insert_eps = exported / export_s, exported / insert_s
+    commit_s = sum(step.seconds for step in commits)
+    merge_s = sum(step.seconds for step in steps if not isinstance(step, EventsCommitted))
+    return {
+        "events": exported,
+        "runs": args.runs,
+        "batch_events": args.batch_events,
+        "commits": len(commits),
+        "export_s": round(export_s, 2),
+        "events_commit_s": round(commit_s, 2),
+        "runs_merge_s": round(merge_s, 2),
+        # The rest: the feed's pages (fetch_all) and the tables' positions.
+        "feed_and_positions_s": round(export_s - commit_s - merge_s, 2),
+        "export_events_per_s": round(export_eps),
+        "insert_s": round(insert_s, 2),
+        "insert_events_per_s": round(insert_eps),
+        "export_over_insert": round(export_eps / insert_eps, 3),
+        "goal": 0.7,
+    }
+
+
+def _insert(spark: Any, source: str, target: str, ddl: str) -> float:
+    """Seconds of `INSERT INTO target SELECT * FROM` the source's rows, cached in Spark beforehand."""
+    spark.sql(
+        f"CREATE TABLE {target} ({ddl}) USING iceberg PARTITIONED BY (days(emitted_at)) "
+        "TBLPROPERTIES ('format-version'='2')"
+    )
+    rows = spark.table(source).cache()
+    rows.count()
+    rows.createOrReplaceTempView("bench_rows")
+    began = time.perf_counter()
+    spark.sql(f"INSERT INTO {target} SELECT * FROM bench_rows")
+    seconds = time.perf_counter() - began
+    rows.unpersist()
+    return seconds
+
+
+def lag_through_dev(args: argparse.Namespace) -> dict[str, Any]:
+    from wal_devserver import percentile, start_dev
+
+    from runstate.eventstore import NewEvent, PostgresEventStore
+    from runstate.eventstore.lake import HistoryCatalog, LakeRunReader
+
+    os.environ["RUNSTATE_HISTORY_EXPORT_INTERVAL_S"] = str(args.interval)
+    dev_context = start_dev()
+    dev = next(dev_context)
+    try:
+        store = PostgresEventStore(dev.env["RUNSTATE_PG_URL"], schema="runstate")
+        reader = LakeRunReader(
+            HistoryCatalog(dev.env["RUNSTATE_PG_URL"], dev.home / ".runstate" / "warehouse")
+        )
+        pending: dict[int, float] = {}  # feed position -> when its event was appended
+        lags: list[float] = []
+        next_append = time.monotonic()
+        deadline = time.monotonic() + args.lag_appends * args.lag_every + args.timeout
+        appended = 0
+        while (appended < args.lag_appends or pending) and time.monotonic() < deadline:
+            if appended < args.lag_appends and time.monotonic() >= next_append:
+                run_id = f"lag-{uuid.uuid4().hex[:8]}"
+                store.append(NewEvent(run_id=run_id, event_type="RunStarted", emitted_at=datetime.now(UTC)))
+                pending[store.fetch(run_id)[0].position] = time.monotonic()
+                appended, next_append = appended + 1, next_append + args.lag_every
+            reached = reader.position()
+            for position in [p for p in pending if p <= reached]:
+                lags.append(time.monotonic() - pending.pop(position))
+            time.sleep(0.5)
+        reader.catalog.close()
+        store.close()
+    finally:
+        dev_context.close()
+    if pending:
+        raise SystemExit(f"{len(pending)} of {args.lag_appends} appended events never reached the lake")
+    return {
+        "mode": "lag_through_runstate_dev",
+        "appends": len(lags),
+        "export_interval_s": args.interval,
+        "lag_p50_s": round(percentile(lags, 0.5), 2),
+        "lag_p99_s": round(percentile(lags, 0.99), 2),
+        "lag_max_s": round(max(lags), 2),
+        "goal_p99_s": 2 * args.interval,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--runs", type=int, default=2_000)
+    parser.add_argument("--batch-events", type=int, default=50_000)
+    parser.add_argument("--lag", action="store_true", help="Measure the lag through runstate dev instead.")
+    parser.add_argument("--interval", type=int, default=60, help="--lag: RUNSTATE_HISTORY_EXPORT_INTERVAL_S.")
+    parser.add_argument("--lag-appends", type=int, default=20)
+    parser.add_argument("--lag-every", type=float, default=15.0)
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="--lag: seconds allowed after the appends."
+    )
+    args = parser.parse_args()
+    result: dict[str, Any] = {"bench": "run_history", **load_start()}
+    result.update(lag_through_dev(args) if args.lag else export_vs_insert(args))
+    result.update(load_end())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""`runstate events export [--once]`: export the feed into the run history in the lake now, in-process.
+
+The same command a `run_history` run executes (`runstate.eventstore.lake.export_history`), on a Spark
+session of this process: every event after the table's position, a batch per Iceberg commit, then the
+runs merged; each commit is printed as it lands. Safe beside the sensor's runs: a commit another export
+beat is refused whole (one `Error:` line) and the next export carries on.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("export")
+@click.option("--once", is_flag=True, help="Commit one batch only (default: export until the feed's end).")
+def export(once: bool) -> None:
+    """Export the run state store's feed into lake.<ns>.run_events and .runs (Postgres stores only)."""
+    from runstate.cli.events_io import open_store
+    from runstate.cli.sql import lake_session
+    from runstate.config import settings
+    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, check_feed, export_history
+
+    history = HistoryConfig.from_settings(settings())
+    with open_store() as store:
+        check_feed(store)  # before a JVM starts for nothing
+        exported = commits = 0
+        for step in export_history(lake_session(), store, history, once=once):
+            click.echo(step.describe())
+            if isinstance(step, EventsCommitted):
+                exported, commits = exported + step.events, commits + 1
+    if commits:
+        click.echo(f"{exported} event(s) exported to {history.events_table} in {commits} commit(s)")
+    else:
+        click.echo(f"nothing to export: {history.events_table} has every event of the feed")

@@ -1,0 +1,251 @@
+"""`lake.<namespace>.runs`: one row per run, folded from its events by the store's own projection.
+
+A row is the run as of its last exported event: the projection's status, start and completion, its
+first and last event time, how many events it has, the steps whose last attempt failed, its last seq,
+the position of its last event (`last_position`) and the projection itself (`snapshot`, the JSON that
+`RunSnapshot.to_dict()` gives). Rows are computed in the driver and MERGEd in one commit.
+
+Why a merge is exactly-once even when it is killed, repeated or raced by another export:
+- a merge covers one range of the feed, (the table's position, end], read from run_events: a run's row
+  is the fold of every event of the run up to its `last_position`, whatever merge wrote it;
+- a row only replaces a stored row whose `last_position` is lower (as the dataset tables' newer
+  `wal_seq` wins), so writing a row twice, or an older row after a newer one, changes nothing;
+- the rows commit together, and the table's position is their largest `last_position`: a merge
+  killed before its commit leaves the position where it was, and the next export merges the range again.
+  (The position is read from a table property set after the commit; if a merge dies between the two, the
+  property lags, and the next merge's range holds events some rows have: those runs are folded again.)
+A run's events usually come in seq order; one whose new events are not all after its stored last seq
+(two appends whose feed positions crossed) is folded again from all its events in run_events.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from runstate.eventstore.contract import RunSnapshot, StoredEvent
+from runstate.eventstore.lake.arrow import (
+    EVENT_COLUMNS,
+    RUNS_COLUMNS,
+    RUNS_DDL,
+    arrow_frame,
+    arrow_schema,
+    event_from_mapping,
+    spark_select_list,
+    utc,
+)
+from runstate.eventstore.lake.config import HistoryConfig
+from runstate.eventstore.lake.errors import HistoryError
+from runstate.eventstore.lake.tables import (
+    events_position,
+    record_runs_position,
+    runs_position,
+    spark_errors,
+)
+from runstate.eventstore.projection import fold
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One row of the runs table."""
+
+    snapshot: RunSnapshot
+    first_event_at: datetime
+    last_event_at: datetime
+    event_count: int
+    last_position: int
+
+    @property
+    def run_id(self) -> str:
+        return self.snapshot.run_id
+
+    @property
+    def failed_steps(self) -> list[str]:
+        return sorted(step for step, state in self.snapshot.steps.items() if state.status == "FAILED")
+
+    def columns(self) -> dict[str, Any]:
+        snap = self.snapshot
+        return {
+            "run_id": snap.run_id,
+            "status": snap.status,
+            "started_at": snap.started_at,
+            "completed_at": snap.completed_at,
+            "first_event_at": self.first_event_at,
+            "last_event_at": self.last_event_at,
+            "duration_s": (self.last_event_at - self.first_event_at).total_seconds(),
+            "event_count": self.event_count,
+            "failed_steps": self.failed_steps,
+            "last_seq": snap.last_event_seq,
+            "last_position": self.last_position,
+            "snapshot": json.dumps(snap.to_dict(), sort_keys=True, separators=(",", ":")),
+        }
+
+    @classmethod
+    def from_columns(cls, row: dict[str, Any]) -> RunRow:
+        return cls(
+            snapshot=RunSnapshot.from_dict(json.loads(row["snapshot"])),
+            first_event_at=utc(row["first_event_at"]),
+            last_event_at=utc(row["last_event_at"]),
+            event_count=int(row["event_count"]),
+            last_position=int(row["last_position"]),
+        )
+
+    @classmethod
+    def of(cls, run_id: str, events: Sequence[StoredEvent]) -> RunRow:
+        """The row of a run from all its events (in seq order)."""
+        return cls.fold_onto(None, run_id, events)
+
+    @classmethod
+    def fold_onto(cls, row: RunRow | None, run_id: str, events: Sequence[StoredEvent]) -> RunRow:
+        """`row` advanced by `events` (seq order, every seq above the row's last seq)."""
+        times = [utc(event.emitted_at) for event in events]
+        base = row.snapshot if row else RunSnapshot.empty(run_id)
+        return cls(
+            snapshot=fold(base, events),
+            first_event_at=min([row.first_event_at, *times] if row else times),
+            last_event_at=max([row.last_event_at, *times] if row else times),
+            event_count=(row.event_count if row else 0) + len(events),
+            last_position=max(event.position for event in events),
+        )
+
+
+def by_run(events: Iterable[StoredEvent]) -> dict[str, list[StoredEvent]]:
+    """Each run's events in seq order."""
+    runs: dict[str, list[StoredEvent]] = defaultdict(list)
+    for event in events:
+        runs[event.run_id].append(event)
+    return {run_id: sorted(run, key=lambda e: e.run_seq) for run_id, run in runs.items()}
+
+
+def plan_rows(stored: dict[str, RunRow], new: dict[str, list[StoredEvent]]) -> tuple[list[RunRow], list[str]]:
+    """The rows folded from the stored ones, and the runs to fold again from all their events: those
+    whose new events do not all come after their stored last seq."""
+    rows, again = [], []
+    for run_id, events in new.items():
+        row = stored.get(run_id)
+        if row is not None and events[0].run_seq <= row.snapshot.last_event_seq:
+            again.append(run_id)
+        else:
+            rows.append(RunRow.fold_onto(row, run_id, events))
+    return rows, again
+
+
+@dataclass(frozen=True)
+class RunsMerged:
+    """One merge into the runs table: it went from `from_position` to `position`."""
+
+    table: str
+    from_position: int
+    position: int
+    runs: int
+    folded_again: int
+    seconds: float
+
+    def describe(self) -> str:
+        again = f" ({self.folded_again} folded again from all their events)" if self.folded_again else ""
+        return (
+            f"{self.runs} run(s){again} merged into {self.table} up to position {self.position} "
+            f"in {self.seconds:.1f} s"
+        )
+
+
+def merge_runs(
+    spark: Any, config: HistoryConfig, batch: tuple[int, Sequence[StoredEvent]] | None = None
+) -> RunsMerged | None:
+    """Merge the next range of run_events into runs (None when runs has reached run_events).
+
+    `batch` is (after, events) of the export's own commit: when the range starts where it does, its
+    events are used as they are instead of being read back from the table."""
+    started = time.perf_counter()
+    snapshot_id, reached = events_position(spark, config)
+    position = runs_position(spark, config)
+    if position >= reached:
+        return None
+    if batch is not None and batch[0] == position and batch[1]:
+        events = list(batch[1])
+    else:
+        events = _events_after(spark, config, snapshot_id, position)
+    if not events:
+        raise HistoryError(
+            f"{config.events_table} records position {reached} but holds no event after {position}: "
+            "its rows or its snapshot summaries were changed outside the export"
+        )
+    end = events[-1].position
+    new = by_run(events)
+    stored = _stored_rows(spark, config, list(new)) if position else {}
+    rows, again = plan_rows(stored, new)
+    if again:
+        full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
+        rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
+    merge_rows(spark, config, rows)
+    record_runs_position(spark, config, end)
+    return RunsMerged(config.runs_table, position, end, len(rows), len(again), time.perf_counter() - started)
+
+
+def _events_after(spark: Any, config: HistoryConfig, snapshot_id: int, position: int) -> list[StoredEvent]:
+    """The next batch of exported events after `position` (an earlier export's, whose merge never ran)."""
+    query = (
+        f"SELECT {spark_select_list(EVENT_COLUMNS)} FROM {config.events_table} VERSION AS OF {snapshot_id} "
+        f"WHERE position > {int(position)} ORDER BY position LIMIT {int(config.batch_events)}"
+    )
+    with spark_errors(config.events_table, "read"):
+        return [event_from_mapping(row.asDict()) for row in spark.sql(query).collect()]
+
+
+def _ids_view(spark: Any, run_ids: list[str]) -> str:
+    view = f"runstate_run_ids_{uuid.uuid4().hex}"
+    spark.createDataFrame([(run_id,) for run_id in run_ids], "run_id STRING").createOrReplaceTempView(view)
+    return view
+
+
+def _stored_rows(spark: Any, config: HistoryConfig, run_ids: list[str]) -> dict[str, RunRow]:
+    view = _ids_view(spark, run_ids)
+    query = (
+        f"SELECT {spark_select_list(RUNS_COLUMNS, 'r')} FROM {config.runs_table} r "
+        f"LEFT SEMI JOIN {view} i ON r.run_id = i.run_id"
+    )
+    try:
+        with spark_errors(config.runs_table, "read"):
+            return {row.run_id: RunRow.from_columns(row.asDict()) for row in spark.sql(query).collect()}
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def _events_of_runs(
+    spark: Any, config: HistoryConfig, snapshot_id: int, run_ids: list[str], end: int
+) -> list[StoredEvent]:
+    view = _ids_view(spark, run_ids)
+    query = (
+        f"SELECT {spark_select_list(EVENT_COLUMNS, 'e')} FROM {config.events_table} "
+        f"VERSION AS OF {snapshot_id} e LEFT SEMI JOIN {view} i ON e.run_id = i.run_id "
+        f"WHERE e.position <= {int(end)}"
+    )
+    try:
+        with spark_errors(config.events_table, "read"):
+            return [event_from_mapping(row.asDict()) for row in spark.sql(query).collect()]
+    finally:
+        spark.catalog.dropTempView(view)
+
+
+def merge_rows(spark: Any, config: HistoryConfig, rows: list[RunRow]) -> None:
+    """One MERGE: a row replaces a stored one only when its last_position is higher."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pylist([row.columns() for row in rows], schema=arrow_schema(RUNS_COLUMNS))
+    view = f"runstate_runs_{uuid.uuid4().hex}"
+    arrow_frame(spark, table, RUNS_DDL).createOrReplaceTempView(view)
+    try:
+        with spark_errors(config.runs_table, "merge into"):
+            spark.sql(
+                f"MERGE INTO {config.runs_table} t USING {view} s ON t.run_id = s.run_id "
+                "WHEN MATCHED AND s.last_position > t.last_position THEN UPDATE SET * "
+                "WHEN NOT MATCHED THEN INSERT *"
+            )
+    finally:
+        spark.catalog.dropTempView(view)

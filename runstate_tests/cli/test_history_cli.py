@@ -1,0 +1,198 @@
+"""`runstate events export` and `runstate sql` through click's CliRunner, on the worker's Spark session.
+
+The CLI's session is the worker's shared one (getOrCreate), so the CLI is pointed at the same catalog
+database and warehouse; its store is the test's schema in that database, its lake namespace the test's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shlex
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from runstate.cli import main
+from runstate.config import settings
+from runstate.wal.changes import Change
+from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
+from runstate_tests.eventstore import conftest as eventstore_fixtures
+from runstate_tests.eventstore.lake import conftest as lake
+from runstate_tests.eventstore.lake.conftest import append_randomly, feed_from_start
+from runstate_tests.wal import conftest as wal_fixtures
+from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
+
+pytestmark = [pytest.mark.spark]
+README = Path(__file__).resolve().parents[2] / "README.md"
+# Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
+history = lake.history
+store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
+sf_store = eventstore_fixtures.sf_store
+wal = wal_fixtures.wal
+feed = dataset_fixtures.feed
+dataset_ids = dataset_fixtures.dataset_ids
+
+
+@pytest.fixture
+def cli(spark, spark_settings, pg_schema, store, history, monkeypatch) -> Iterator[CliRunner]:
+    for name, value in {
+        "RUNSTATE_PG_URL": spark_settings.pg_url,
+        "RUNSTATE_SCHEMA": pg_schema,
+        "RUNSTATE_EVENTSTORE": "postgres",
+        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
+        "RUNSTATE_HISTORY_NAMESPACE": history.namespace,
+        "RUNSTATE_HISTORY_BATCH_EVENTS": "10",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings.cache_clear()
+    yield CliRunner()
+    settings.cache_clear()
+
+
+def run(cli: CliRunner, *args: str) -> Result:
+    return cli.invoke(main, list(args))
+
+
+def test_export_once_then_to_the_end_then_nothing_and_sql_reads_it(spark, cli, store, history):
+    append_randomly(store, random.Random(41), runs=4, appends=12)
+
+    once = run(cli, "events", "export", "--once")
+    rest = run(cli, "events", "export")
+    again = run(cli, "events", "export")
+    counted = run(
+        cli,
+        "sql",
+        f"SELECT event_type, count(*) AS n FROM {history.namespace}.run_events GROUP BY event_type",
+        "--format",
+        "json",
+    )
+    statuses = run(cli, "sql", f"SELECT run_id, status FROM lake.{history.namespace}.runs ORDER BY run_id")
+
+    feed = feed_from_start(store)
+    assert once.exit_code == 0 and once.output.splitlines()[-1].startswith("10 event(s) exported to"), (
+        once.output
+    )
+    assert rest.exit_code == 0 and f"{len(feed) - 10} event(s) exported" in rest.output, rest.output
+    assert again.exit_code == 0 and again.output.startswith("nothing to export"), again.output
+    assert counted.exit_code == 0, counted.output
+    rows = [json.loads(line) for line in counted.output.splitlines()]
+    assert {row["event_type"]: row["n"] for row in rows} == Counter(event.event_type for event in feed)
+    runs = sorted({event.run_id for event in feed})
+    assert statuses.output.splitlines() == [
+        line.rstrip()
+        for line in ["run_id  status", *(f"{run_id}  {store.project(run_id).status}" for run_id in runs)]
+    ]
+
+
+def test_a_statement_that_is_not_one_query_is_refused_before_anything_runs(spark, cli, store, history):
+    append_randomly(store, random.Random(42), runs=2, appends=3)
+    assert run(cli, "events", "export").exit_code == 0
+    t = f"lake.{history.namespace}.run_events"
+    snapshots = spark.table(f"{t}.snapshots").count()
+    hostile = [
+        f"INSERT INTO {t} SELECT * FROM {t}",
+        f"DROP TABLE {t}",
+        f"CALL lake.system.expire_snapshots(table => '{history.namespace}.run_events', retain_last => 1)",
+        f"WITH x AS (SELECT * FROM {t}) INSERT INTO {t} SELECT * FROM x",
+        f"FROM {t} INSERT INTO {t} SELECT *",
+        f"SELECT 1; DROP TABLE {t}",
+        "SET spark.sql.shuffle.partitions=1",
+        f"CREATE TABLE lake.{history.namespace}.evil (a INT)",
+        f"CREATE TABLE lake.{history.namespace}.evil AS SELECT * FROM {t}",
+        f"DELETE FROM {t} WHERE true",
+        f"UPDATE {t} SET event_type = 'x'",
+        f"MERGE INTO {t} a USING {t} b ON a.position = b.position WHEN MATCHED THEN DELETE",
+        f"ALTER TABLE {t} SET TBLPROPERTIES ('evil' = 'yes')",
+        f"CACHE TABLE {t}",
+        "CACHE TABLE evil AS SELECT 1",
+        "EXPLAIN SELECT 1",
+        "ADD JAR /tmp/evil.jar",
+        "SELECT reflect('java.lang.System', 'exit', 1)",
+        "SELECT * FROM (SELECT JAVA_METHOD('java.lang.System', 'exit', 1) AS x)",
+        "WITH x AS (SELECT try_reflect('java.lang.System', 'exit', 1) AS y) SELECT * FROM x",
+        "SELECT (SELECT max(`reflect`('java.lang.System', 'exit', 1)))",
+        "",
+        "SELEC 1",
+    ]
+
+    answers = {statement: run(cli, "sql", statement) for statement in hostile}
+
+    for statement, answer in answers.items():
+        lines = answer.output.strip().splitlines()
+        assert answer.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), (
+            statement,
+            lines,
+        )
+        assert "nothing was run" in lines[0], (statement, lines)
+    assert spark.table(f"{t}.snapshots").count() == snapshots
+    assert [row.tableName for row in spark.sql(f"SHOW TABLES IN lake.{history.namespace}").collect()] == [
+        "run_events",
+        "runs",
+    ]
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "4" and not spark.catalog.isCached(t)
+    assert spark.sql("SELECT 1 AS alive").first().alive == 1  # the JVM was not stopped
+
+
+def test_a_query_of_an_unknown_table_is_one_error_line(cli):
+    answer = run(cli, "sql", "SELECT * FROM lake.no_such_namespace.no_such_table")
+
+    assert answer.exit_code == 1
+    [line] = answer.output.strip().splitlines()
+    assert line.startswith("Error: ") and "TABLE_OR_VIEW_NOT_FOUND" in line
+
+
+def test_sql_serves_the_dataset_tables(spark, cli, wal, feed, dataset_ids):
+    dataset_id = dataset_ids("orders")
+    feed.append(dataset_id, [Change.upsert("a", {"qty": 1}), Change.upsert("b", 2), Change.delete("a")])
+    feed.flush(dataset_id)
+    merge_dataset(spark, BlobLocation(wal.bucket, wal.prefix, endpoint_url=wal.endpoint), dataset_id)
+
+    answer = run(
+        cli, "sql", f"SELECT key, value FROM {table_ident(dataset_id)} WHERE NOT deleted", "--format", "json"
+    )
+
+    assert answer.exit_code == 0, answer.output
+    assert [json.loads(line) for line in answer.output.splitlines()] == [{"key": '"b"', "value": "2"}]
+
+
+def test_export_from_a_snowflake_store_is_refused(cli, sf_store, snowflake_schema, monkeypatch):
+    conn_kwargs, schema = snowflake_schema
+    for key in ("account", "user", "password", "database", "host", "port", "protocol", "network_timeout"):
+        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(conn_kwargs[key]))
+    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
+    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "snowflake")
+    settings.cache_clear()
+
+    answer = run(cli, "events", "export")
+
+    assert answer.exit_code == 1
+    [line] = answer.output.strip().splitlines()
+    assert line.startswith("Error: the run history is exported from a Postgres event store only")
+
+
+def test_the_readmes_example_queries_run(spark, cli, store, history):
+    section = README.read_text().split("\n## Run history in the lake\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash", 1)[1].split("```", 1)[0]
+    append_randomly(store, random.Random(43), runs=3, appends=6)
+    assert run(cli, "events", "export").exit_code == 0
+
+    answers = [run(cli, *argv) for argv in _readme_commands(block, history.namespace)]
+
+    assert len(answers) == 2
+    assert all(answer.exit_code == 0 for answer in answers), [answer.output for answer in answers]
+
+
+def _readme_commands(block: str, namespace: str) -> list[list[str]]:
+    """Each `runstate ...` command of a README code block, as argv, on the test's namespace."""
+    words = shlex.split(block.replace("runstate.", f"{namespace}."))
+    commands: list[list[str]] = []
+    for word in words:
+        if word == "runstate":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands

@@ -1,0 +1,104 @@
+"""run_history in Dagster, in-process: the sensor's decision, the export run it requests (the core's
+export on the shared Spark session), the bound of one export at a time, and the lag check."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import dagster as dg
+import pytest
+
+from runstate.config import Settings
+from runstate.defs.eventstore.history import EXPORT_JOB, build_history_defs
+from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
+from runstate.defs.spark import SparkResource
+from runstate.defs.tags import SPARK_TAG
+from runstate.defs.ticking import tick_sensor
+from runstate.eventstore.lake import HistoryConfig
+from runstate_tests.defs.conftest import started_run
+from runstate_tests.eventstore.lake import conftest as lake
+from runstate_tests.eventstore.lake.conftest import append_randomly, assert_lake_equals_feed
+
+pytestmark = [pytest.mark.spark]
+history = lake.history  # the fixture: a lake namespace of the test's own
+MAX_LAG_EVENTS = 5
+
+
+@pytest.fixture
+def own_resource(fresh_database: str) -> Iterator[EventStoreResource]:
+    """The event store resource on a database of the test's own (lake/conftest.py's own_store says why)."""
+    resource = EventStoreResource(backend="postgres", pg_url=fresh_database, pg_schema="runstate")
+    yield resource
+    resource.close()
+
+
+def history_defs(event_store: EventStoreResource, spark_settings, history: HistoryConfig) -> dg.Definitions:
+    """The run history's definitions on the test's store, catalog, warehouse and namespace."""
+    s = Settings.from_env(
+        {
+            "RUNSTATE_PG_URL": spark_settings.pg_url,
+            "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
+            "RUNSTATE_HISTORY_NAMESPACE": history.namespace,
+            "RUNSTATE_HISTORY_MAX_LAG_EVENTS": str(MAX_LAG_EVENTS),
+        }
+    )
+    resources = {"event_store": event_store, "spark": SparkResource.from_settings(spark_settings)}
+    return dg.Definitions.merge(build_history_defs(s), dg.Definitions(resources=resources))
+
+
+def lag_check(defs: dg.Definitions, instance: dg.DagsterInstance) -> dg.AssetCheckEvaluation:
+    result = defs.resolve_job_def("run_history_lag_check").execute_in_process(instance=instance)
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_the_sensor_requests_one_export_whose_run_brings_the_lake_to_the_feed(
+    spark, spark_settings, own_resource, history, bare_instance
+):
+    defs = history_defs(own_resource, spark_settings, history)
+    store = own_resource.get_store()
+    append_randomly(store, random.Random(31), runs=5, appends=20)
+    behind = lag_check(defs, bare_instance)
+
+    tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+    idle = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+
+    assert not behind.passed and behind.metadata["behind_events"].value == MAX_LAG_EVENTS + 1
+    assert (tick.requested, tick.succeeded) == (1, 1)
+    [run] = tick.results
+    assert run.dagster_run.tags[SPARK_TAG] == "session"
+    [materialization] = run.asset_materializations_for_node("run_history")
+    feed = assert_lake_equals_feed(spark, store, history)
+    assert materialization.metadata["events_exported"].value == len(feed)
+    assert materialization.metadata["position"].value == feed[-1].position
+    assert idle.requested == 0 and idle.skip_reason == "the run history has every event of the feed"
+    assert lag_check(defs, bare_instance).passed
+
+
+def test_while_an_export_run_is_alive_the_sensor_requests_no_other(
+    spark_settings, own_resource, history, bare_instance
+):
+    defs = history_defs(own_resource, spark_settings, history)
+    store = own_resource.get_store()
+    append_randomly(store, random.Random(32), runs=2, appends=3)
+    running = started_run(bare_instance, defs.resolve_job_def(EXPORT_JOB))
+
+    tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+
+    assert tick.requested == 0
+    assert tick.skip_reason.startswith(f"an export is in progress: run {running.run_id}")
+
+
+def test_on_a_snowflake_store_the_sensor_exports_nothing_and_says_why(
+    spark_settings, snowflake_schema, history, bare_instance
+):
+    conn_kwargs, schema = snowflake_schema
+    fields = ("account", "user", "password", "database", "network_timeout", "host", "port", "protocol")
+    snowflake = SnowflakeConnection(**{key: conn_kwargs[key] for key in fields})
+    resource = EventStoreResource(backend="snowflake", snowflake=snowflake, snowflake_schema=schema)
+    defs = history_defs(resource, spark_settings, history)
+
+    tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+
+    assert tick.requested == 0 and "Snowflake feed has no commit-ordered high-water mark" in tick.skip_reason

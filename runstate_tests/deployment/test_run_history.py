@@ -1,0 +1,61 @@
+"""The run history through `runstate dev`: events appended from the CLI reach the lake by the daemon's
+run_history_sensor and the export run it launches, within the freshness bound, and read back as fetch
+gives them (through pyiceberg: no JVM in the test)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from runstate.eventstore.lake import HistoryCatalog, LakeRunReader
+from runstate_tests.deployment.conftest import Deployment
+from runstate_tests.devserver import poll
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
+
+# The bound the run history promises (RUNSTATE_HISTORY_MAX_LAG_MINUTES, 10 by default): the sensor's
+# timer, a free Spark slot, a run worker and its JVM, and the export itself, on a loaded machine.
+HISTORY_DEADLINE_S = 600
+
+
+def runs_row(catalog: HistoryCatalog, run_id: str) -> dict | None:
+    from pyiceberg.expressions import EqualTo
+
+    table = catalog.load("runstate", "runs")
+    if table is None:
+        return None
+    rows = table.scan(row_filter=EqualTo("run_id", run_id)).to_arrow().to_pylist()
+    return rows[0] if rows else None
+
+
+def test_appended_events_reach_the_lake_within_the_bound(deployment: Deployment):
+    run_id = f"hist-{uuid.uuid4().hex[:8]}"
+    for args in (
+        ("--type", "RunStarted"),
+        ("--type", "StepStarted", "--step", "extract"),
+        ("--type", "StepFailed", "--step", "extract", "--data", '{"error": "boom"}'),
+        ("--type", "RunFailed"),
+    ):
+        deployment.cli("events", "append", "--run-id", run_id, *args)
+    events = deployment.event_store().fetch(run_id)
+    catalog = HistoryCatalog(deployment.pg_url, deployment.home / ".runstate" / "warehouse")
+    reader = LakeRunReader(catalog)
+    try:
+        row = poll(
+            lambda: runs_row(catalog, run_id) if len(reader.read_run(run_id)) == len(events) else None,
+            timeout=HISTORY_DEADLINE_S,
+            every=3,
+            what=f"run {run_id} in the lake",
+        )
+        lake_events = reader.read_run(run_id)
+    finally:
+        catalog.close()
+
+    assert lake_events == events
+    assert (row["status"], row["event_count"], row["failed_steps"], row["last_seq"]) == (
+        "FAILED",
+        4,
+        ["extract"],
+        4,
+    )

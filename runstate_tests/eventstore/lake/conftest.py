@@ -1,0 +1,166 @@
+"""Run-history fixtures: the test's own Postgres store (../conftest.py), the shared Spark session, a lake
+namespace of the test's own whose tables are dropped afterwards, and what the lake holds, read back."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, PostgresEventStore, StoredEvent
+from runstate.eventstore.lake import HistoryConfig, export_history
+from runstate.eventstore.lake.arrow import (
+    EVENT_COLUMNS,
+    RUNS_COLUMNS,
+    event_from_mapping,
+    spark_select_list,
+    utc,
+)
+from runstate.eventstore.lake.tables import events_position
+from runstate_tests.conftest import drop_iceberg_table
+
+T0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
+SMALL_BATCHES = 40
+STEPS = ("extract", "load", None)
+
+
+@pytest.fixture
+def own_store(fresh_database: str) -> Iterator[PostgresEventStore]:
+    """A store in a database of the test's own: its feed waits for no transaction of another test (nor for
+    the catalog's commits, whose tables live in the worker's database)."""
+    store = PostgresEventStore(fresh_database, schema="runstate")
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def history(spark, spark_settings) -> Iterator[HistoryConfig]:
+    """A HistoryConfig on a namespace of the test's own; `SMALL_BATCHES` of it makes an export commit often."""
+    config = HistoryConfig(namespace=f"hist_{uuid.uuid4().hex[:10]}", batch_events=1000)
+    yield config
+    for table in ("run_events", "runs"):
+        drop_iceberg_table(spark, spark_settings.warehouse_dir, config.namespace, table)
+    spark.sql(f"DROP NAMESPACE IF EXISTS lake.{config.namespace}")
+    shutil.rmtree(spark_settings.warehouse_dir / config.namespace, ignore_errors=True)
+
+
+def random_batch(rng: random.Random, run_id: str, start: int) -> list[NewEvent]:
+    """1 to 4 events of canonical (and one unknown) types, on a few steps, over a few days."""
+    types = sorted(CANONICAL_EVENT_TYPES) + ["CustomNote"]
+    batch = []
+    for n in range(rng.randint(1, 4)):
+        kind = rng.choice(types)
+        batch.append(
+            NewEvent(
+                run_id=run_id,
+                event_type=kind,
+                emitted_at=T0 + timedelta(hours=rng.randint(0, 72), seconds=start + n),
+                step_id=rng.choice(STEPS),
+                data=rng.choice(
+                    [None, {"error": f"e{rng.randint(0, 9)}"}, {"rows": rng.randint(0, 99)}, [1, "x"]]
+                ),
+                idempotency_key=uuid.uuid4().hex,
+            )
+        )
+    return batch
+
+
+def append_randomly(store: Any, rng: random.Random, runs: int, appends: int) -> None:
+    for n in range(appends):
+        run_id = f"run-{rng.randrange(runs):02d}"
+        store.append_batch(run_id, random_batch(rng, run_id, n))
+
+
+def feed_from_start(store: Any, page: int = 1000) -> list[StoredEvent]:
+    events: list[StoredEvent] = []
+    while True:
+        chunk = store.fetch_all(events[-1].position if events else 0, page)
+        events += chunk
+        if len(chunk) < page:
+            return events
+
+
+def lake_events(spark: Any, config: HistoryConfig) -> list[StoredEvent]:
+    rows = spark.sql(
+        f"SELECT {spark_select_list(EVENT_COLUMNS)} FROM {config.events_table} ORDER BY position"
+    ).collect()
+    return [event_from_mapping(row.asDict()) for row in rows]
+
+
+def lake_runs(spark: Any, config: HistoryConfig) -> dict[str, dict[str, Any]]:
+    """The runs table as stored, column for column (timestamps as UTC datetimes, the snapshot decoded)."""
+    rows = spark.sql(f"SELECT {spark_select_list(RUNS_COLUMNS)} FROM {config.runs_table}").collect()
+    runs = {}
+    for row in rows:
+        columns = row.asDict()
+        for name, kind in RUNS_COLUMNS:
+            if kind.startswith("TIMESTAMP"):
+                columns[name] = utc(columns[name])
+        columns["snapshot"] = json.loads(columns["snapshot"])
+        runs[row.run_id] = columns
+    assert len(runs) == len(rows), "one row per run"
+    return runs
+
+
+def expected_runs(store: Any, events: list[StoredEvent]) -> dict[str, dict[str, Any]]:
+    """What `runs` must hold, from the feed and the store's own projection (project()), not the exporter."""
+    by_run: dict[str, list[StoredEvent]] = {}
+    for event in events:
+        by_run.setdefault(event.run_id, []).append(event)
+    expected = {}
+    for run_id, run in by_run.items():
+        projected = store.project(run_id)
+        first, last = min(e.emitted_at for e in run), max(e.emitted_at for e in run)
+        expected[run_id] = {
+            "run_id": run_id,
+            "status": projected.status,
+            "started_at": projected.started_at,
+            "completed_at": projected.completed_at,
+            "first_event_at": first,
+            "last_event_at": last,
+            "duration_s": (last - first).total_seconds(),
+            "event_count": len(run),
+            "failed_steps": sorted(s for s, step in projected.steps.items() if step.status == "FAILED"),
+            "last_seq": max(e.run_seq for e in run),
+            "last_position": max(e.position for e in run),
+            "snapshot": projected.to_dict(),
+        }
+    return expected
+
+
+# A feed read returns only what no transaction still in progress can precede: on a busy machine a read
+# may stop short for a moment (it never skips), so an export may end before events committed earlier.
+FEED_SETTLE_TRIES = 20
+
+
+def exported_to_the_end(spark: Any, store: Any, config: HistoryConfig, **options: Any) -> list[Any]:
+    """The steps of export_history, run again while the lake is behind the feed as read after it."""
+    steps: list[Any] = []
+    for _ in range(FEED_SETTLE_TRIES):
+        steps += export_history(spark, store, config, **options)
+        feed = feed_from_start(store)
+        if not feed or events_position(spark, config)[1] >= feed[-1].position:
+            return steps
+        time.sleep(0.5)
+    raise AssertionError(f"the export never reached the feed's end ({feed[-1].position})")
+
+
+def assert_lake_equals_feed(spark: Any, store: Any, config: HistoryConfig) -> list[StoredEvent]:
+    """run_events equals fetch_all from 0, row for row, and runs equals the aggregate of the feed."""
+    lake = lake_events(spark, config)
+    for _ in range(FEED_SETTLE_TRIES):
+        feed = feed_from_start(store)
+        if len(feed) >= len(lake):
+            break
+        time.sleep(0.5)
+    assert lake == feed
+    assert lake_runs(spark, config) == expected_runs(store, feed)
+    return feed

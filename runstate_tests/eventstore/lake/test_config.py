@@ -1,0 +1,51 @@
+"""The run history's configuration: one frozen HistoryConfig from the Settings, every knob bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from runstate.config import ConfigError, Settings
+from runstate.eventstore.lake import HistoryConfig
+
+
+def test_the_settings_make_one_frozen_config():
+    s = Settings.from_env(
+        {
+            "RUNSTATE_HISTORY_NAMESPACE": "audit",
+            "RUNSTATE_HISTORY_BATCH_EVENTS": "500",
+            "RUNSTATE_HISTORY_EXPORT_INTERVAL_S": "30",
+            "RUNSTATE_HISTORY_MAX_LAG_EVENTS": "7",
+            "RUNSTATE_HISTORY_MAX_LAG_MINUTES": "3",
+        }
+    )
+
+    config = HistoryConfig.from_settings(s)
+
+    assert config == HistoryConfig("audit", 500, 7, 3, 30)
+    assert (config.events_table, config.runs_table) == ("lake.audit.run_events", "lake.audit.runs")
+    assert HistoryConfig.from_settings(Settings.from_env({})) == HistoryConfig()
+    with pytest.raises(AttributeError):
+        config.namespace = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("RUNSTATE_HISTORY_NAMESPACE", "Runs"),
+        ("RUNSTATE_HISTORY_NAMESPACE", "runs; DROP TABLE x"),
+        ("RUNSTATE_HISTORY_NAMESPACE", "9lives"),
+        ("RUNSTATE_HISTORY_BATCH_EVENTS", "0"),
+        ("RUNSTATE_HISTORY_BATCH_EVENTS", "1000001"),
+        ("RUNSTATE_HISTORY_EXPORT_INTERVAL_S", "4"),
+        ("RUNSTATE_HISTORY_MAX_LAG_EVENTS", "-1"),
+        ("RUNSTATE_HISTORY_MAX_LAG_MINUTES", "1441"),
+    ],
+)
+def test_a_value_out_of_bounds_is_an_error_naming_the_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_a_namespace_that_is_not_an_identifier_is_refused_before_any_sql():
+    with pytest.raises(ValueError, match="lower-case identifier"):
+        HistoryConfig(namespace="lake.evil")

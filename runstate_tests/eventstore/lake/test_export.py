@@ -1,0 +1,135 @@
+"""Exporting the feed into the lake on the shared Spark session: what lands, what a repeat writes, and
+what the conditional commit refuses."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from runstate.eventstore import NewEvent
+from runstate.eventstore.lake import FeedRefused, HistoryConflict, export_history
+from runstate.eventstore.lake.export import commit_events
+from runstate.eventstore.lake.reader import HistoryCatalog, table_position
+from runstate.eventstore.lake.tables import ensure_tables, events_position
+from runstate.eventstore.validation import EARLIEST_EMITTED_AT, LATEST_EMITTED_AT
+
+from .conftest import (
+    SMALL_BATCHES,
+    append_randomly,
+    assert_lake_equals_feed,
+    exported_to_the_end,
+    feed_from_start,
+    lake_events,
+)
+
+pytestmark = [pytest.mark.spark]
+
+
+def snapshots(spark, ident: str) -> int:
+    return spark.table(f"{ident}.snapshots").count()
+
+
+def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own_store, history):
+    append_randomly(own_store, random.Random(7), runs=6, appends=30)
+
+    history = replace(history, batch_events=SMALL_BATCHES)
+    steps = exported_to_the_end(spark, own_store, history)
+    before = snapshots(spark, history.events_table), snapshots(spark, history.runs_table)
+    again = list(export_history(spark, own_store, history))
+
+    feed = assert_lake_equals_feed(spark, own_store, history)
+    commits = [step for step in steps if type(step).__name__ == "EventsCommitted"]
+    assert len(commits) >= 2 and sum(step.events for step in commits) == len(feed)
+    assert commits[-1].position == feed[-1].position
+    assert (
+        again == []
+        and (snapshots(spark, history.events_table), snapshots(spark, history.runs_table)) == before
+    )
+
+
+def test_once_commits_one_batch(spark, own_store, history):
+    append_randomly(own_store, random.Random(8), runs=3, appends=30)
+
+    history = replace(history, batch_events=SMALL_BATCHES)
+    steps = list(export_history(spark, own_store, history, once=True))
+
+    assert [type(step).__name__ for step in steps] == ["EventsCommitted", "RunsMerged"]
+    assert steps[0].events == history.batch_events
+    assert len(lake_events(spark, history)) == history.batch_events
+
+
+def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_store, history):
+    append_randomly(own_store, random.Random(9), runs=3, appends=5)
+    ensure_tables(spark, history)
+    snapshot_id, after = events_position(spark, history)
+    events = own_store.fetch_all(after, 1000)
+    commit_events(spark, history, snapshot_id, after, events)  # the export that won
+
+    with pytest.raises(HistoryConflict, match="another export committed while this one ran"):
+        commit_events(spark, history, snapshot_id, after, events)  # one that read the same position
+
+    assert lake_events(spark, history) == events
+
+
+def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
+    append_randomly(own_store, random.Random(10), runs=3, appends=6)
+    exported_to_the_end(spark, own_store, history)
+    snapshot_id, after = events_position(spark, history)
+    spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => '{history.namespace}.run_events', "
+        "options => map('min-input-files', '1'))"
+    ).collect()
+    append_randomly(own_store, random.Random(11), runs=3, appends=3)
+
+    commit_events(spark, history, snapshot_id, after, own_store.fetch_all(after, 1000))
+
+    assert lake_events(spark, history) == feed_from_start(own_store)
+
+
+def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
+    spark, spark_settings, own_store, history
+):
+    append_randomly(own_store, random.Random(12), runs=4, appends=20)
+    exported_to_the_end(spark, own_store, history)
+    reached = feed_from_start(own_store)[-1].position
+    table = f"{history.namespace}.run_events"
+    spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '1'))"
+    )
+    now = datetime.now(UTC) + timedelta(seconds=1)
+    spark.sql(
+        f"CALL lake.system.expire_snapshots(table => '{table}', older_than => TIMESTAMP '{now:%Y-%m-%d %H:%M:%S}', "
+        "retain_last => 1)"
+    ).collect()
+    assert [
+        row.operation for row in spark.sql(f"SELECT operation FROM lake.{table}.snapshots").collect()
+    ] == ["replace"]
+
+    catalog = HistoryCatalog.from_spark_settings(spark_settings)
+    try:
+        pyiceberg_position = table_position(catalog.load(history.namespace, "run_events"))
+    finally:
+        catalog.close()
+    assert events_position(spark, history)[1] == pyiceberg_position == reached
+    append_randomly(own_store, random.Random(13), runs=4, appends=5)
+    exported_to_the_end(spark, own_store, history)
+    assert_lake_equals_feed(spark, own_store, history)
+
+
+def test_timestamps_at_both_ends_of_what_the_store_keeps_round_trip(spark, own_store, history):
+    for when in (EARLIEST_EMITTED_AT, LATEST_EMITTED_AT):
+        own_store.append(NewEvent(run_id=f"edge-{when.year}", event_type="RunStarted", emitted_at=when))
+
+    exported_to_the_end(spark, own_store, history)
+
+    assert_lake_equals_feed(spark, own_store, history)
+
+
+def test_a_snowflake_store_is_refused_before_anything_is_created(spark, sf_store, history):
+    with pytest.raises(FeedRefused, match="Snowflake feed has no commit-ordered high-water mark"):
+        list(export_history(spark, sf_store, history))
+
+    assert not spark.catalog.tableExists(history.events_table)

@@ -1,0 +1,56 @@
+"""LakeRunReader: a run's events read back from the lake without a JVM (pyiceberg), as fetch gives them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from runstate.eventstore import InvalidEvent
+from runstate.eventstore.lake import HistoryCatalog, HistoryError, LakeRunReader
+from runstate.spark import SparkSettings
+
+from .conftest import append_randomly, exported_to_the_end, feed_from_start
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.fixture
+def catalog(spark_settings) -> Iterator[HistoryCatalog]:
+    catalog = HistoryCatalog.from_spark_settings(spark_settings)
+    yield catalog
+    catalog.close()
+
+
+def test_read_run_gives_what_fetch_gives_page_by_page(spark, own_store, history, catalog):
+    append_randomly(own_store, random.Random(21), runs=5, appends=40)
+    exported_to_the_end(spark, own_store, history)
+    reader = LakeRunReader(catalog, history.namespace)
+
+    for run_id in sorted({event.run_id for event in feed_from_start(own_store)}):
+        assert reader.read_run(run_id) == own_store.fetch(run_id)
+        assert reader.read_run(run_id, after_seq=2, limit=3) == own_store.fetch(run_id, after_seq=2, limit=3)
+    assert reader.read_run("no-such-run") == []
+    assert reader.position() == feed_from_start(own_store)[-1].position
+
+
+def test_before_any_export_there_is_nothing_to_read(catalog, history):
+    reader = LakeRunReader(catalog, history.namespace)
+
+    assert reader.read_run("run-00") == [] and reader.position() == 0
+
+
+@pytest.mark.parametrize(("after_seq", "limit"), [(-1, 10), (0, 0), (0, True), ("1", 10)])
+def test_bad_arguments_are_refused_naming_the_field(catalog, history, after_seq, limit):
+    with pytest.raises(InvalidEvent, match="after_seq|limit"):
+        LakeRunReader(catalog, history.namespace).read_run("run-00", after_seq, limit)
+
+
+def test_reading_without_spark_needs_the_jdbc_catalog(tmp_path):
+    hadoop = SparkSettings(
+        catalog_kind="hadoop", pg_url="postgresql://x@127.0.0.1/db", warehouse_dir=tmp_path
+    )
+
+    with pytest.raises(HistoryError, match="needs the JDBC catalog"):
+        HistoryCatalog.from_spark_settings(hadoop)
