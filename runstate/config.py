@@ -70,6 +70,8 @@ APPLY_DELETES_AT_MAX = 10_000
 COPY_ON_WRITE_MAX_MB_MAX = 1 << 20
 DATASET_MERGE_INTERVAL_MAX_S = 3600
 LINGER_MAX_S = 3600.0
+# A run is dead after this long without a heartbeat; it beats every 2 s, so at least three beats fit.
+RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S = 6.0, 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 
 
@@ -103,6 +105,8 @@ class Settings:
     copy_on_write_max_mb: int = 16
     # How often dataset_tables_sensor looks for flushed datasets to merge into their Iceberg tables.
     dataset_merge_interval_s: int = 60
+    # A run in progress whose heartbeat is older than this is dead (runstate.defs.runs.liveness).
+    run_dead_after_s: float = 20.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -139,6 +143,9 @@ class Settings:
             dataset_merge_interval_s=_bounded_int(
                 env, "RUNSTATE_DATASET_MERGE_INTERVAL_S", 60, DATASET_MERGE_INTERVAL_MAX_S, minimum=5
             ),
+            run_dead_after_s=_seconds(
+                env, "RUNSTATE_RUN_DEAD_AFTER_S", 20.0, RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S
+            ),
         )
 
 
@@ -161,15 +168,17 @@ def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int, 
     return int(raw)
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(
+    env: Mapping[str, str], name: str, default: float, minimum: float = 0.0, maximum: float = LINGER_MAX_S
+) -> float:
     raw = env.get(name) or str(default)
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not 0 <= value <= LINGER_MAX_S:  # nan and inf fail this too
+    if not minimum <= value <= maximum:  # nan and inf fail this too
         raise ConfigError(
-            f"{name} must be a number of seconds from 0 to {LINGER_MAX_S:.0f}, got {_shown(raw)}"
+            f"{name} must be a number of seconds from {minimum:g} to {maximum:g}, got {_shown(raw)}"
         )
     return value
 

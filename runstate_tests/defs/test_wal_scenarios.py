@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from runstate.defs.runs.liveness import beat
+from runstate.defs.runs.beats import beat
 from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
@@ -188,7 +187,7 @@ def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everyth
     lost_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
     assert len(lost_runs) >= 1  # the killed runs never reported anything
     for run in lost_runs:  # the clock moves on: the killed worker's last heartbeat is a minute old
-        beat(instance, run.run_id, now=time.time() - 60)
+        beat(instance, run.run_id, age_s=60)
     defs = world.defs()
 
     tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
@@ -215,7 +214,7 @@ def test_a_lost_run_holds_its_shard_while_it_beats_and_is_failed_once_its_heartb
 
     held = tick_sensor("wal_sensor", defs=defs, instance=instance)
     statuses_while_held = set(world.statuses("orders").values())
-    beat(instance, lost.run_id, now=time.time() - 60)  # a minute later, no beat since
+    beat(instance, lost.run_id, age_s=60)  # a minute later, no beat since
     recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
     assert held.requested == 0 and f"held by run {lost.run_id}" in held.skip_reason
