@@ -102,6 +102,9 @@ class Heartbeat:
         if run.status in DEAD_STATUSES:
             stop_zombie(self.run_id, f"it is {run.status.value}")
         if full and self._instance.get_records_for_run(self.run_id, of_type=REAPED_EVENTS, limit=1).records:
+            # Our own RUN_START overwrote the failed status: put it back, or the run would hold its shard
+            # until it is found dead a second time.
+            self._instance.report_run_failed(run, "runstate: its worker started after the run was failed")
             stop_zombie(self.run_id, "it was reported failed before its worker started")
 
     def check(self, *, full: bool = False) -> None:
