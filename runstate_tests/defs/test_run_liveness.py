@@ -10,13 +10,22 @@ from types import SimpleNamespace
 
 import dagster as dg
 import pytest
+from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from runstate.config import ConfigError, Settings
 from runstate.defs.runs.beating import HeartbeatRunLauncher, beating
 from runstate.defs.runs.beats import ages, beat, beat_ages, forget, mark_seen
 from runstate.defs.runs.heartbeat import heartbeat
-from runstate.defs.runs.liveness import LivenessPolicy, Signs, check_runs, judge, sweep_rows
+from runstate.defs.runs.liveness import (
+    NEVER_HANDED,
+    NOT_RUN,
+    LivenessPolicy,
+    Signs,
+    check_runs,
+    judge,
+    sweep_rows,
+)
 from runstate_tests.defs.conftest import started_run
 from runstate_tests.devserver import poll
 
@@ -87,9 +96,9 @@ def test_a_run_that_never_beat_gets_its_grace_from_its_first_sighting(instance):
 def test_a_launching_run_whose_code_server_does_not_run_it_is_dead(instance):
     run = instance.create_run_for_job(tiny)
 
-    verdict = judge(record(instance, run), Signs(seen_age_s=11, worker=False), POLICY)
+    verdict = judge(record(instance, run), Signs(seen_age_s=11, worker=False, worker_note=NOT_RUN), POLICY)
 
-    assert verdict.dead and "code server that launched it does not run it" in verdict.reason
+    assert verdict.dead and verdict.reason == NOT_RUN
 
 
 def test_a_queued_run_waits_for_the_queue_and_is_never_reaped():
@@ -173,7 +182,21 @@ def test_a_launching_run_is_failed_once_its_code_server_address_is_closed(instan
     [asked] = check_runs(instance, [record(instance, run)], policy=POLICY)
 
     assert asked_too_soon.alive  # a launch tags the run a moment before its server registers it
-    assert asked.status == dg.DagsterRunStatus.FAILURE and "code server" in asked.reason
+    assert asked.status == dg.DagsterRunStatus.FAILURE and asked.reason == NOT_RUN
+
+
+def test_a_launching_run_the_default_launcher_never_handed_to_a_code_server_is_failed(instance):
+    """Killed between its STARTING and its launch: no code server was ever asked to run it."""
+    run = instance.create_run_for_job(tiny)
+    instance.handle_run_event(
+        run.run_id, dg.DagsterEvent(dg.DagsterEventType.PIPELINE_STARTING.value, job_name=tiny.name)
+    )
+    seen_ago(instance, run.run_id, 11)
+
+    [verdict] = check_runs(instance, [record(instance, run)], policy=POLICY)
+
+    assert isinstance(instance.run_launcher, DefaultRunLauncher)  # what an instance without a launcher has
+    assert verdict.status == dg.DagsterRunStatus.FAILURE and verdict.reason == NEVER_HANDED
 
 
 def test_the_sweep_drops_the_rows_of_runs_that_ended_and_keeps_the_live_ones(instance):

@@ -11,7 +11,8 @@ A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
 - it never beat, and the code server that launched it (Dagster's default launcher records it on the run)
   does not run it: that server is gone with its deployment, or the run's process exited. It is asked
   only once the run has been seen without a heartbeat for `ask_server_after_s`, as a launch registers
-  the run with its server a moment after it tags the run;
+  the run with its server a moment after it tags the run. Under the default launcher, a run still
+  launching without that tag by then was never handed to a code server (its daemon died mid-launch);
 - it never beat and nobody can be asked (another launcher: a pod, a task), and the first liveness check
   that saw it did so `start_grace_s` ago (STARTED) or `launch_grace_s` ago (still launching: its worker
   loads the code location before it beats, a minute and more on a loaded machine).
@@ -58,7 +59,7 @@ class LivenessPolicy:
     dead_after_s: float = 20.0
     start_grace_s: float = 60.0
     launch_grace_s: float = 300.0
-    ask_server_after_s: float = 10.0
+    ask_server_after_s: float = 5.0
 
     @classmethod
     def from_settings(cls, config: Settings | None = None) -> LivenessPolicy:
@@ -78,6 +79,7 @@ class Signs:
     beat_age_s: float | None = None  # None: never beat
     seen_age_s: float | None = None  # since a check first saw it in progress without a heartbeat
     worker: bool | None = None  # its launching code server runs it (True), does not (False), unknown (None)
+    worker_note: str = ""  # why it is known not to run it
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def judge(record: Any, signs: Signs, policy: LivenessPolicy) -> RunLiveness:
         reason = f"no heartbeat for {signs.beat_age_s:.0f} s (the bound is {policy.dead_after_s:g} s)"
     elif signs.worker is False:
         alive = False
-        reason = "the code server that launched it does not run it (gone with its deployment, or it exited)"
+        reason = signs.worker_note
     else:
         grace = policy.launch_grace_s if run.status in LAUNCHING_STATUSES else policy.start_grace_s
         alive = signs.seen_age_s is None or signs.seen_age_s < grace
@@ -140,17 +142,24 @@ def judge(record: Any, signs: Signs, policy: LivenessPolicy) -> RunLiveness:
     )
 
 
-def code_server_runs(run: dg.DagsterRun) -> bool | None:
-    """Whether the code server that launched `run` is executing it: True, False (it says not, or nothing
-    listens at its address any more), or None (no such server on the run, or no clear answer)."""
+NOT_RUN = "the code server that launched it does not run it (gone with its deployment, or the run exited)"
+NEVER_HANDED = "its launch never reached a code server (the daemon that launched it was gone mid-launch)"
+
+
+def code_server_runs(run: dg.DagsterRun, launcher: Any) -> tuple[bool | None, str]:
+    """Whether the code server that launched `run` is executing it: True, False (it says not, nothing
+    listens at its address any more, or Dagster's default launcher never tagged the run with one), or
+    None (another launcher, or no clear answer); and why not."""
+    from dagster._core.launcher import DefaultRunLauncher
     from dagster._grpc.client import DagsterGrpcClient
     from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
     from dagster._serdes import deserialize_value
     from grpc import RpcError, StatusCode
 
     raw = run.tags.get(GRPC_INFO_TAG)
-    if not raw:
-        return None
+    if not raw:  # the default launcher tags a run with its code server before it asks that server to run it
+        never = isinstance(launcher, DefaultRunLauncher) and run.status in LAUNCHING_STATUSES
+        return (False, NEVER_HANDED) if never else (None, "")
     try:
         info = json.loads(raw)
         client = DagsterGrpcClient(
@@ -162,13 +171,13 @@ def code_server_runs(run: dg.DagsterRun) -> bool | None:
         answer = client.can_cancel_execution(
             CanCancelExecutionRequest(run_id=run.run_id), timeout=ASK_SERVER_TIMEOUT_S
         )
-        return deserialize_value(answer, CanCancelExecutionResult).can_cancel
+        return deserialize_value(answer, CanCancelExecutionResult).can_cancel, NOT_RUN
     except Exception as error:  # noqa: BLE001 - only a closed address is an answer
         cause = error.__cause__
         if isinstance(cause, RpcError) and cause.code() == StatusCode.UNAVAILABLE:  # ty: ignore
-            return False
+            return False, NOT_RUN
         log.info("run %s: its code server gave no clear answer: %s", run.run_id, error)
-        return None
+        return None, ""
 
 
 def observe(instance: dg.DagsterInstance, records: list[Any], policy: LivenessPolicy) -> dict[str, Signs]:
@@ -185,7 +194,8 @@ def observe(instance: dg.DagsterInstance, records: list[Any], policy: LivenessPo
     for run in in_progress:
         age = known.get(run.run_id, beats.Ages(seen_s=0.0))
         ask = age.beat_s is None and (age.seen_s or 0.0) >= policy.ask_server_after_s
-        signs[run.run_id] = Signs(age.beat_s, age.seen_s, code_server_runs(run) if ask else None)
+        worker, note = code_server_runs(run, instance.run_launcher) if ask else (None, "")
+        signs[run.run_id] = Signs(age.beat_s, age.seen_s, worker, note)
     return signs
 
 
