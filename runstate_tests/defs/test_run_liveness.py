@@ -10,10 +10,12 @@ from types import SimpleNamespace
 
 import dagster as dg
 import pytest
+from click.testing import CliRunner
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.storage.tags import GRPC_INFO_TAG
 
-from runstate.config import ConfigError, Settings
+from runstate.cli import main
+from runstate.config import ConfigError, Settings, settings
 from runstate.defs.runs.beating import HeartbeatRunLauncher, beating
 from runstate.defs.runs.beats import ages, beat, beat_ages, forget, mark_seen
 from runstate.defs.runs.heartbeat import heartbeat
@@ -253,3 +255,17 @@ def test_the_dead_bound_is_a_setting_with_bounds():
     for bad in ("abc", "1", "0", "-5", "nan", "1e9", "inf"):
         with pytest.raises(ConfigError, match="RUNSTATE_RUN_DEAD_AFTER_S must be a number of seconds from 6"):
             policy(bad)
+
+
+@pytest.mark.parametrize("raw", ["abc", "1", "0", "-5", "nan", "1e9"])
+def test_a_bad_dead_bound_is_one_error_line_on_wal_status(raw, tmp_path):
+    """Issue 42.4: these passed `runstate wal status` with exit 0."""
+    result = CliRunner().invoke(
+        main, ["wal", "status"], env={"RUNSTATE_HOME": str(tmp_path), "RUNSTATE_RUN_DEAD_AFTER_S": raw}
+    )
+    settings.cache_clear()
+
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"Error: RUNSTATE_RUN_DEAD_AFTER_S must be a number of seconds from 6 to 3600, got {raw!r}"
+    ]
