@@ -269,3 +269,20 @@ def test_a_bad_dead_bound_is_one_error_line_on_wal_status(raw, tmp_path):
     assert result.output.strip().splitlines() == [
         f"Error: RUNSTATE_RUN_DEAD_AFTER_S must be a number of seconds from 6 to 3600, got {raw!r}"
     ]
+
+
+def test_the_liveness_sensor_fails_a_dead_run_of_any_job_of_the_code_location_and_only_those(instance):
+    """Issue 39.1: a killed table_inventory_job stayed STARTED for good: no shard sensor looks at it."""
+    from runstate.definitions import defs
+    from runstate.defs.ticking import tick_sensor
+
+    inventory = started_run(instance, defs.resolve_job_def("table_inventory_job"))
+    elsewhere = started_run(instance, tiny)  # a job of another code location, with the same instance
+    for run in (inventory, elsewhere):
+        beat(instance, run.run_id, age_s=60)
+
+    tick = tick_sensor("run_liveness", defs=defs, instance=instance)
+
+    assert instance.get_run_by_id(inventory.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert instance.get_run_by_id(elsewhere.run_id).status == dg.DagsterRunStatus.STARTED
+    assert f"1 found dead and failed: {inventory.run_id}" in tick.skip_reason
