@@ -16,6 +16,7 @@ deployment was up, its daemon flushed this test's rows, and this server listed n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -77,7 +78,8 @@ class Server:
         workers; or (`everyone=False`) to `runstate dev` alone, as a user's Ctrl-C or a service manager
         does. Then wait until none is left."""
         assert self.process is not None
-        tree = [self.process.pid, *descendants(self.process.pid)]
+        services = service_pids(self.deployment.home)  # they outlive `runstate dev` by design
+        tree = [pid for pid in [self.process.pid, *descendants(self.process.pid)] if pid not in services]
         for pid in tree if everyone else tree[:1]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -89,6 +91,13 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(timeout=60)
         self.process = None
+
+
+def service_pids(home: Path) -> set[int]:
+    """The embedded services `runstate dev` started (`.runstate/services.json`)."""
+    path = home / ".runstate" / "services.json"
+    records = json.loads(path.read_text()) if path.exists() else {}
+    return {record["pid"] for record in records.values() if record.get("pid")}
 
 
 def alive(pid: int) -> bool:
@@ -214,7 +223,7 @@ def worker_pid(deployment: Deployment, run_id: str) -> int:
     query = "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'PIPELINE_START'"
     with psycopg.connect(url) as conn:
         [event] = conn.execute(query, (run_id,)).fetchone()
-    return deserialize_value(event, EventLogEntry).pid
+    return deserialize_value(event, EventLogEntry).dagster_event.pid
 
 
 def run_events(deployment: Deployment, run_id: str) -> list[str]:
