@@ -11,8 +11,8 @@ A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
 - it never beat, and the code server that launched it (Dagster's default launcher records it on the run)
   does not run it: that server is gone with its deployment, or the run's process exited. It is asked
   only once the run has been seen without a heartbeat for `ask_server_after_s`, as a launch registers
-  the run with its server a moment after it tags the run. Under the default launcher, a run still
-  launching without that tag by then was never handed to a code server (its daemon died mid-launch);
+  the run with its server a moment after it tags the run. Under the default launcher, a run STARTING
+  without that tag by then was never handed to a code server (its daemon died mid-launch);
 - it never beat and nobody can be asked (another launcher: a pod, a task), and the first liveness check
   that saw it did so `start_grace_s` ago (STARTED) or `launch_grace_s` ago (still launching: its worker
   loads the code location before it beats, a minute and more on a loaded machine).
@@ -157,8 +157,8 @@ def code_server_runs(run: dg.DagsterRun, launcher: Any) -> tuple[bool | None, st
     from grpc import RpcError, StatusCode
 
     raw = run.tags.get(GRPC_INFO_TAG)
-    if not raw:  # the default launcher tags a run with its code server before it asks that server to run it
-        never = isinstance(launcher, DefaultRunLauncher) and run.status in LAUNCHING_STATUSES
+    if not raw:  # Dagster marks a run STARTING, then the default launcher tags it with its code server
+        never = isinstance(launcher, DefaultRunLauncher) and run.status == dg.DagsterRunStatus.STARTING
         return (False, NEVER_HANDED) if never else (None, "")
     try:
         info = json.loads(raw)
