@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import dagster as dg
 import pytest
 from click.testing import CliRunner
-from dagster._core.launcher import DefaultRunLauncher
+from dagster._core.errors import DagsterInvariantViolationError, DagsterLaunchFailedError
+from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from runstate.cli import main
@@ -28,6 +29,7 @@ from runstate.defs.runs.liveness import (
     judge,
     sweep_rows,
 )
+from runstate.services.dev import STOPPING_FILE_ENV
 from runstate_tests.defs.conftest import started_run
 from runstate_tests.devserver import poll
 
@@ -286,3 +288,20 @@ def test_the_liveness_sensor_fails_a_dead_run_of_any_job_of_the_code_location_an
     assert instance.get_run_by_id(inventory.run_id).status == dg.DagsterRunStatus.FAILURE
     assert instance.get_run_by_id(elsewhere.run_id).status == dg.DagsterRunStatus.STARTED
     assert f"1 found dead and failed: {inventory.run_id}" in tick.skip_reason
+
+
+def test_the_launcher_launches_nothing_once_runstate_dev_is_stopping(instance, tmp_path, monkeypatch):
+    """Issue 42.9: a flush run launched while `runstate dev` shut down started after its daemon had
+    stopped, and was killed STARTED. Once the stop begins, launches fail at once (the sensors ask again
+    after the restart)."""
+    launcher = HeartbeatRunLauncher()
+    launcher.register_instance(instance)
+    run = instance.create_run_for_job(tiny)
+    stopping = tmp_path / "stopping"
+    monkeypatch.setenv(STOPPING_FILE_ENV, str(stopping))
+    with pytest.raises(DagsterInvariantViolationError, match="requires a workspace"):  # Dagster's own launch
+        launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
+
+    stopping.touch()
+    with pytest.raises(DagsterLaunchFailedError, match="the deployment is stopping"):
+        launcher.launch_run(LaunchRunContext(dagster_run=run, workspace=None))
