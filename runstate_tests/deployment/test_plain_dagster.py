@@ -27,6 +27,7 @@ from runstate.services.env_file import write_env_file
 from runstate.wal import Change, DatasetReader, WalProducer, WalTable
 from runstate.wal import layout as t
 from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
+from runstate_tests.deployment.conftest import deployment_env
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
@@ -228,18 +229,8 @@ def plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PlainDepl
     pg_url, dagster_url = (create_database(name) for name in names)
     moto = MotoProcess()
     (tmp_path / "dagster.yaml").write_text(STORAGE_ONLY)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENDPOINT_VARS)}
-    env.update(
-        RUNSTATE_HOME=str(tmp_path),
-        DAGSTER_HOME=str(tmp_path),
-        RUNSTATE_PG_URL=pg_url,
-        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        DAGSTER_TELEMETRY_ENABLED="false",
-        RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
+    env = deployment_env(
+        tmp_path, pg_url, dagster_url, moto.url, dagster_home=tmp_path, RUNSTATE_DATASET_MERGE_INTERVAL_S="10"
     )
     upgrade = subprocess.run(
         [RUNSTATE, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=600

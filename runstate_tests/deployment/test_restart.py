@@ -35,7 +35,11 @@ from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
-from runstate_tests.deployment.conftest import STRIPPED, Deployment, _location_loaded, deployment_dagster_yaml
+from runstate_tests.deployment.conftest import (
+    Deployment,
+    _location_loaded,
+    deployment_env,
+)
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.devserver import RUNSTATE, descendants, free_port, launch_dev, poll, wait_for_graphql
 
@@ -114,17 +118,11 @@ def server() -> Iterator[Server]:
     databases = [unique("rs_restart"), unique("rs_restart_dagster")]
     pg_url, dagster_url = (create_database(name) for name in databases)
     moto = MotoProcess()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
-    env.update(
-        RUNSTATE_HOME=str(home),
-        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
-        RUNSTATE_PG_URL=pg_url,
-        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        DAGSTER_TELEMETRY_ENABLED="false",
+    env = deployment_env(
+        home,
+        pg_url,
+        dagster_url,
+        moto.url,
         # Long enough that the flush runs are still lingering when the server is stopped.
         RUNSTATE_WAL_FLUSH_LINGER_S="120",
         RUNSTATE_RUN_DEAD_AFTER_S=str(DEAD_AFTER_S),
@@ -244,18 +242,7 @@ def pause_a_lingering_worker(server: Server, changes: list[Change]) -> float:
     pid = worker_pid(server.deployment, paused)
     os.kill(pid, signal.SIGSTOP)
     try:
-        change = Change.upsert("while-paused", len(changes) + 1)
-        changes.append(change)
-        appended = time.monotonic()
-        seq = append(server.deployment, change.key, change.value)
-        with explained(server):
-            poll(
-                lambda: visible_at(server.deployment, seq),
-                timeout=FIRST_FLUSH_S,
-                every=0.5,
-                what=f"row {seq} visible while the lingering worker is paused",
-            )
-        visible_after = time.monotonic() - appended
+        visible_after = append_until_visible(server, changes, "while-paused", FIRST_FLUSH_S)
         assert ends(server.deployment, [paused])[paused[:8]][0] == "FAILURE"
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -291,16 +278,21 @@ def restart_then_append(server: Server, sig: int, changes: list[Change]) -> floa
             if run["startTime"] is not None and run["startTime"] >= stopping
         ]
         assert all(run["endTime"] is not None and run["endTime"] <= stopped for run in late), late
-    change = Change.upsert(f"after-{signal.Signals(sig).name}", len(changes) + 1)
+    return append_until_visible(server, changes, f"after-{signal.Signals(sig).name}", VISIBLE_AFTER_RESTART_S)
+
+
+def append_until_visible(server: Server, changes: list[Change], key: str, timeout: float) -> float:
+    """Append one change and wait until its row is visible; returns the seconds that took."""
+    change = Change.upsert(key, len(changes) + 1)
     changes.append(change)
     appended = time.monotonic()
     seq = append(server.deployment, change.key, change.value)
     with explained(server):
         poll(
             lambda: visible_at(server.deployment, seq),
-            timeout=VISIBLE_AFTER_RESTART_S,
+            timeout=timeout,
             every=0.5,
-            what=f"row {seq} visible after a restart by {signal.Signals(sig).name}",
+            what=f"row {seq} ({key}) visible",
         )
     return time.monotonic() - appended
 
