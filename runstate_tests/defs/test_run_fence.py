@@ -62,7 +62,7 @@ def test_a_process_whose_run_is_reported_failed_stops_at_its_next_beat(bare_inst
 
     assert code == 1
     [line] = error_lines(err)
-    assert line.startswith(f"Error: run {run.run_id} was declared dead") and "it is FAILURE" in line
+    assert line.startswith(f"Error: run {run.run_id} was declared dead (it is FAILURE)")
 
 
 def test_a_process_paused_past_the_bound_stops_by_its_own_clock_when_it_resumes(bare_instance):
@@ -78,7 +78,9 @@ def test_a_process_paused_past_the_bound_stops_by_its_own_clock_when_it_resumes(
 
     assert code == 1 and time.monotonic() - paused >= DEAD_AFTER_S
     [line] = error_lines(err)
-    assert f"run {run.run_id}" in line and "could not beat for" in line
+    assert line.startswith(
+        f"Error: run {run.run_id} may have been declared dead: this process could not beat"
+    )
     assert bare_instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # left to be reaped
 
 
@@ -95,7 +97,7 @@ def test_a_worker_that_starts_after_its_run_was_reaped_while_launching_does_noth
 
     assert code == 1 and "RETURNED" not in out
     [line] = error_lines(err)
-    assert "reported failed before its worker started" in line
+    assert line.startswith(f"Error: run {run.run_id} was declared dead before its worker started")
     assert not (Path(bare_instance.root_directory) / f"ran-{run.run_id}").exists()
     kinds = [e.dagster_event_type for e in bare_instance.all_logs(run.run_id) if e.dagster_event_type]
     assert dg.DagsterEventType.STEP_START not in kinds and dg.DagsterEventType.RUN_SUCCESS not in kinds

@@ -113,7 +113,8 @@ def test_a_paused_cli_flush_declared_dead_stops_when_it_resumes_and_changes_noth
         assert b.returncode == 0, b.stdout + b.stderr
         assert a.returncode == 1, a_out + a_err
         errors = [line for line in a_err.splitlines() if line.startswith("Error: ")]
-        assert len(errors) == 1 and f"run {zombie.run_id} was declared dead" in errors[0], a_err
+        assert len(errors) == 1 and errors[0].startswith(f"Error: run {zombie.run_id} "), a_err
+        assert "declared dead" in errors[0] and "this process stops here" in errors[0]
         assert "Traceback" not in a_err
         assert instance.get_run_by_id(zombie.run_id).status == dg.DagsterRunStatus.FAILURE
         kinds = [e.dagster_event_type for e in instance.all_logs(zombie.run_id) if e.dagster_event_type]

@@ -251,7 +251,8 @@ def pause_a_lingering_worker(server: Server, changes: list[Change]) -> float:
     kinds = run_events(server.deployment, paused)
     after_failure = kinds[kinds.index("PIPELINE_FAILURE") :]
     assert "PIPELINE_SUCCESS" not in kinds and "ASSET_MATERIALIZATION" not in after_failure, kinds
-    assert f"run {paused} was declared dead" in server.deployment.log.read_text(errors="replace")
+    said = [line for line in server.deployment.log.read_text(errors="replace").splitlines() if paused in line]
+    assert any(line.startswith(f"Error: run {paused} ") and "declared dead" in line for line in said), said
     return visible_after
 
 

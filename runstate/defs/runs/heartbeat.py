@@ -40,11 +40,10 @@ _BEATING: dict[str, Heartbeat] = {}
 
 
 def stop_zombie(run_id: str, why: str) -> NoReturn:
-    """End this process at once: its run was declared dead, and whatever it does next would be a second
-    writer beside the run that took its work over. Exit code 1, never a signal."""
+    """End this process at once: its run was (or may have been) declared dead, and whatever it did next
+    would be a second writer beside the run that took its work over. Exit code 1, never a signal."""
     sys.stderr.write(
-        f"Error: run {run_id} was declared dead or may have been ({why}); this process stops here and "
-        "its work is left to the run that took it over\n"
+        f"Error: run {run_id} {why}; this process stops here, and the run that takes its work over does it\n"
     )
     sys.stderr.flush()
     os._exit(1)
@@ -92,7 +91,9 @@ class Heartbeat:
         silent = time.monotonic() - self._last_stored
         if silent >= self._dead_after_s:
             stop_zombie(
-                self.run_id, f"it could not beat for {silent:.0f} s, the bound is {self._dead_after_s:g} s"
+                self.run_id,
+                f"may have been declared dead: this process could not beat for {silent:.0f} s "
+                f"(the bound is {self._dead_after_s:g} s)",
             )
 
     def _check_status(self, *, full: bool) -> None:
@@ -100,12 +101,12 @@ class Heartbeat:
         if run is None:  # an in-process run beats from before its run is created
             return
         if run.status in DEAD_STATUSES:
-            stop_zombie(self.run_id, f"it is {run.status.value}")
+            stop_zombie(self.run_id, f"was declared dead (it is {run.status.value})")
         if full and self._instance.get_records_for_run(self.run_id, of_type=REAPED_EVENTS, limit=1).records:
             # Our own RUN_START overwrote the failed status: put it back, or the run would hold its shard
             # until it is found dead a second time.
             self._instance.report_run_failed(run, "runstate: its worker started after the run was failed")
-            stop_zombie(self.run_id, "it was reported failed before its worker started")
+            stop_zombie(self.run_id, "was declared dead before its worker started")
 
     def check(self, *, full: bool = False) -> None:
         """Stop this process if its run was (or may have been) declared dead; `full` also reads the run's
@@ -163,4 +164,4 @@ def ensure_alive(context: dg.OpExecutionContext) -> None:
         return
     run = context.instance.get_run_by_id(context.run_id)
     if run is not None and run.status in DEAD_STATUSES:
-        stop_zombie(context.run_id, f"it is {run.status.value}")
+        stop_zombie(context.run_id, f"was declared dead (it is {run.status.value})")
