@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import dagster as dg
@@ -102,3 +103,14 @@ def test_a_worker_that_starts_after_its_run_was_reaped_while_launching_does_noth
     kinds = [e.dagster_event_type for e in bare_instance.all_logs(run.run_id) if e.dagster_event_type]
     assert dg.DagsterEventType.STEP_START not in kinds and dg.DagsterEventType.RUN_SUCCESS not in kinds
     assert bare_instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE  # put back
+
+
+def test_a_run_that_fails_by_itself_in_process_is_no_zombie_of_its_own(bare_instance):
+    """The CLI beats until `execute_in_process` returns, after the run's own failure is stored: that
+    failure is its end, not a verdict of another process."""
+    run_id = str(uuid.uuid4())
+
+    code, out, err = ended(child("fail", bare_instance, run_id))
+
+    assert (code, out.strip().splitlines()[-1]) == (0, "ALIVE"), err[-2000:]
+    assert bare_instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE

@@ -100,13 +100,20 @@ class Heartbeat:
         run = self._instance.get_run_by_id(self.run_id)
         if run is None:  # an in-process run beats from before its run is created
             return
-        if run.status in DEAD_STATUSES:
+        if run.status in DEAD_STATUSES and not self._ended_here():
             stop_zombie(self.run_id, f"was declared dead (it is {run.status.value})")
         if full and self._instance.get_records_for_run(self.run_id, of_type=REAPED_EVENTS, limit=1).records:
             # Our own RUN_START overwrote the failed status: put it back, or the run would hold its shard
             # until it is found dead a second time.
             self._instance.report_run_failed(run, "runstate: its worker started after the run was failed")
             stop_zombie(self.run_id, "was declared dead before its worker started")
+
+    def _ended_here(self) -> bool:
+        """Whether this process wrote the run's first failure (or cancellation) itself: an in-process run
+        beats until `execute_in_process` returns, after the run's own end is stored."""
+        first = self._instance.get_records_for_run(self.run_id, of_type=REAPED_EVENTS, limit=1).records
+        event = first[0].event_log_entry.dagster_event if first else None
+        return event is not None and event.pid == os.getpid()
 
     def check(self, *, full: bool = False) -> None:
         """Stop this process if its run was (or may have been) declared dead; `full` also reads the run's
