@@ -75,6 +75,8 @@ DATASET_MERGE_INTERVAL_MAX_S = 3600
 # Each Spark session is a JVM of about a core and a gigabyte: the `runstate_spark` pool's limit.
 SPARK_SESSIONS_MAX = 64
 LINGER_MAX_S = 3600.0
+# A run is dead after this long without a heartbeat; it beats every 2 s, so at least three beats fit.
+RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S = 6.0, 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
 # The run history's knobs (runstate.eventstore.lake): one Iceberg commit holds at most a batch (the
 # exporter keeps a batch in memory), and the lag check reads up to its bound of events from the feed.
@@ -125,6 +127,8 @@ class Settings:
     history_export_interval_s: int = 60
     history_max_lag_events: int = 10_000
     history_max_lag_minutes: int = 10
+    # A run in progress whose heartbeat is older than this is dead (runstate.defs.runs.liveness).
+    run_dead_after_s: float = 20.0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -175,6 +179,9 @@ class Settings:
             history_max_lag_minutes=_bounded_int(
                 env, "RUNSTATE_HISTORY_MAX_LAG_MINUTES", 10, HISTORY_MAX_LAG_MINUTES_MAX
             ),
+            run_dead_after_s=_seconds(
+                env, "RUNSTATE_RUN_DEAD_AFTER_S", 20.0, RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S
+            ),
         )
 
 
@@ -204,15 +211,17 @@ def _lake_namespace(env: Mapping[str, str], name: str, default: str) -> str:
     return raw
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(
+    env: Mapping[str, str], name: str, default: float, minimum: float = 0.0, maximum: float = LINGER_MAX_S
+) -> float:
     raw = env.get(name) or str(default)
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not 0 <= value <= LINGER_MAX_S:  # nan and inf fail this too
+    if not minimum <= value <= maximum:  # nan and inf fail this too
         raise ConfigError(
-            f"{name} must be a number of seconds from 0 to {LINGER_MAX_S:.0f}, got {_shown(raw)}"
+            f"{name} must be a number of seconds from {minimum:g} to {maximum:g}, got {_shown(raw)}"
         )
     return value
 

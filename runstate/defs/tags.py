@@ -31,3 +31,9 @@ SCHEDULED_DAY_TAG = "runstate/scheduled_day"
 PRIORITY_TAG = "dagster/priority"
 # Dagster's own tag: run monitoring fails a run still STARTED after this many seconds.
 MAX_RUNTIME_TAG = "dagster/max_runtime"
+# Dagster's own tag: how often run retries (dagster.yaml's `run_retries`) re-execute a failed run. The
+# jobs that a sensor requests (flushes, merges, maintenance workers) are re-planned by that sensor once
+# their run is dead, with the work as it is then; a retry beside that request ran the work twice after
+# every restart. So they opt out, and the sensor is their one retry, in any instance.
+MAX_RETRIES_TAG = "dagster/max_retries"
+REPLANNED_BY_SENSOR_TAGS = {MAX_RETRIES_TAG: "0"}

@@ -5,7 +5,7 @@ whose run_key already has a run (the daemon's rule) and executes the rest in-pro
 stored before the runs execute, as the daemon commits it with the runs it submits: a tick killed
 mid-run must not leave the next one asking for the same run keys again.
 
-Every in-process run beats (`runstate.defs.runs.liveness`) and carries a `dagster/max_runtime`, so a
+Every in-process run beats (`runstate.defs.runs.heartbeat`) and carries a `dagster/max_runtime`, so a
 run whose process is killed is ended by whoever looks next, like a daemon run.
 """
 
@@ -25,7 +25,7 @@ from dagster import DagsterInstance, RunsFilter
 from dagster._core.utils import make_new_run_id
 
 from runstate.config import settings
-from runstate.defs.runs.liveness import heartbeat
+from runstate.defs.runs.heartbeat import heartbeat
 from runstate.defs.tags import MAX_RUNTIME_TAG
 from runstate.services.dev import dagster_home
 

@@ -4,6 +4,11 @@ The child gets default SIGINT/SIGTERM dispositions (a parent started with `&` wo
 ignored, and Dagster maps SIGTERM onto SIGINT's handler) and a session of its own, so a terminal's
 Ctrl-C reaches it once, through us. We forward SIGINT/SIGTERM, wait for a clean shutdown, and only
 kill the process group when it overstays the grace period or a second signal arrives.
+
+Once told to stop, the deployment launches nothing more (the file named by RUNSTATE_DEV_STOPPING_FILE
+appears, and `HeartbeatRunLauncher` refuses launches while it exists), and every run worker gets SIGTERM
+at once, including one that starts later: `dagster dev` stops its servers but never signals their runs,
+and a run worker told to stop ends its run and records that before it exits.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +33,7 @@ from runstate.services.state import (
 )
 
 SHUTDOWN_GRACE_SECONDS = 60.0
+STOPPING_FILE_ENV = "RUNSTATE_DEV_STOPPING_FILE"
 
 
 def repo_root() -> Path:
@@ -59,6 +66,9 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
     # environment), so it must be this project's block, never another checkout's.
     home = project_home()
     home.mkdir(parents=True, exist_ok=True)
+    stopping = Path(tempfile.gettempdir()) / f"runstate-dev-{os.getpid()}.stopping"
+    stopping.unlink(missing_ok=True)
+    env[STOPPING_FILE_ENV] = str(stopping)
     child = subprocess.Popen(
         dagster_dev_argv(port, repo_root()),
         cwd=home,
@@ -66,7 +76,10 @@ def run_dagster_dev(port: int, environ: Mapping[str, str]) -> int:
         start_new_session=True,
         preexec_fn=_child_setup,
     )
-    return supervise(child)
+    try:
+        return supervise(child, stopping)
+    finally:
+        stopping.unlink(missing_ok=True)
 
 
 PR_SET_PDEATHSIG = 1
@@ -82,12 +95,15 @@ def _child_setup() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def supervise(child: subprocess.Popen) -> int:
+def supervise(child: subprocess.Popen, stopping: Path | None = None) -> int:
     signals_seen: list[int] = []
+    told: set[int] = set()  # the run workers sent SIGTERM
 
     def forward(signum: int, _frame: object) -> None:
         signals_seen.append(signum)
         if len(signals_seen) == 1:
+            if stopping is not None:
+                stopping.touch()
             _signal_child(child, signum)
         else:  # a second Ctrl-C means "now"
             _kill_group(child)
@@ -103,6 +119,8 @@ def supervise(child: subprocess.Popen) -> int:
                 pass
             if signals_seen and deadline is None:
                 deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+            if signals_seen:
+                _stop_run_workers(child.pid, told)
             if deadline is not None and time.monotonic() > deadline:
                 _kill_group(child)
     finally:
@@ -138,6 +156,26 @@ def _group_members(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(stat.parent.name))
     return members
+
+
+def _is_run_worker(pid: int) -> bool:
+    """A code server starts each run in a process of Python's multiprocessing `spawn` (its only such child)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"--multiprocessing-fork" in argv
+
+
+def _stop_run_workers(pgid: int, told: set[int]) -> None:
+    """SIGTERM each run worker of the group once, those that start after the shutdown began included."""
+    for pid in _group_members(pgid):
+        if pid not in told and _is_run_worker(pid):
+            told.add(pid)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
 
 def _signal_child(child: subprocess.Popen, signum: int) -> None:

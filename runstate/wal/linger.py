@@ -24,8 +24,6 @@ from runstate.wal.shards import DatasetOutcome, shard_of
 from runstate.wal.source import Batch, WalKey, plan_batches
 from runstate.wal.table import WalTable
 
-FlushBatches = Callable[[Iterable[Batch]], list[DatasetOutcome]]
-
 
 @dataclass(frozen=True)
 class Linger:
@@ -54,31 +52,49 @@ def shard_pending(
     ]
 
 
-def linger_rounds(
-    table: WalTable,
-    flush: FlushBatches,
-    *,
-    shard: int,
-    shards: int,
-    linger: Linger,
-    max_batch_size: int,
-    failed: Iterable[str] = (),
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Iterator[list[DatasetOutcome]]:
-    """Poll the shard's Pending rows and flush them; yields each round's outcomes until idle or over budget.
+class LingerPlans:
+    """The linger loop as an iterator of work: each item is the batches of one round, which the caller
+    flushes and then hands back through `record`, so the loop knows what was applied and what failed.
 
-    `failed` names datasets that already failed in this run: they (and any that fail here) are skipped.
+        plans = LingerPlans(table, shard=0, shards=2, linger=linger, max_batch_size=500)
+        for batches in plans:
+            plans.record(flush(batches))
+
+    It polls the shard's Pending rows every `poll_s`, and ends after `idle_s` without a row applied or
+    `budget_s` after it began. `failed` names datasets that already failed in this run: they (and any
+    that fail here) are skipped.
     """
-    skip = set(failed)
-    started = last_work = clock()
-    while clock() - started < linger.budget_s and clock() - last_work < linger.idle_s:
-        sleep(linger.poll_s)
-        keys = shard_pending(table, shard, shards, skip)
-        if not keys:
-            continue
-        outcomes = flush(plan_batches(keys, max_batch_size=max_batch_size))
-        skip.update(outcome.dataset_id for outcome in outcomes if not outcome.ok)
+
+    def __init__(
+        self,
+        table: WalTable,
+        *,
+        shard: int,
+        shards: int,
+        linger: Linger,
+        max_batch_size: int,
+        failed: Iterable[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._table, self._shard, self._shards = table, shard, shards
+        self._linger, self._max_batch_size = linger, max_batch_size
+        self._skip = set(failed)
+        self._clock, self._sleep = clock, sleep
+        self._started = self._last_work = clock()
+
+    def __iter__(self) -> Iterator[list[Batch]]:
+        while self._clock() - self._started < self._linger.budget_s and (
+            self._clock() - self._last_work < self._linger.idle_s
+        ):
+            self._sleep(self._linger.poll_s)
+            keys = shard_pending(self._table, self._shard, self._shards, self._skip)
+            if keys:
+                yield plan_batches(keys, max_batch_size=self._max_batch_size)
+
+    def record(self, outcomes: list[DatasetOutcome]) -> None:
+        """What flushing the last round did: its failed datasets are skipped from now on, and a row
+        applied restarts the idle time."""
+        self._skip.update(outcome.dataset_id for outcome in outcomes if not outcome.ok)
         if any(outcome.applied for outcome in outcomes):
-            last_work = clock()
-        yield outcomes
+            self._last_work = self._clock()

@@ -33,6 +33,7 @@ KNOBS = [
     "RUNSTATE_SPARK_DRIVER_HOST",
     "RUNSTATE_SPARK_CONF",
     "RUNSTATE_AWS_ENDPOINT_URL",
+    "RUNSTATE_RUN_DEAD_AFTER_S",
 ]
 
 
@@ -73,6 +74,8 @@ def test_every_verb_refuses_a_bad_knob_before_it_starts(verb, tmp_path):
         (["maintenance", "tick"], "RUNSTATE_MAINTENANCE_WORKERS", "abc"),
         (["events", "show", "r1"], "RUNSTATE_SPARK_CONF", '{"spark.executor.memory": null}'),
         (["wal", "status"], "RUNSTATE_AWS_ENDPOINT_URL", "nope"),
+        (["wal", "status"], "RUNSTATE_RUN_DEAD_AFTER_S", "1"),
+        (["wal", "flush"], "RUNSTATE_RUN_DEAD_AFTER_S", "abc"),  # issue 42.4: it printed a traceback
     ],
 )
 def test_a_bad_knob_is_one_line_from_the_installed_command(verb, knob, raw, tmp_path):

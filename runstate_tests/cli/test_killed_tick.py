@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -21,7 +20,7 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.config import settings
-from runstate.defs.runs.liveness import beat, last_beats
+from runstate.defs.runs.beats import beat, beat_ages
 from runstate.defs.tags import SPARK_TAG
 from runstate.defs.ticking import CURSOR_KEY
 from runstate.maintenance import CachedTable, MaintenanceStore
@@ -45,7 +44,7 @@ def _worker_started(instance: dg.DagsterInstance, store: MaintenanceStore, job_i
     runs = instance.get_runs(
         filters=dg.RunsFilter(job_name=WORKER_JOB, statuses=[dg.DagsterRunStatus.STARTED])
     )
-    if runs and last_beats(instance, [runs[0].run_id]) and store.queue.get_job(job_id).status == "running":
+    if runs and beat_ages(instance, [runs[0].run_id]) and store.queue.get_job(job_id).status == "running":
         return runs[0]
     return None
 
@@ -77,7 +76,7 @@ def test_a_killed_maintenance_tick_is_ended_by_the_next_tick_which_reuses_no_run
                 child.wait(timeout=30)
             key = CURSOR_KEY.format("maintenance_queue_sensor")
             cursor = json.loads(instance.run_storage.get_cursor_values({key})[key])
-            beat(instance, killed.run_id, now=time.time() - 60)  # a minute on, no beat since
+            beat(instance, killed.run_id, age_s=60)  # a minute on, no beat since
 
             ticked = CliRunner().invoke(main, ["maintenance", "tick"])
 

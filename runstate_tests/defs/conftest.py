@@ -34,9 +34,11 @@ def bare_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def started_run(on: dg.DagsterInstance, job: dg.JobDefinition) -> dg.DagsterRun:
+def started_run(
+    on: dg.DagsterInstance, job: dg.JobDefinition, tags: dict[str, str] | None = None
+) -> dg.DagsterRun:
     """A run of `job` that the instance `on` reads as STARTED, with no process behind it."""
-    run = on.create_run_for_job(job, run_config={})
+    run = on.create_run_for_job(job, run_config={}, tags=tags)
     on.handle_run_event(
         run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import dagster as dg
@@ -17,7 +16,7 @@ from runstate.defs.maintenance.jobs import (
 )
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
-from runstate.defs.runs.liveness import beat
+from runstate.defs.runs.beats import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
@@ -170,7 +169,7 @@ def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, b
     jobs = [store.submit("db", f"t{i}", ["rewrite_manifests"]) for i in range(3)]
     job = build_defs({"maintenance": resource, "spark": _no_spark()}).resolve_job_def("iceberg_maintenance")
     dead, alive = (started_run(bare_instance, job) for _ in range(2))
-    beat(bare_instance, dead.run_id, now=time.time() - 600)  # killed ten minutes ago with the deployment
+    beat(bare_instance, dead.run_id, age_s=600)  # killed ten minutes ago with the deployment
     beat(bare_instance, alive.run_id)
     held = {
         resource.worker_id(dead.run_id): store.claim(resource.worker_id(dead.run_id), 120),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
+from dagster._core.events import StepSuccessData
 
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.sensors import run_recorder
@@ -94,3 +95,30 @@ def test_redelivered_ticks_append_nothing_twice(recorder_defs, instance):
     tick_sensor("run_recorder", defs=recorder_defs, instance=instance)
 
     assert _store(recorder_defs).fetch(run.run_id) == first
+
+
+def test_a_run_failed_by_liveness_and_then_ended_by_its_paused_worker_is_recorded_as_failed_only(
+    recorder_defs, instance
+):
+    """Issue 42.1: a run declared dead whose process resumed wrote StepStarted, StepCompleted and
+    RunCompleted after the RunFailed; the run ends once, at its first terminal event."""
+    job = recorder_defs.resolve_job_def("succeeds")
+    run = instance.create_run_for_job(job)
+
+    def report(event_type: dg.DagsterEventType, step_key: str | None = None, data=None) -> None:
+        event = dg.DagsterEvent(
+            event_type.value, job_name=job.name, step_key=step_key, event_specific_data=data
+        )
+        instance.report_dagster_event(event, run_id=run.run_id)
+
+    report(dg.DagsterEventType.RUN_START)
+    instance.report_run_failed(instance.get_run_by_id(run.run_id), "runstate: the run's process is gone")
+    report(dg.DagsterEventType.STEP_START, "flaky")  # what the resumed worker wrote next
+    report(dg.DagsterEventType.STEP_SUCCESS, "flaky", StepSuccessData(duration_ms=1.0))
+    report(dg.DagsterEventType.RUN_SUCCESS)
+
+    tick_sensor("run_recorder", defs=recorder_defs, instance=instance)
+
+    store = _store(recorder_defs)
+    assert [e.event_type for e in store.fetch(run.run_id)] == ["RunStarted", "RunFailed"]
+    assert store.project(run.run_id).status == "FAILED"

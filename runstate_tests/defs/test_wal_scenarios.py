@@ -8,20 +8,21 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from runstate.defs.runs.liveness import beat
+from runstate.defs.runs.beats import beat
 from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
 from runstate.wal.layout import APPLIED_PREFIX, PENDING, ensure_wal_table
+from runstate.wal.shards import shard_of
+from runstate_tests.defs.conftest import started_run
 from runstate_tests.wal.shell import PUT_FAILURES, FlakyS3WalResource, WalWorld, unique_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -188,7 +189,7 @@ def test_worker_crash_mid_flush_of_a_shard_run_then_a_later_tick_applies_everyth
     lost_runs = instance.get_runs(filters=dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))
     assert len(lost_runs) >= 1  # the killed runs never reported anything
     for run in lost_runs:  # the clock moves on: the killed worker's last heartbeat is a minute old
-        beat(instance, run.run_id, now=time.time() - 60)
+        beat(instance, run.run_id, age_s=60)
     defs = world.defs()
 
     tick = tick_sensor("wal_sensor", defs=defs, instance=instance)
@@ -215,7 +216,7 @@ def test_a_lost_run_holds_its_shard_while_it_beats_and_is_failed_once_its_heartb
 
     held = tick_sensor("wal_sensor", defs=defs, instance=instance)
     statuses_while_held = set(world.statuses("orders").values())
-    beat(instance, lost.run_id, now=time.time() - 60)  # a minute later, no beat since
+    beat(instance, lost.run_id, age_s=60)  # a minute later, no beat since
     recovered = tick_sensor("wal_sensor", defs=defs, instance=instance)
 
     assert held.requested == 0 and f"held by run {lost.run_id}" in held.skip_reason
@@ -223,6 +224,34 @@ def test_a_lost_run_holds_its_shard_while_it_beats_and_is_failed_once_its_heartb
     assert instance.get_run_by_id(lost.run_id).status == dg.DagsterRunStatus.FAILURE
     assert (recovered.requested, recovered.succeeded) == (1, 1)
     assert all_applied(world, "orders") and reader_state(world, "orders")[0] == 11
+
+
+def test_a_shard_held_by_a_run_of_any_job_or_state_gets_no_flush_of_its_own(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    """Issue 39.1: in an instance without the project's tag limits, the sensor's own holder check is the
+    one-run-per-shard rule: a compaction of the shard holds it, as does a flush still launching."""
+    world.append("orders", "a", 1)
+    defs = world.defs()
+    shard = str(shard_of("orders", world.resource().flush_shards))
+    compaction = started_run(instance, defs.resolve_job_def("compact_wal"), tags={WAL_SHARD_TAG: shard})
+    beat(instance, compaction.run_id)
+
+    by_compaction = tick_sensor("wal_sensor", defs=defs, instance=instance)
+    instance.report_run_failed(compaction)
+    launching = instance.create_run_for_job(
+        defs.resolve_job_def("flush_wal"),
+        tags={WAL_SHARD_TAG: shard},
+        run_config={"ops": {"flush_wal_shard": {"config": {"shard": int(shard), "batches": []}}}},
+    )
+    instance.handle_run_event(
+        launching.run_id, dg.DagsterEvent(dg.DagsterEventType.PIPELINE_STARTING.value, job_name="flush_wal")
+    )
+    by_launch = tick_sensor("wal_sensor", defs=defs, instance=instance)
+
+    assert by_compaction.requested == 0 and f"held by run {compaction.run_id}" in by_compaction.skip_reason
+    assert by_launch.requested == 0 and f"held by run {launching.run_id}, STARTING" in by_launch.skip_reason
+    assert set(world.statuses("orders").values()) == {PENDING}
 
 
 def test_duplicate_signals_same_seq_from_stream_and_sweep_is_flushed_once(

@@ -89,6 +89,27 @@ def deployment_dagster_yaml(home: Path) -> Path:
     return dagster_home
 
 
+def deployment_env(
+    home: Path, pg_url: str, dagster_url: str, moto_url: str, dagster_home: Path | None = None, **extra: str
+) -> dict[str, str]:
+    """The environment of a deployment of the tests' own: this process's, without any endpoint of it;
+    its Dagster home is `dagster_home`, else the checkout's dagster.yaml under `home`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
+    env.update(
+        RUNSTATE_HOME=str(home),
+        DAGSTER_HOME=str(dagster_home or deployment_dagster_yaml(home)),
+        RUNSTATE_PG_URL=pg_url,
+        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        RUNSTATE_AWS_ENDPOINT_URL=moto_url,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        DAGSTER_TELEMETRY_ENABLED="false",
+        **extra,
+    )
+    return env
+
+
 @pytest.fixture(scope="package")
 def deployment() -> Iterator[Deployment]:
     """Package-scoped, not session: it stops once the group's last test is done, instead of keeping its
@@ -100,17 +121,11 @@ def deployment() -> Iterator[Deployment]:
     # moto imports its backends on the first request: seconds under load, and `services up` gives the
     # endpoint one second to answer. That first request is ours (should it fail, `services up` says so).
     http_answers(moto.url, timeout=STARTUP_S)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
-    env.update(
-        RUNSTATE_HOME=str(home),
-        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
-        RUNSTATE_PG_URL=pg_url,
-        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        DAGSTER_TELEMETRY_ENABLED="false",
+    env = deployment_env(
+        home,
+        pg_url,
+        dagster_url,
+        moto.url,
         # A merge every 10 s instead of every minute: the wait for a dataset's table is the sensor's timer.
         RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
     )

@@ -1,9 +1,12 @@
-"""`runstate dev` stopped mid-linger (SIGKILL, then SIGTERM, to every process of it) and started again.
+"""`runstate dev` with a lingering flush worker paused past the dead bound, then stopped mid-linger (SIGKILL
+to every process of it, then SIGTERM to `runstate dev` alone, as a user's Ctrl-C) and started again.
 
-Its flush runs were alive when it stopped. After each restart a row appended is visible within 60 s
-(the dead runs are known dead from their stale heartbeat, not after `dagster/max_runtime`), and every
-row is applied exactly once. One server pair of its own (home, databases, moto) serves both signals,
-so the test can kill it without disturbing the shared deployment of the other tests.
+The paused worker's run is failed and stays failed when the worker resumes (the worker stops itself),
+and its row is applied by the run that replaced it. Its flush runs were alive when it stopped. After
+each restart a row appended is visible within 60 s (the dead runs are known dead from their stale
+heartbeat, not after `dagster/max_runtime`), and every row is applied exactly once. One server pair of
+its own (home, databases, moto) serves every phase, so the test can kill it without disturbing the
+shared deployment of the other tests.
 
 Its moto runs in a process of its own. moto keeps its tables in module globals, so a second moto server
 in this pytest process would share the WAL table and blob bucket of the shared deployment's: while that
@@ -13,6 +16,7 @@ deployment was up, its daemon flushed this test's rows, and this server listed n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,13 +26,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from dagster._core.events.log import EventLogEntry
+from dagster._serdes import deserialize_value
 
 from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
-from runstate_tests.deployment.conftest import STRIPPED, Deployment, _location_loaded, deployment_dagster_yaml
+from runstate_tests.deployment.conftest import (
+    Deployment,
+    _location_loaded,
+    deployment_env,
+)
+from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.devserver import RUNSTATE, descendants, free_port, launch_dev, poll, wait_for_graphql
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
@@ -36,9 +48,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.ma
 STARTUP_S = 300
 FIRST_FLUSH_S = 400  # the first run worker of a fresh server, on a loaded machine
 VISIBLE_AFTER_RESTART_S = 60  # issue 19: the bound this test is about
+DEAD_AFTER_S = 12  # RUNSTATE_RUN_DEAD_AFTER_S of this server: a paused worker is failed this soon
 DATASET = "restart"
 RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
-  runId status } } } }"""
+  runId status startTime endTime } } } }"""
 RUN = """query($runId: ID!) { runOrError(runId: $runId) { ... on Run { status endTime } } }"""
 
 
@@ -63,16 +76,18 @@ class Server:
             lambda: _location_loaded(self.deployment), timeout=STARTUP_S, every=1, what="code location loaded"
         )
 
-    def stop(self, sig: int) -> None:
+    def stop(self, sig: int, *, everyone: bool = True) -> None:
         """`sig` to every process of the deployment at once, as a reboot or a deploy's cgroup kill does:
         `runstate dev`, the `dagster dev` in its own session, the webserver, daemon, code server and run
-        workers. Then wait until none is left."""
+        workers; or (`everyone=False`) to `runstate dev` alone, as a user's Ctrl-C or a service manager
+        does. Then wait until none is left."""
         assert self.process is not None
-        tree = [self.process.pid, *descendants(self.process.pid)]
-        for pid in tree:
+        services = service_pids(self.deployment.home)  # they outlive `runstate dev` by design
+        tree = [pid for pid in [self.process.pid, *descendants(self.process.pid)] if pid not in services]
+        for pid in tree if everyone else tree[:1]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in tree:  # whatever outlived a SIGTERM
@@ -80,6 +95,13 @@ class Server:
                 os.kill(pid, signal.SIGKILL)
         self.process.wait(timeout=60)
         self.process = None
+
+
+def service_pids(home: Path) -> set[int]:
+    """The embedded services `runstate dev` started (`.runstate/services.json`)."""
+    path = home / ".runstate" / "services.json"
+    records = json.loads(path.read_text()) if path.exists() else {}
+    return {record["pid"] for record in records.values() if record.get("pid")}
 
 
 def alive(pid: int) -> bool:
@@ -96,19 +118,14 @@ def server() -> Iterator[Server]:
     databases = [unique("rs_restart"), unique("rs_restart_dagster")]
     pg_url, dagster_url = (create_database(name) for name in databases)
     moto = MotoProcess()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
-    env.update(
-        RUNSTATE_HOME=str(home),
-        DAGSTER_HOME=str(deployment_dagster_yaml(home)),
-        RUNSTATE_PG_URL=pg_url,
-        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto.url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        DAGSTER_TELEMETRY_ENABLED="false",
+    env = deployment_env(
+        home,
+        pg_url,
+        dagster_url,
+        moto.url,
         # Long enough that the flush runs are still lingering when the server is stopped.
         RUNSTATE_WAL_FLUSH_LINGER_S="120",
+        RUNSTATE_RUN_DEAD_AFTER_S=str(DEAD_AFTER_S),
     )
     server = Server(Deployment(0, env, home, pg_url, moto, home / "dev.log"))
     try:
@@ -198,43 +215,113 @@ def ends(deployment: Deployment, run_ids: list[str]) -> dict[str, tuple[str, flo
     return found
 
 
+def worker_pid(deployment: Deployment, run_id: str) -> int:
+    """The process of a run's worker: the pid its RUN_START event was written from."""
+    url = deployment.env["DAGSTER_PG_URL"].replace("+psycopg2", "")
+    query = "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'PIPELINE_START'"
+    with psycopg.connect(url) as conn:
+        [event] = conn.execute(query, (run_id,)).fetchone()
+    return deserialize_value(event, EventLogEntry).dagster_event.pid
+
+
+def run_events(deployment: Deployment, run_id: str) -> list[str]:
+    url = deployment.env["DAGSTER_PG_URL"].replace("+psycopg2", "")
+    query = "SELECT dagster_event_type FROM event_logs WHERE run_id = %s AND dagster_event_type IS NOT NULL"
+    with psycopg.connect(url) as conn:
+        return [kind for (kind,) in conn.execute(query + " ORDER BY id", (run_id,))]
+
+
+def pause_a_lingering_worker(server: Server, changes: list[Change]) -> float:
+    """SIGSTOP the lingering flush run's worker past the dead bound, append, wait for the row; then SIGCONT
+    the worker. Returns the seconds from the append to the row visible.
+
+    Issue 42.1: the paused run is failed, the row is applied by the run that replaced it, and the resumed
+    worker stops itself: its run stays FAILURE, with no success and no materialization after it."""
+    a_run_lingering(server)
+    [paused] = lingering_runs(server.deployment)
+    pid = worker_pid(server.deployment, paused)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        visible_after = append_until_visible(server, changes, "while-paused", FIRST_FLUSH_S)
+        assert ends(server.deployment, [paused])[paused[:8]][0] == "FAILURE"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    poll(lambda: not alive(pid), timeout=120, every=0.2, what="the resumed worker gone")
+    assert ends(server.deployment, [paused])[paused[:8]][0] == "FAILURE"
+    kinds = run_events(server.deployment, paused)
+    after_failure = kinds[kinds.index("PIPELINE_FAILURE") :]
+    assert "PIPELINE_SUCCESS" not in kinds and "ASSET_MATERIALIZATION" not in after_failure, kinds
+    said = [line for line in server.deployment.log.read_text(errors="replace").splitlines() if paused in line]
+    assert any(line.startswith(f"Error: run {paused} ") and "declared dead" in line for line in said), said
+    return visible_after
+
+
 def restart_then_append(server: Server, sig: int, changes: list[Change]) -> float:
     """Stop mid-linger by `sig`, start again, append; returns the seconds from append to visible.
 
-    After a SIGTERM, the runs that lingered must have recorded their own end before they exited: a run
-    worker told to stop ends its run (Dagster's retry policy would otherwise re-run the interrupted step in
-    the dying process, and the run stayed STARTED until the restarted deployment found it dead)."""
+    SIGKILL goes to every process of the deployment, SIGTERM to `runstate dev` alone. After a SIGTERM,
+    the runs that lingered must have recorded their own end before they exited (a run worker told to stop
+    ends its run; `runstate dev` tells its run workers, as `dagster dev` does not), and so must every run
+    that started once the shutdown had begun (issue 42.9: a flush run started after the daemon stopped,
+    and was left STARTED)."""
     a_run_lingering(server)
     lingering = lingering_runs(server.deployment)
-    server.stop(sig)
+    stopping = time.time()
+    server.stop(sig, everyone=sig != signal.SIGTERM)
     stopped = time.time()
     server.start()
     if sig == signal.SIGTERM:
         recorded = ends(server.deployment, lingering)
         assert all(end is not None and end <= stopped for _, end in recorded.values()), recorded
-    change = Change.upsert(f"after-{signal.Signals(sig).name}", len(changes) + 1)
+        late = [
+            run
+            for run in all_runs(server.deployment)
+            if run["startTime"] is not None and run["startTime"] >= stopping
+        ]
+        assert all(run["endTime"] is not None and run["endTime"] <= stopped for run in late), late
+    return append_until_visible(server, changes, f"after-{signal.Signals(sig).name}", VISIBLE_AFTER_RESTART_S)
+
+
+def append_until_visible(server: Server, changes: list[Change], key: str, timeout: float) -> float:
+    """Append one change and wait until its row is visible; returns the seconds that took."""
+    change = Change.upsert(key, len(changes) + 1)
     changes.append(change)
     appended = time.monotonic()
     seq = append(server.deployment, change.key, change.value)
     with explained(server):
         poll(
             lambda: visible_at(server.deployment, seq),
-            timeout=VISIBLE_AFTER_RESTART_S,
+            timeout=timeout,
             every=0.5,
-            what=f"row {seq} visible after a restart by {signal.Signals(sig).name}",
+            what=f"row {seq} ({key}) visible",
         )
     return time.monotonic() - appended
 
 
+def all_runs(deployment: Deployment) -> list[dict]:
+    return deployment.graphql(RUNS, {"filter": {}})["runsOrError"]["results"]
+
+
 def test_a_restart_mid_linger_applies_new_rows_within_a_minute_and_every_row_once(server: Server):
     server.start()
-    changes = [Change.upsert("before", 0)]
-    seq = append(server.deployment, "before", 0)
-    poll(lambda: visible_at(server.deployment, seq), timeout=FIRST_FLUSH_S, every=1, what="the first flush")
+    dagster_db = server.deployment.env["DAGSTER_PG_URL"].replace("+psycopg2", "")
+    with Sampler(dagster_db, lambda: server.process.pid if server.process else None) as sampler:
+        changes = [Change.upsert("before", 0)]
+        seq = append(server.deployment, "before", 0)
+        poll(
+            lambda: visible_at(server.deployment, seq), timeout=FIRST_FLUSH_S, every=1, what="the first flush"
+        )
 
-    after_kill = restart_then_append(server, signal.SIGKILL, changes)
-    after_term = restart_then_append(server, signal.SIGTERM, changes)
+        while_paused = pause_a_lingering_worker(server, changes)
+        after_kill = restart_then_append(server, signal.SIGKILL, changes)
+        after_term = restart_then_append(server, signal.SIGTERM, changes)
 
     applied_once(server.deployment, changes)
-    print(f"append-to-visible after restart: SIGKILL {after_kill:.1f} s, SIGTERM {after_term:.1f} s")
+    peaks = sampler.peaks
+    print(
+        f"runstate dev: append-to-visible with the lingering worker paused {while_paused:.1f} s, after a "
+        f"restart: SIGKILL {after_kill:.1f} s, SIGTERM {after_term:.1f} s; peak Spark JVMs {peaks.spark_jvms},"
+        f" max runs per shard at once {peaks.runs_per_shard} ({peaks.samples} samples)"
+    )
+    assert peaks.runs_per_shard == 1, peaks.runs_per_shard_sample
     assert "terminate called" not in server.deployment.log.read_text(errors="replace")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from runstate.wal import Change, DatasetReader, WalInputError, WalProducer
-from runstate.wal.linger import Linger, linger_rounds
+from runstate.wal.linger import Linger, LingerPlans
 from runstate.wal.shards import flush_shard, shard_of
 
 from .faults import Faults
@@ -39,10 +39,11 @@ class Clock:
 
 
 def run_linger(wal, clock: Clock, linger: Linger, flush=None, failed=()) -> list[list]:
+    """Drive the loop as the flush op does: flush each round's batches and hand the outcomes back."""
     table, blobs = wal.owners()
-    rounds = linger_rounds(
+    flush = flush or (lambda batches: flush_shard(table, blobs, batches, retry_delay_s=0.01))
+    plans = LingerPlans(
         table,
-        flush or (lambda batches: flush_shard(table, blobs, batches, retry_delay_s=0.01)),
         shard=0,
         shards=SHARDS,
         linger=linger,
@@ -51,7 +52,11 @@ def run_linger(wal, clock: Clock, linger: Linger, flush=None, failed=()) -> list
         clock=clock,
         sleep=clock.sleep,
     )
-    return list(rounds)
+    rounds = []
+    for batches in plans:
+        rounds.append(flush(batches))
+        plans.record(rounds[-1])
+    return rounds
 
 
 def test_rows_that_arrive_while_it_lingers_are_flushed_and_it_ends_once_idle(wal):

@@ -4,9 +4,10 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
-from runstate.defs.runs.interrupts import ends_run_when_interrupted
+from runstate.defs.runs.heartbeat import ensure_alive
+from runstate.defs.runs.interrupts import ends_run_when_interrupted, spark_jobs_cancelled_on_interrupt
 from runstate.defs.spark import SparkResource, ends_spark_session
-from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
+from runstate.defs.tags import REPLANNED_BY_SENSOR_TAGS, SPARK_JOB_TAGS, SPARK_POOL
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import BlobIntegrityError, WalError, WalInputError
 from runstate.wal.dataset_tables import MergeResult, merge_dataset
@@ -56,25 +57,41 @@ def merge_datasets(
     """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run.
 
     A merged table is a materialization of its partition; a table that was already current is an
-    observation, so whoever reads the run (the CLI) sees every dataset it was asked for."""
+    observation, so whoever reads the run (the CLI) sees every dataset it was asked for.
+
+    Before each merge and before reporting it, the run's fence (a run declared dead stops here); a
+    SIGTERM cancels the Spark job in flight, so the run fails and records its end at once."""
     session, location, s3 = spark.get_session(), blob_location(wal), wal.s3_client()
     limit = copy_on_write_max_bytes(wal)
     failures: dict[str, WalError] = {}
-    for dataset_id in config.dataset_ids:
-        try:
-            result = merge_dataset(
-                session, location, dataset_id, rebuild=config.rebuild, s3=s3, copy_on_write_max_bytes=limit
+    with spark_jobs_cancelled_on_interrupt(session) as interrupt:
+        for dataset_id in config.dataset_ids:
+            ensure_alive(context)
+            try:
+                result = merge_dataset(
+                    session,
+                    location,
+                    dataset_id,
+                    rebuild=config.rebuild,
+                    s3=s3,
+                    copy_on_write_max_bytes=limit,
+                )
+            except WalError as error:
+                interrupt.check()  # a job cancelled by the signal is no dataset's failure
+                context.log.error(str(error))
+                failures[dataset_id] = error
+                continue
+            ensure_alive(context)
+            context.log.info(
+                f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}"
             )
-        except WalError as error:
-            context.log.error(str(error))
-            failures[dataset_id] = error
-            continue
-        context.log.info(f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}")
-        metadata = merge_metadata(result)
-        if result.merged:
-            context.log_event(dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata))
-        else:
-            context.log_event(dg.AssetObservation(TABLES_ASSET, partition=dataset_id, metadata=metadata))
+            metadata = merge_metadata(result)
+            if result.merged:
+                context.log_event(
+                    dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata)
+                )
+            else:
+                context.log_event(dg.AssetObservation(TABLES_ASSET, partition=dataset_id, metadata=metadata))
     if failures:
         raise dg.Failure(
             description=f"{len(failures)} of {len(config.dataset_ids)} dataset merge(s) failed: "
@@ -87,7 +104,7 @@ def merge_datasets(
 
 @dg.job(
     name=MERGE_JOB,
-    tags=SPARK_JOB_TAGS,
+    tags={**SPARK_JOB_TAGS, **REPLANNED_BY_SENSOR_TAGS},
     description="Bring a shard of dataset tables up to their datasets' manifest versions on Spark.",
 )
 def merge_dataset_tables() -> None:

@@ -6,11 +6,13 @@ are grouped by merge shard (a stable hash of the dataset id), and each shard get
 many deltas go into one merge, a dataset is merged at most once per tick, and never more than
 MERGE_SHARDS merge runs (and JVMs) exist at once, however many datasets there are.
 
-Failures: while a shard's latest run is alive (queued, running, or the daemon's retry of it) the
-shard is held and its datasets wait. When that run is dead (failed, canceled, or in progress without a
-heartbeat: `runstate.defs.runs.liveness` reports it failed), its datasets are requested again. A lost
-cursor only requests every dataset once more, and a merge of a table that is already current writes
-nothing.
+Failures: while any run tagged with a shard is alive (queued, launching, running or canceling, this
+sensor's or the CLI's `wal merge`) the shard is held and its datasets wait, in any instance, with or
+without the tag limits of this project's dagster.yaml. When a run of the shard is dead (failed,
+canceled, or in progress without a heartbeat: `runstate.defs.runs.liveness` reports it failed), its
+datasets are requested again; merge runs opt out of run retries, so this request is the one retry. A
+lost cursor only requests every dataset once more, and a merge of a table that is already current
+writes nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import dagster as dg
 
 from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
-from runstate.defs.runs.liveness import RunLiveness, check_runs
+from runstate.defs.runs.liveness import HOLDING_STATUSES, RunLiveness, check_runs
 from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
@@ -77,12 +79,28 @@ class MergeTick:
         return "every dataset table is at its dataset's version"
 
 
-def _latest_run(instance: dg.DagsterInstance, shard: int) -> tuple[Any, RunLiveness | None]:
-    """The shard's latest run and its liveness (a run found dead is reported failed first)."""
-    records = instance.get_run_records(filters=dg.RunsFilter(tags={MERGE_SHARD_TAG: str(shard)}), limit=1)
-    if not records:
-        return None, None
-    return records[0].dagster_run, check_runs(instance, records)[0]
+@dataclass(frozen=True)
+class ShardRuns:
+    holder: RunLiveness | None  # a live run of the shard, if any
+    dead: list[Any]  # runs of the shard found dead: those that held it, and its latest run if dead
+
+
+def shard_runs(instance: dg.DagsterInstance, shard: int) -> ShardRuns:
+    """The shard's live run and its dead ones (runs found dead are reported failed first)."""
+    tags = {MERGE_SHARD_TAG: str(shard)}
+    holding = list(
+        instance.get_run_records(filters=dg.RunsFilter(tags=tags, statuses=list(HOLDING_STATUSES)))
+    )
+    latest = [
+        record
+        for record in instance.get_run_records(filters=dg.RunsFilter(tags=tags), limit=1)
+        if record.dagster_run.run_id not in {r.dagster_run.run_id for r in holding}
+    ]
+    records = holding + latest
+    verdicts = check_runs(instance, records)
+    alive = [verdict for verdict in verdicts if verdict.alive]
+    dead = [record.dagster_run for record, verdict in zip(records, verdicts) if verdict.dead]
+    return ShardRuns(alive[0] if alive else None, dead)
 
 
 def _run_datasets(run: Any) -> list[str]:
@@ -106,10 +124,10 @@ def evaluate_merge_tick(
     requested = dict(cursor.requested)
     holders: dict[int, RunLiveness] = {}
     for shard in range(shards):
-        run, verdict = _latest_run(instance, shard)
-        if verdict is not None and verdict.alive:
-            holders[shard] = verdict
-        elif verdict is not None and verdict.dead:
+        runs = shard_runs(instance, shard)
+        if runs.holder is not None:
+            holders[shard] = runs.holder
+        for run in runs.dead:
             for dataset_id in _run_datasets(run):
                 requested.pop(dataset_id, None)
     applied = last_applied_seqs(wal.wal_table())

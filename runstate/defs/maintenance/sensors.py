@@ -16,7 +16,7 @@ import dagster as dg
 from runstate.defs.maintenance.jobs import iceberg_maintenance
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.runs.liveness import RunLiveness, check_runs
-from runstate.defs.tags import MAINTENANCE_WORKER_TAG
+from runstate.defs.tags import MAINTENANCE_WORKER_TAG, REPLANNED_BY_SENSOR_TAGS
 
 IN_PROGRESS = [
     dg.DagsterRunStatus.QUEUED,
@@ -60,7 +60,9 @@ def maintenance_queue_sensor(context: dg.SensorEvaluationContext, maintenance: M
     return dg.SensorResult(
         run_requests=[
             dg.RunRequest(
-                run_key=f"maintenance-worker-{requested + i + 1}", tags={MAINTENANCE_WORKER_TAG: "true"}
+                run_key=f"maintenance-worker-{requested + i + 1}",
+                # A dead worker's jobs go back to the queue and this sensor starts another worker: no retry.
+                tags={MAINTENANCE_WORKER_TAG: "true", **REPLANNED_BY_SENSOR_TAGS},
             )
             for i in range(wanted)
         ],

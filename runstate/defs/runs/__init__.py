@@ -1,7 +1,7 @@
-"""Dagster definitions that make the deployment record its own runs in the run state store."""
+"""Dagster definitions about the deployment's own runs: recorded in the run state store, and ended when dead."""
 
 import dagster as dg
 
-from runstate.defs.runs.sensors import run_recorder
+from runstate.defs.runs.sensors import run_liveness, run_recorder
 
-defs = dg.Definitions(sensors=[run_recorder])
+defs = dg.Definitions(sensors=[run_recorder, run_liveness])

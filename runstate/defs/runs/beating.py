@@ -1,38 +1,48 @@
 """Where heartbeats are written and read inside Dagster: an executor wrapper and a run launcher.
 
 - `beating(executor_def)`: the same executor, plus a heartbeat for the whole run, written from the run
-  worker's own process while its steps execute (whatever the job and its ops).
+  worker's own process while its steps execute (whatever the job and its ops), and the zombie fence
+  around them (`runstate.defs.runs.heartbeat`).
 - `HeartbeatRunLauncher`: Dagster's DefaultRunLauncher, which launches nothing differently but answers
-  `check_run_worker_health` from the heartbeat. The default launcher has no such check, so run
+  `check_run_worker_health` from the run's liveness. The default launcher has no such check, so run
   monitoring could only fail a run whose worker vanished at its `dagster/max_runtime`; with it, the
-  daemon's monitoring (every `poll_interval_seconds`) fails such a run within seconds too.
+  daemon's monitoring (every `poll_interval_seconds`) fails such a run within seconds too. Under
+  `runstate dev` it also launches nothing once the deployment has begun to stop.
 
 CLI in-process runs beat through `runstate.defs.ticking` (execute_in_process replaces the executor).
 """
 
 from __future__ import annotations
 
-import time
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.executor.base import Executor
-from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, WorkerStatus
+from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, LaunchRunContext, WorkerStatus
 
-from runstate.defs.runs.liveness import LivenessPolicy, heartbeat, judge, last_beats
+from runstate.config import ConfigError
+from runstate.defs.runs.heartbeat import heartbeat
+from runstate.defs.runs.liveness import LivenessPolicy, judge, observe
+from runstate.services.dev import STOPPING_FILE_ENV
 
 
 class HeartbeatExecutor(Executor):
-    """Runs the wrapped executor while a daemon thread beats for the run."""
+    """Runs the wrapped executor while a daemon thread beats for the run, fenced at both ends."""
 
     def __init__(self, inner: Executor):
         self._inner = inner
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
         # The worker reports the run's end after the executor returns: the last beat covers that moment.
-        with heartbeat(plan_context.instance, plan_context.run_id, ends_run=False):
+        with heartbeat(plan_context.instance, plan_context.run_id, ends_run=False) as beating:
+            if beating is not None:  # a run reaped while it launched does nothing
+                beating.check(full=True)
             yield from self._inner.execute(plan_context, execution_plan)
+            if beating is not None:  # the worker writes the run's success next: not after its failure
+                beating.check()
 
     @property
     def retries(self) -> Any:
@@ -58,7 +68,17 @@ def beating(inner: dg.ExecutorDefinition) -> dg.ExecutorDefinition:
 
 
 class HeartbeatRunLauncher(DefaultRunLauncher):
-    """DefaultRunLauncher whose run-worker health check reads the run's heartbeat."""
+    """DefaultRunLauncher whose run-worker health check reads the run's liveness."""
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        stopping = os.environ.get(STOPPING_FILE_ENV)
+        if stopping and os.path.exists(stopping):
+            # A run launched now would start in a deployment that is going away, and be killed before it
+            # records its end; failed at launch, its work is requested again after the restart.
+            raise DagsterLaunchFailedError(
+                "not launched: the deployment is stopping (runstate dev was told to stop)"
+            )
+        super().launch_run(context)
 
     @property
     def supports_check_run_worker_health(self) -> bool:
@@ -68,7 +88,12 @@ class HeartbeatRunLauncher(DefaultRunLauncher):
         record = self._instance.get_run_record_by_id(run.run_id)
         if record is None:
             return CheckRunHealthResult(WorkerStatus.NOT_FOUND, f"run {run.run_id} not found")
-        last = last_beats(self._instance, [run.run_id]).get(run.run_id)
-        verdict = judge(record, last, time.time(), LivenessPolicy.from_env())
-        status = WorkerStatus.RUNNING if verdict.alive else WorkerStatus.FAILED
-        return CheckRunHealthResult(status, verdict.describe())
+        try:
+            policy = LivenessPolicy.from_settings()
+        except ConfigError as error:  # the daemon's environment, not the run's: say so, judge nothing
+            return CheckRunHealthResult(WorkerStatus.UNKNOWN, str(error))
+        signs = observe(self._instance, [record], policy).get(run.run_id)
+        verdict = judge(record, signs, policy) if signs is not None else None
+        if verdict is None or verdict.alive:
+            return CheckRunHealthResult(WorkerStatus.RUNNING, verdict.describe() if verdict else "")
+        return CheckRunHealthResult(WorkerStatus.FAILED, f"{verdict.describe()}: {verdict.reason}")

@@ -1,75 +1,85 @@
-"""Is a run alive? One answer for the sensors, the CLI ticks and run monitoring, from a heartbeat.
+"""Is a run alive? One answer for the sensors, the CLI and run monitoring, by the database's clock.
 
-Dagster's run status alone cannot tell: a run worker killed outright (SIGKILL, a reboot, `runstate dev`
-stopped) never reports, so its run stays STARTED, holds its shard and its `runstate/spark` slot, and
-only `dagster/max_runtime` would end it, minutes later. So every run that executes writes a heartbeat
-every BEAT_INTERVAL_S from a daemon thread of its own process: a key per run in Dagster's own
-key-value store (`run_storage.set_cursor_values`, the table sensor cursors live in), so there is no
-schema of ours to migrate, and it lives in the same database as the run it speaks for.
+Dagster's run status alone cannot tell: a run worker killed outright (SIGKILL, a reboot, the deployment
+stopped) never reports, so its run stays STARTING or STARTED, holds its shard and its Spark slot, and
+only run monitoring (off by default) would end it. So every run that executes beats
+(`runstate.defs.runs.heartbeat`), and its age is judged by one clock, the run storage database's
+(`runstate.defs.runs.beats`).
 
-A run is dead when it is FAILURE or CANCELED, or when it is in progress (STARTING, STARTED, CANCELING,
-NOT_STARTED) and its last beat is older than `dead_after_s`; a STARTED run that never beat gets
-`start_grace_s` from its start first, and a run still launching (NOT_STARTED, STARTING) is left to
-Dagster's own start timeout. Whoever looks next (a sensor tick, a CLI tick, the daemon's run
-monitoring through `HeartbeatRunLauncher`) reports such a run failed, which frees its concurrency
-slots. A run that is alive is never declared dead while it beats: the run-key and tag fences stay.
+A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
+- its last heartbeat is `dead_after_s` old (RUNSTATE_RUN_DEAD_AFTER_S);
+- it never beat, and the code server that launched it (Dagster's default launcher records it on the run)
+  does not run it: that server is gone with its deployment, or the run's process exited. It is asked
+  only once the run has been seen without a heartbeat for `ask_server_after_s`, as a launch registers
+  the run with its server a moment after it tags the run. Under the default launcher, a run STARTING
+  without that tag by then was never handed to a code server (its daemon died mid-launch);
+- it never beat and nobody can be asked (another launcher: a pod, a task), and the first liveness check
+  that saw it did so `start_grace_s` ago (STARTED) or `launch_grace_s` ago (still launching: its worker
+  loads the code location before it beats, a minute and more on a loaded machine).
+
+Whoever looks next (a sensor tick, the CLI, the daemon's run monitoring through `HeartbeatRunLauncher`)
+reports such a run failed, which frees its shard and slots. Reaping a run by mistake is safe: its
+process, should it still live, finds its run failed and stops before it changes anything
+(`runstate.defs.runs.heartbeat`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import dagster as dg
+from dagster._core.storage.tags import GRPC_INFO_TAG
 
-HEARTBEAT_KEY = "runstate.heartbeat.{}"
-BEAT_INTERVAL_S = 2.0
-DEAD_AFTER_ENV = "RUNSTATE_RUN_DEAD_AFTER_S"
-DEFAULT_DEAD_AFTER_S = 20.0
-# A run worker loads the code location before it starts and beats; under load that takes a while.
-DEFAULT_START_GRACE_S = 60.0
+from runstate.config import Settings, settings
+from runstate.defs.runs import beats
+
+log = logging.getLogger(__name__)
+
 DEAD_STATUSES = frozenset({dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED})
 QUEUED_STATUSES = frozenset({dg.DagsterRunStatus.QUEUED})
 LAUNCHING_STATUSES = frozenset({dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING})
 IN_PROGRESS_STATUSES = frozenset(
-    {
-        dg.DagsterRunStatus.NOT_STARTED,
-        dg.DagsterRunStatus.STARTING,
-        dg.DagsterRunStatus.STARTED,
-        dg.DagsterRunStatus.CANCELING,
-    }
+    {*LAUNCHING_STATUSES, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING}
 )
-log = logging.getLogger(__name__)
+# Every status in which a run holds what it was started for: a shard, a Spark slot.
+HOLDING_STATUSES = frozenset({*QUEUED_STATUSES, *IN_PROGRESS_STATUSES})
+# A code server that does not answer within this is not taken for gone: the run keeps its grace.
+ASK_SERVER_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
 class LivenessPolicy:
     """How stale a heartbeat may be, and how long a run that never beat is given."""
 
-    dead_after_s: float = DEFAULT_DEAD_AFTER_S
-    start_grace_s: float = DEFAULT_START_GRACE_S
+    dead_after_s: float = 20.0
+    start_grace_s: float = 60.0
+    launch_grace_s: float = 300.0
+    ask_server_after_s: float = 5.0
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LivenessPolicy:
-        raw = (os.environ if environ is None else environ).get(DEAD_AFTER_ENV, "")
-        if not raw:
-            return cls()
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not 3 * BEAT_INTERVAL_S <= value <= 3600:  # also refuses nan
-            raise ValueError(
-                f"{DEAD_AFTER_ENV} must be a number of seconds in [{3 * BEAT_INTERVAL_S:g}, 3600], got {raw!r}"
-            )
-        return cls(dead_after_s=value, start_grace_s=max(DEFAULT_START_GRACE_S, value))
+    def from_settings(cls, config: Settings | None = None) -> LivenessPolicy:
+        """The policy of RUNSTATE_RUN_DEAD_AFTER_S (read, with its bounds, by `runstate.config`)."""
+        dead_after_s = (config or settings()).run_dead_after_s
+        return cls(
+            dead_after_s=dead_after_s,
+            start_grace_s=max(cls.start_grace_s, dead_after_s),
+            launch_grace_s=max(cls.launch_grace_s, dead_after_s),
+        )
+
+
+@dataclass(frozen=True)
+class Signs:
+    """What a liveness check knows of a run besides its status."""
+
+    beat_age_s: float | None = None  # None: never beat
+    seen_age_s: float | None = None  # since a check first saw it in progress without a heartbeat
+    worker: bool | None = None  # its launching code server runs it (True), does not (False), unknown (None)
+    worker_note: str = ""  # why it is known not to run it
 
 
 @dataclass(frozen=True)
@@ -78,60 +88,25 @@ class RunLiveness:
 
     run_id: str
     status: dg.DagsterRunStatus
-    started_at: float | None  # epoch seconds: the run's start, else its creation
-    beat_age_s: float | None  # None: never beat
+    started_at: float | None  # for the description only: Dagster's record of the run's start or creation
+    beat_age_s: float | None
     alive: bool
+    reason: str = ""  # why a run in progress is dead
 
     @property
     def dead(self) -> bool:
         return self.status in DEAD_STATUSES or (self.status in IN_PROGRESS_STATUSES and not self.alive)
 
     def describe(self) -> str:
-        """E.g. "run 1a2b3c4d, STARTED at 14:39:57 UTC, heartbeat 2 s ago"."""
+        """E.g. "run 1a2b3c4d, STARTED since 14:39:57 UTC, heartbeat 2 s ago"."""
         started = (
             datetime.fromtimestamp(self.started_at, UTC).strftime("%H:%M:%S UTC") if self.started_at else "?"
         )
         beat = "no heartbeat yet" if self.beat_age_s is None else f"heartbeat {self.beat_age_s:.0f} s ago"
         return f"run {self.run_id}, {self.status.value} since {started}, {beat}"
 
-
-def _key(run_id: str) -> str:
-    return HEARTBEAT_KEY.format(run_id)
-
-
-def beat(instance: dg.DagsterInstance, run_id: str, now: float | None = None) -> None:
-    """Record that `run_id` is alive now."""
-    instance.run_storage.set_cursor_values({_key(run_id): repr(time.time() if now is None else now)})
-
-
-def last_beats(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:
-    """The last heartbeat of each run that has one (one query for all of them)."""
-    ids = list(run_ids)
-    if not ids:
-        return {}
-    values = instance.run_storage.get_cursor_values({_key(run_id) for run_id in ids})
-    beats = {}
-    for run_id in ids:
-        try:
-            beats[run_id] = float(values[_key(run_id)])
-        except (KeyError, ValueError):
-            continue
-    return beats
-
-
-def forget(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> None:
-    """Drop the heartbeats of runs that ended, so the key-value table does not grow with every run."""
-    from dagster._core.storage.runs.schema import KeyValueStoreTable
-
-    keys = [_key(run_id) for run_id in run_ids]
-    if not keys:
-        return
-    storage = instance.run_storage
-    connect = getattr(storage, "connect", None)
-    if connect is None:  # not a SQL run storage: the keys stay, which is harmless
-        return
-    with connect() as conn:
-        conn.execute(KeyValueStoreTable.delete().where(KeyValueStoreTable.c.key.in_(keys)))
+    def ended(self, status: dg.DagsterRunStatus) -> RunLiveness:
+        return RunLiveness(self.run_id, status, self.started_at, self.beat_age_s, False, self.reason)
 
 
 def _started_at(record: Any) -> float | None:
@@ -141,133 +116,131 @@ def _started_at(record: Any) -> float | None:
     return created.timestamp() if created is not None else None
 
 
-def judge(record: Any, last_beat: float | None, now: float, policy: LivenessPolicy) -> RunLiveness:
-    """The liveness of one run record, given its last heartbeat (None: never beat)."""
+def judge(record: Any, signs: Signs, policy: LivenessPolicy) -> RunLiveness:
+    """The liveness of one run record, from what is known of it (a pure function: no clock, no I/O)."""
     run = record.dagster_run
-    started = _started_at(record)
-    age = None if last_beat is None else max(0.0, now - last_beat)
-    if run.status in IN_PROGRESS_STATUSES:
-        if age is not None:
-            alive = age < policy.dead_after_s
-        elif run.status in LAUNCHING_STATUSES:
-            # Its worker is still loading the code location (a minute and more on a loaded machine)
-            # and beats only once it executes: Dagster's run monitoring judges a launch that never
-            # starts (`start_timeout_seconds`). Reaping it here failed runs that went on to flush.
-            alive = True
-        else:
-            alive = started is None or now - started < policy.start_grace_s
-    else:  # queued runs wait for the coordinator; finished runs are neither alive nor to be reaped
-        alive = run.status in QUEUED_STATUSES
-    return RunLiveness(run.run_id, run.status, started, age, alive)
+    reason = ""
+    if run.status in QUEUED_STATUSES:  # waits for the run queue, which nothing here judges
+        alive = True
+    elif run.status not in IN_PROGRESS_STATUSES:  # ended: neither alive nor to be reaped
+        alive = False
+    elif signs.beat_age_s is not None:
+        alive = signs.beat_age_s < policy.dead_after_s
+        reason = f"no heartbeat for {signs.beat_age_s:.0f} s (the bound is {policy.dead_after_s:g} s)"
+    elif signs.worker is False:
+        alive = False
+        reason = signs.worker_note
+    else:
+        grace = policy.launch_grace_s if run.status in LAUNCHING_STATUSES else policy.start_grace_s
+        alive = signs.seen_age_s is None or signs.seen_age_s < grace
+        seen = signs.seen_age_s or 0.0
+        reason = (
+            f"no heartbeat {seen:.0f} s after it was first seen {run.status.value} (the bound is {grace:g} s)"
+        )
+    return RunLiveness(
+        run.run_id, run.status, _started_at(record), signs.beat_age_s, alive, "" if alive else reason
+    )
+
+
+NOT_RUN = "the code server that launched it does not run it (gone with its deployment, or the run exited)"
+NEVER_HANDED = "its launch never reached a code server (the daemon that launched it was gone mid-launch)"
+
+
+def code_server_runs(run: dg.DagsterRun, launcher: Any) -> tuple[bool | None, str]:
+    """Whether the code server that launched `run` is executing it: True, False (it says not, nothing
+    listens at its address any more, or Dagster's default launcher never tagged the run with one), or
+    None (another launcher, or no clear answer); and why not."""
+    from dagster._core.launcher import DefaultRunLauncher
+    from dagster._grpc.client import DagsterGrpcClient
+    from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
+    from dagster._serdes import deserialize_value
+    from grpc import RpcError, StatusCode
+
+    raw = run.tags.get(GRPC_INFO_TAG)
+    if not raw:  # Dagster marks a run STARTING, then the default launcher tags it with its code server
+        never = isinstance(launcher, DefaultRunLauncher) and run.status == dg.DagsterRunStatus.STARTING
+        return (False, NEVER_HANDED) if never else (None, "")
+    try:
+        info = json.loads(raw)
+        client = DagsterGrpcClient(
+            host=info.get("host"),
+            port=info.get("port"),
+            socket=info.get("socket"),
+            use_ssl=bool(info.get("use_ssl", False)),
+        )
+        answer = client.can_cancel_execution(
+            CanCancelExecutionRequest(run_id=run.run_id), timeout=ASK_SERVER_TIMEOUT_S
+        )
+        return deserialize_value(answer, CanCancelExecutionResult).can_cancel, NOT_RUN
+    except Exception as error:  # noqa: BLE001 - only a closed address is an answer
+        cause = error.__cause__
+        if isinstance(cause, RpcError) and cause.code() == StatusCode.UNAVAILABLE:  # ty: ignore
+            return False, NOT_RUN
+        log.info("run %s: its code server gave no clear answer: %s", run.run_id, error)
+        return None, ""
+
+
+def observe(instance: dg.DagsterInstance, records: list[Any], policy: LivenessPolicy) -> dict[str, Signs]:
+    """The signs of each in-progress run: heartbeat and sighting ages, and its code server's answer.
+
+    A run in progress without either row is seen now (its grace starts), and its code server is asked
+    only once the run has been seen for `ask_server_after_s`."""
+    in_progress = [r.dagster_run for r in records if r.dagster_run.status in IN_PROGRESS_STATUSES]
+    known = beats.ages(instance, [run.run_id for run in in_progress])
+    unseen = [run.run_id for run in in_progress if run.run_id not in known]
+    if unseen:
+        beats.mark_seen(instance, unseen)
+    signs = {}
+    for run in in_progress:
+        age = known.get(run.run_id, beats.Ages(seen_s=0.0))
+        ask = age.beat_s is None and (age.seen_s or 0.0) >= policy.ask_server_after_s
+        worker, note = code_server_runs(run, instance.run_launcher) if ask else (None, "")
+        signs[run.run_id] = Signs(age.beat_s, age.seen_s, worker, note)
+    return signs
 
 
 def check_runs(
-    instance: dg.DagsterInstance,
-    records: Iterable[Any],
-    *,
-    policy: LivenessPolicy | None = None,
-    now: float | None = None,
+    instance: dg.DagsterInstance, records: Iterable[Any], *, policy: LivenessPolicy | None = None
 ) -> list[RunLiveness]:
     """Judge every record and report each in-progress run found dead as failed; returns the verdicts.
 
     The verdicts describe the runs as they are after that: a reaped run reads FAILURE.
     """
-    policy = policy or LivenessPolicy.from_env()
+    policy = policy or LivenessPolicy.from_settings()
     records = list(records)
-    beats = last_beats(instance, [r.dagster_run.run_id for r in records])
-    now = time.time() if now is None else now
-    # Finished runs keep their last beat until someone looks: drop those keys now.
-    forget(
-        instance,
-        [
-            r.dagster_run.run_id
-            for r in records
-            if r.dagster_run.is_finished and r.dagster_run.run_id in beats
-        ],
-    )
+    # Finished runs keep their rows until someone looks: drop them now.
+    beats.forget(instance, [r.dagster_run.run_id for r in records if r.dagster_run.is_finished])
+    signs = observe(instance, records, policy)
     verdicts = []
     for record in records:
-        verdict = judge(record, beats.get(record.dagster_run.run_id), now, policy)
+        verdict = judge(record, signs.get(record.dagster_run.run_id, Signs()), policy)
         if verdict.status in IN_PROGRESS_STATUSES and not verdict.alive:
-            verdict = _reap(instance, record.dagster_run, verdict, policy)
+            verdict = _reap(instance, record.dagster_run, verdict)
         verdicts.append(verdict)
     return verdicts
 
 
-def _reap(
-    instance: dg.DagsterInstance, run: dg.DagsterRun, verdict: RunLiveness, policy: LivenessPolicy
-) -> RunLiveness:
+def _reap(instance: dg.DagsterInstance, run: dg.DagsterRun, verdict: RunLiveness) -> RunLiveness:
     current = instance.get_run_by_id(run.run_id)
     if current is None or current.is_finished:  # it ended while we looked
-        status = current.status if current is not None else dg.DagsterRunStatus.FAILURE
-        return RunLiveness(verdict.run_id, status, verdict.started_at, verdict.beat_age_s, False)
-    why = (
-        f"no heartbeat for {verdict.beat_age_s:.0f} s (the bound is {policy.dead_after_s:g} s)"
-        if verdict.beat_age_s is not None
-        else f"no heartbeat {policy.start_grace_s:g} s after it started"
-    )
-    message = f"runstate: the run's process is gone ({why}); marked failed so its shard and slots are freed"
+        return verdict.ended(current.status if current is not None else dg.DagsterRunStatus.FAILURE)
+    message = f"runstate: the run's process is gone ({verdict.reason}); marked failed so its shard and slots are freed"
     log.warning("run %s: %s", run.run_id, message)
     instance.report_run_failed(current, message)
-    forget(instance, [run.run_id])
-    return RunLiveness(
-        verdict.run_id, dg.DagsterRunStatus.FAILURE, verdict.started_at, verdict.beat_age_s, False
-    )
+    beats.forget(instance, [run.run_id])
+    return verdict.ended(dg.DagsterRunStatus.FAILURE)
 
 
-class Heartbeat:
-    """A daemon thread that beats for one run every `interval_s` until stopped.
-
-    A failed beat (a database blip) is logged and retried at the next interval: a run is only taken for
-    dead after `dead_after_s` without one.
-    """
-
-    def __init__(self, instance: dg.DagsterInstance, run_id: str, interval_s: float = BEAT_INTERVAL_S):
-        self._instance, self.run_id, self._interval = instance, run_id, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{run_id[:8]}", daemon=True)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                beat(self._instance, self.run_id)
-            except Exception as error:  # noqa: BLE001 - a missed beat must never end the run
-                log.warning("run %s: heartbeat not written: %s", self.run_id, error)
-            if self._stop.wait(self._interval):
-                return
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def stop(self, *, ended: bool) -> None:
-        """Stop beating. `ended`: the run's final status is stored, so its key can go; otherwise (a run
-        worker's executor returning before the worker reports the run's end) one last beat covers the
-        moment until it does, and the next look at the finished run drops the key."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        try:
-            if ended:
-                forget(self._instance, [self.run_id])
-            else:
-                beat(self._instance, self.run_id)
-        except Exception as error:  # noqa: BLE001 - the run's outcome matters more than its key
-            log.warning("run %s: last heartbeat not written: %s", self.run_id, error)
-
-
-@contextmanager
-def heartbeat(instance: dg.DagsterInstance, run_id: str, *, ends_run: bool) -> Iterator[Heartbeat | None]:
-    """Beat for `run_id` while the block runs; `ends_run`: the run's end is stored when the block ends.
-
-    An ephemeral instance (in-memory SQLite, one process) gets no beats: no other process can judge its
-    runs, and a beat's write there locked the tables under the run's own writes ("database table is
-    locked").
-    """
-    if instance.is_ephemeral:
-        yield None
-        return
-    beating = Heartbeat(instance, run_id).start()
-    try:
-        yield beating
-    finally:
-        beating.stop(ended=ends_run)
+def sweep_rows(instance: dg.DagsterInstance) -> int:
+    """Drop the heartbeat and sighting rows of runs that ended (or are gone); returns how many runs."""
+    tracked = beats.tracked_run_ids(instance)
+    if not tracked:
+        return 0
+    live = {
+        run.run_id
+        for run in instance.get_runs(dg.RunsFilter(run_ids=tracked))
+        if run.status in HOLDING_STATUSES
+    }
+    ended = [run_id for run_id in tracked if run_id not in live]
+    beats.forget(instance, ended)
+    return len(ended)

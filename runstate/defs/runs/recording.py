@@ -2,6 +2,11 @@
 
 Idempotency keys come from the Dagster run id, the step key and the step attempt, so reading the same
 event log twice (a re-delivered sensor tick, a cursor reset) appends nothing new.
+
+A run ends once: its record stops at its first terminal event (RunCompleted, RunFailed or RunCancelled),
+and every terminal event of a run shares one idempotency key, so the first one stored wins. A run that
+was declared dead and failed, and whose paused process then wrote on, is recorded as failed only (its
+process stops at its next check, `runstate.defs.runs.heartbeat`, but the record must not depend on it).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from datetime import UTC, datetime
 from dagster import DagsterEventType, DagsterInstance
 from dagster._core.events.log import EventLogEntry
 
-from runstate.eventstore import EventType, NewEvent
+from runstate.eventstore import EventType, NewEvent, idempotency_key
 
 ADAPTER_VERSION = "runstate-dagster/1"
 
@@ -32,6 +37,8 @@ STEP_EVENT_TYPES = {
 }
 RECORDED_TYPES = set(RUN_EVENT_TYPES) | set(STEP_EVENT_TYPES)
 RUN_STATUS_TYPES = set(RUN_EVENT_TYPES)
+TERMINAL_TYPES = {DagsterEventType.RUN_SUCCESS, DagsterEventType.RUN_FAILURE, DagsterEventType.RUN_CANCELED}
+RUN_ENDED = "RunEnded"  # the event type part of the one idempotency key of a run's terminal event
 
 
 def _error_text(entry: EventLogEntry) -> str | None:
@@ -45,7 +52,8 @@ def _error_text(entry: EventLogEntry) -> str | None:
 
 
 def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry]) -> list[NewEvent]:
-    """The canonical events of one run, in event-log order, with 1-based step attempt numbers."""
+    """The canonical events of one run, in event-log order, with 1-based step attempt numbers, up to and
+    including its first terminal event."""
     attempts: dict[str, int] = defaultdict(int)
     events: list[NewEvent] = []
     for entry in entries:
@@ -56,6 +64,7 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
             data = {"job_name": job_name}
             if event_type == DagsterEventType.RUN_FAILURE:
                 data["error"] = (entry.message or "")[:2000]
+            terminal = event_type in TERMINAL_TYPES
             events.append(
                 NewEvent(
                     run_id,
@@ -64,8 +73,13 @@ def canonical_events(run_id: str, job_name: str, entries: Sequence[EventLogEntry
                     data=data,
                     adapter_version=ADAPTER_VERSION,
                     engine_run_ref=ref,
+                    idempotency_key=idempotency_key(run_id, None, None, RUN_ENDED, None)
+                    if terminal
+                    else None,
                 )
             )
+            if terminal:
+                break
         elif event_type in STEP_EVENT_TYPES and entry.step_key:
             if STEP_EVENT_TYPES[event_type] == EventType.STEP_STARTED:
                 attempts[entry.step_key] += 1

@@ -7,11 +7,12 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.defs.runs.beating import beating
+from runstate.defs.runs.heartbeat import ensure_alive
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
-from runstate.defs.tags import PRIORITY_TAG, WAL_SHARD_TAG
+from runstate.defs.tags import PRIORITY_TAG, REPLANNED_BY_SENSOR_TAGS, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
-from runstate.wal.linger import Linger, linger_rounds
+from runstate.wal.linger import Linger, LingerPlans
 from runstate.wal.shards import DatasetOutcome, flush_shard
 
 SNAPSHOTS_ASSET = dg.AssetKey("dataset_snapshots")
@@ -119,10 +120,14 @@ def build_flush_job(
         context: dg.OpExecutionContext, config: ShardFlushConfig, wal: WalResource
     ) -> dg.Output:
         """Flush the shard's batches (datasets in parallel, each in seq order; failures reported per
-        dataset), then, with the resource's flush_linger_s, the shard's new rows until none come."""
+        dataset), then, with the resource's flush_linger_s, the shard's new rows until none come.
+
+        Before each round and before reporting it, the run's fence: a run declared dead while its process
+        was paused stops here (`runstate.defs.runs.heartbeat`)."""
         table, blobs = wal.wal_table(), wal.blob_store()
 
         def flush(batches: Iterable[Batch]) -> list[DatasetOutcome]:
+            ensure_alive(context)
             outcomes = flush_shard(
                 table,
                 blobs,
@@ -132,22 +137,25 @@ def build_flush_job(
                 retry_delay_s=wal.flush_retry_delay_s,
                 catch_up_rows=wal.max_batch_size,
             )
+            ensure_alive(context)
             report(context, outcomes)
             return outcomes
 
         outcomes = flush([Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches])
         if wal.flush_linger_s > 0:
-            rounds = linger_rounds(
+            plans = LingerPlans(
                 table,
-                flush,
                 shard=config.shard,
                 shards=wal.flush_shards,
                 linger=Linger(idle_s=wal.flush_linger_s, budget_s=wal.flush_run_budget_s),
                 max_batch_size=wal.max_batch_size,
                 failed=[outcome.dataset_id for outcome in outcomes if not outcome.ok],
             )
-            for more in rounds:
+            for batches in plans:
+                more = flush(batches)
+                plans.record(more)
                 outcomes += more
+        ensure_alive(context)
         metadata = shard_metadata(config.shard, outcomes)
         context.log.info(
             f"shard {config.shard}: {json.dumps({k: v for k, v in metadata.items() if k != 'failures'})}"
@@ -159,7 +167,7 @@ def build_flush_job(
         name=name,
         executor_def=beating(dg.in_process_executor),  # beats: its shard is held while it lives
         # Freshness first: the queue starts a flush before a waiting Spark run.
-        tags={PRIORITY_TAG: "10"},
+        tags={PRIORITY_TAG: "10", **REPLANNED_BY_SENSOR_TAGS},
         description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",
     )
     def flush_job() -> None:

@@ -13,9 +13,13 @@ the plan key is deterministic over (shard, batches), and the generation counts t
 (found by the `runstate/wal_batch` tag) that are dead or succeeded (a dataset that failed inside a
 successful run is planned again, and may give the same plan). Whether a run is alive comes from its
 heartbeat (`runstate.defs.runs.liveness`): a run whose worker was killed outright never reports, so
-the tick that finds its heartbeat stale reports it failed, within seconds. While a flush run of the
-shard is alive, including the daemon's auto-retry of a failed one, the shard gets nothing new. A
-duplicate run is harmless: the flush skips rows already Applied.
+the tick that finds its heartbeat stale reports it failed, within seconds.
+
+Holders. While any run tagged with the shard holds it (QUEUED, NOT_STARTED, STARTING, STARTED or
+CANCELING, whoever started it: this sensor, the CLI's `wal flush`, a day's compaction, a launch from the
+UI) the shard gets nothing new. That is the one-flush-per-shard rule in an instance without the tag
+limits of this project's dagster.yaml. Flush runs opt out of run retries: this sensor re-plans a dead
+run's rows itself. A duplicate run is harmless anyway: the flush skips rows already Applied.
 """
 
 import json
@@ -25,7 +29,7 @@ from typing import Any
 
 import dagster as dg
 
-from runstate.defs.runs.liveness import RunLiveness, check_runs
+from runstate.defs.runs.liveness import HOLDING_STATUSES, RunLiveness, check_runs
 from runstate.defs.tags import MAX_RUNTIME_TAG, WAL_BATCH_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
@@ -35,8 +39,6 @@ from runstate.wal.shards import ShardPlan, plan_shards
 SENSOR_INTERVAL_S = 5
 FLUSH_JOB = "flush_wal"
 CURSOR_VERSION = 1
-# Enough to see a shard's live run and its latest request: a shard has at most one live flush at a time.
-RECENT_SHARD_RUNS = 20
 
 
 @dataclass
@@ -105,15 +107,13 @@ class ShardRuns:
 
 
 def shard_runs(instance: dg.DagsterInstance, shard: int) -> ShardRuns:
-    """The shard's live flush run (runs found dead are reported failed first), and its latest request."""
-    records = list(
-        instance.get_run_records(
-            filters=dg.RunsFilter(job_name=FLUSH_JOB, tags={WAL_SHARD_TAG: str(shard)}),
-            limit=RECENT_SHARD_RUNS,
-        )
-    )
-    last = records[0].create_timestamp.timestamp() if records else None
-    live = [verdict for verdict in check_runs(instance, records) if verdict.alive]
+    """The shard's live run, of any job and whoever started it (runs found dead are reported failed
+    first), and when its latest flush run was requested."""
+    tags = {WAL_SHARD_TAG: str(shard)}
+    holding = instance.get_run_records(filters=dg.RunsFilter(tags=tags, statuses=list(HOLDING_STATUSES)))
+    latest = instance.get_run_records(filters=dg.RunsFilter(job_name=FLUSH_JOB, tags=tags), limit=1)
+    last = latest[0].create_timestamp.timestamp() if latest else None
+    live = [verdict for verdict in check_runs(instance, holding) if verdict.alive]
     return ShardRuns(holder=live[0] if live else None, last_requested=last)
 
 
