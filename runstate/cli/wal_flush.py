@@ -6,7 +6,9 @@ with its shard like the daemon's: while it runs, the sensor sees the shard held 
 flush of it. Two fences keep one flush per shard:
 - against other `runstate wal flush` commands, a session advisory lock per (WAL table, shard) in
   runstate's database, held while the shard is planned and flushed: six racing commands made six runs
-  for two shards, which run tags cannot stop (an in-process run has no queue to wait in);
+  for two shards, which run tags cannot stop (an in-process run has no queue to wait in). The lock's
+  session names the run it flushes for; a command paused past the dead bound keeps its session, so a
+  waiting command that finds that run dead (and reports it failed) ends the session and takes the shard;
 - against the daemon's runs, the shard's live run (its heartbeat is fresh) is waited for, briefly; if it
   still holds the shard then, it is named and left to flush the shard's rows itself.
 The shard's rows are planned once both fences are passed, so a command that waited finds the rows the
@@ -17,12 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import time
 from typing import Any
 
 import click
 
 POLL_S = 1.0
+# Postgres keeps 63 bytes of an application name: a run id (36) fits after "wal flush pid N run ".
+RUN_IN_NAME = re.compile(r" run ([0-9a-f-]{36})$")
 
 
 def _pending_keys(wal: Any, dataset_id: str | None) -> list[Any]:
@@ -70,7 +75,7 @@ class ShardFences:
         self._table = wal_table
         try:
             self._conn = psycopg.connect(
-                pg_url, autocommit=True, application_name=f"runstate wal flush (pid {os.getpid()})"
+                pg_url, autocommit=True, application_name=f"wal flush pid {os.getpid()}"
             )
         except psycopg.OperationalError as error:
             raise WalServiceError(
@@ -82,31 +87,51 @@ class ShardFences:
         digest = hashlib.sha256(f"runstate wal flush\x1f{self._table}\x1f{shard}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
 
-    def acquire(self, shard: int, deadline: float) -> bool:
-        """Take the shard's lock, waiting for another command's until `deadline`."""
-        from psycopg.errors import LockNotAvailable
-
-        wait_ms = int((deadline - time.monotonic()) * 1000)
-        if wait_ms <= 0:  # a lock_timeout of 0 would wait for ever
-            return self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key(shard),)).fetchone()[0]
-        self._conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{wait_ms}ms",))
-        try:
-            self._conn.execute("SELECT pg_advisory_lock(%s)", (self._key(shard),))
-        except LockNotAvailable:
-            return False
+    def acquire(self, shard: int, deadline: float, instance: Any) -> bool:
+        """Take the shard's lock, waiting for another command's until `deadline`; a holder whose run is
+        dead loses it at once."""
+        key = self._key(shard)
+        while not self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]:
+            if not self._take_over_from_a_dead_run(shard, instance) and time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
         return True
 
-    def holder(self, shard: int) -> str:
-        """Who holds the shard's lock: the other command's application name, as it connected."""
+    def name_run(self, run_id: str) -> None:
+        """Name the run this command flushes for on its lock's session, for a waiting command to judge."""
+        name = f"wal flush pid {os.getpid()} run {run_id}"
+        self._conn.execute("SELECT set_config('application_name', %s, false)", (name,))
+
+    def _holding_session(self, shard: int) -> tuple[int, str] | None:
         key = self._key(shard) & 0xFFFF_FFFF_FFFF_FFFF
-        row = self._conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+        return self._conn.execute(
+            "SELECT a.pid, a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
             " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
             " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND l.classid = %s AND l.objid = %s",
             (key >> 32, key & 0xFFFF_FFFF),
         ).fetchone()
-        return row[0] if row else "another runstate wal flush"
+
+    def _take_over_from_a_dead_run(self, shard: int, instance: Any) -> bool:
+        """End the holding session when the run it names is dead (judged, and reported failed, as the
+        sensors judge runs); True when it was ended."""
+        import dagster as dg
+
+        from runstate.defs.runs.liveness import check_runs
+
+        holding = self._holding_session(shard)
+        named = RUN_IN_NAME.search(holding[1]) if holding else None
+        if named is None:  # no run yet: the holder is still planning (a killed one loses its session)
+            return False
+        records = instance.get_run_records(filters=dg.RunsFilter(run_ids=[named.group(1)]))
+        if not records or not check_runs(instance, records)[0].dead:
+            return False
+        return self._conn.execute("SELECT pg_terminate_backend(%s)", (holding[0],)).fetchone()[0]
+
+    def holder(self, shard: int) -> str:
+        """Who holds the shard's lock: the other command's application name."""
+        holding = self._holding_session(shard)
+        return f"runstate {holding[1]}" if holding else "another runstate wal flush"
 
     def release(self, shard: int) -> None:
         self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._key(shard),))
@@ -115,15 +140,19 @@ class ShardFences:
         self._conn.close()
 
 
-def _flush_shard(defs: Any, instance: Any, wal: Any, plan: Any) -> str | None:
+def _flush_shard(defs: Any, instance: Any, wal: Any, plan: Any, fences: ShardFences) -> str | None:
     """Execute the shard's flush run; a problem to report, or None."""
+    from dagster._core.utils import make_new_run_id
+
     from runstate.defs.ticking import execute_run
     from runstate.defs.wal.sensors import FLUSH_JOB, batch_runs, flush_run_request
 
     runs = batch_runs(instance, plan.key)
     request = flush_run_request(plan, runs.dead + runs.succeeded, wal)
     job = defs.resolve_job_def(FLUSH_JOB)
-    result = execute_run(job, instance, run_config=request.run_config, tags=request.tags)
+    run_id = make_new_run_id()
+    fences.name_run(run_id)
+    result = execute_run(job, instance, run_config=request.run_config, tags=request.tags, run_id=run_id)
     for event in result.asset_materializations_for_node("flush_wal_shard"):
         version = event.metadata["version"].value
         click.echo(f"{event.partition}: {event.metadata['rows'].value} row(s) applied, version {version}")
@@ -139,7 +168,13 @@ def _flush_shard(defs: Any, instance: Any, wal: Any, plan: Any) -> str | None:
 
 
 def _flush_fenced(
-    defs: Any, instance: Any, wal: Any, dataset_id: str | None, shard: int, deadline: float
+    defs: Any,
+    instance: Any,
+    wal: Any,
+    fences: ShardFences,
+    dataset_id: str | None,
+    shard: int,
+    deadline: float,
 ) -> str | None:
     """With the shard's lock held: wait for a daemon run of the shard, then plan its rows and flush them."""
     holder = _wait_for_shard(instance, shard, deadline)
@@ -149,7 +184,7 @@ def _flush_fenced(
     if plan is None:
         click.echo(f"shard {shard}: nothing left to flush (another flush applied its rows meanwhile)")
         return None
-    return _flush_shard(defs, instance, wal, plan)
+    return _flush_shard(defs, instance, wal, plan, fences)
 
 
 @click.command()
@@ -178,13 +213,13 @@ def flush(dataset_id: str | None, wait_s: float) -> None:
     try:
         for index, shard in enumerate(shards):
             deadline = time.monotonic() + wait_s
-            if not fences.acquire(shard, deadline):
+            if not fences.acquire(shard, deadline, instance):
                 problems.append(
                     f"shard {shard} is being flushed by {fences.holder(shard)}: that command flushes its rows"
                 )
                 continue
             try:
-                problems.append(_flush_fenced(defs, instance, wal, dataset_id, shard, deadline))
+                problems.append(_flush_fenced(defs, instance, wal, fences, dataset_id, shard, deadline))
             except RunInterrupted:
                 if index + 1 < len(shards):
                     problems.append(f"shard(s) {', '.join(map(str, shards[index + 1 :]))} not flushed")

@@ -12,6 +12,7 @@ run whose process is killed is ended by whoever looks next, like a daemon run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -26,12 +27,15 @@ from dagster._core.utils import make_new_run_id
 
 from runstate.config import settings
 from runstate.defs.runs.heartbeat import heartbeat
-from runstate.defs.tags import MAX_RUNTIME_TAG
+from runstate.defs.tags import MAX_RUNTIME_TAG, SPARK_POOL
 from runstate.services.dev import dagster_home
 
 CURSOR_KEY = "runstate.tick_cursor.{}"
 # The backstop for an in-process run that beats but never ends (a hung worker): run monitoring fails it.
 IN_PROCESS_MAX_RUNTIME_S = 4 * 3600
+# How often an in-process run with a Spark step frees the pool slots of dead holders (spark_pool_sensor: 15).
+SPARK_POOL_SWEEP_S = 5.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,6 +91,36 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 @contextmanager
+def _spark_pool_kept(instance: DagsterInstance, job: dg.JobDefinition) -> Iterator[None]:
+    """While a run with a Spark step executes, sweep the Spark pool every few seconds, as the daemon's
+    spark_pool_sensor does: a CLI-only setup has no daemon, and a step waiting for a slot that a killed
+    command still holds would wait for ever. A slot is freed once its holder is found dead."""
+    if not any(op.pool == SPARK_POOL for op in job.graph.iterate_op_defs()):
+        yield
+        return
+    from runstate.defs.instance.pools import sweep_spark_pool
+
+    done = threading.Event()
+
+    def keep() -> None:
+        while True:
+            try:
+                sweep_spark_pool(instance, settings().spark_sessions)
+            except Exception as error:  # noqa: BLE001 - a missed sweep is retried; the run must go on
+                log.warning("Spark pool not swept: %s", error)
+            if done.wait(SPARK_POOL_SWEEP_S):
+                return
+
+    keeper = threading.Thread(target=keep, name="spark-pool-keeper", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        keeper.join(timeout=10)
+
+
+@contextmanager
 def _signals_seen() -> Iterator[Callable[[], bool]]:
     """Whether SIGINT or SIGTERM reached this process inside the block, whichever handler took it: the
     interpreter writes each signal's number to its wakeup fd before any Python handler runs."""
@@ -120,13 +154,19 @@ def execute_run(
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
     partition_key: str | None = None,
+    run_id: str | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Execute `job` in this process as one run that beats while it executes and has a max runtime.
+    """Execute `job` in this process as one run that beats while it executes and has a max runtime
+    (`run_id`: the id it is known by beforehand, e.g. to name it in a lock's holder).
 
     RunInterrupted when Ctrl-C or SIGTERM came while it executed: the caller runs nothing after it."""
-    run_id = make_new_run_id()
+    run_id = run_id or make_new_run_id()
     tags = {MAX_RUNTIME_TAG: str(IN_PROCESS_MAX_RUNTIME_S), **(tags or {})}
-    with heartbeat(instance, run_id, ends_run=True), _signals_seen() as interrupted:
+    with (
+        heartbeat(instance, run_id, ends_run=True),
+        _spark_pool_kept(instance, job),
+        _signals_seen() as interrupted,
+    ):
         result = job.execute_in_process(
             run_config=run_config,
             instance=instance,

@@ -18,8 +18,10 @@ import dagster as dg
 import pytest
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 
+from runstate.config import settings
 from runstate.defs.instance.pools import spark_pool_limit, spark_pool_sensor, sweep_spark_pool
 from runstate.defs.tags import SPARK_POOL
+from runstate.defs.ticking import execute_run
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 
 BIN = Path(sys.executable).parent
@@ -240,3 +242,31 @@ def test_a_spark_step_starts_its_jvm_after_taking_its_slot_and_ends_it_before_fr
     assert owned["jvm_pid"] and not owned["jvm_alive_after"] and not owned["gateway_after"]
     # A session the process already had is left running: the step did not launch its JVM.
     assert joined["jvm_before_step"] and joined["jvm_alive_after"] and joined["shared_still_works"] == 2
+
+
+def test_a_command_waiting_for_the_slot_of_a_killed_command_gets_it_without_a_daemon(
+    home, instance, tmp_path, monkeypatch
+):
+    # A CLI-only setup: `runstate wal merge` killed mid-merge, then run again, with no daemon to free
+    # the slot. The second command's own keeper frees it once the first is found dead.
+    monkeypatch.setenv("RUNSTATE_RUN_DEAD_AFTER_S", "6")
+    monkeypatch.setenv("RUNSTATE_SPARK_SESSIONS", "1")
+    settings.cache_clear()
+    instance.event_log_storage.set_concurrency_slots(SPARK_POOL, 1)
+    marker = tmp_path / "claimed"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(marker)], env={**os.environ, "DAGSTER_HOME": str(home)}
+    )
+    try:
+        _wait_for("the holder's step to start", marker.exists)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+    try:
+        result = execute_run(pool_job, instance)
+    finally:
+        settings.cache_clear()
+
+    assert result.success
+    assert instance.event_log_storage.get_concurrency_info(SPARK_POOL).claimed_slots == []

@@ -56,7 +56,7 @@ def test_the_jobs_a_sensor_replans_are_not_retried_by_the_daemon(instance, job_n
 def test_a_maintenance_worker_run_requested_by_its_sensor_is_not_retried(instance, pg_database, pg_schema):
     maintenance = MaintenanceResource(dsn=pg_database, pg_schema=pg_schema, max_worker_runs=1)
     store = maintenance.get_store()
-    store.replace_table_cache([CachedTable("db", "t", True, {})])
+    store.cache.replace_table_cache([CachedTable("db", "t", True, {})])
     store.submit("db", "t", ["rewrite_manifests"])
     with dg.build_sensor_context(
         resources={"maintenance": maintenance}, instance=dg.DagsterInstance.ephemeral()

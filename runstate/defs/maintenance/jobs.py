@@ -10,7 +10,8 @@ from pydantic import Field
 
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
-from runstate.defs.runs.interrupts import ends_run_when_interrupted
+from runstate.defs.runs.heartbeat import ensure_alive
+from runstate.defs.runs.interrupts import ends_run_when_interrupted, spark_jobs_cancelled_on_interrupt
 from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
@@ -107,13 +108,21 @@ def run_maintenance_worker(
     )
     budget = config.budget_seconds or maintenance.worker_budget_seconds
     jobs: dict[str, dict[str, Any]] = {}
-    # The session starts with the first job claimed: an empty queue starts no JVM.
-    with closing(worker.run(spark.get_session, budget_seconds=budget, max_jobs=config.max_jobs)) as outcomes:
-        # Asked before each claim: the one place this run decides to claim no more.
-        while not (stopped := stop_requested(context)):
+    # The session starts with the first job claimed: an empty queue starts no JVM. A SIGTERM cancels the
+    # Spark job in flight, so the worker fails its run at once instead of waiting for the action to end.
+    runs = worker.run(spark.get_session, budget_seconds=budget, max_jobs=config.max_jobs)
+    with closing(runs) as outcomes, spark_jobs_cancelled_on_interrupt() as interrupt:
+        # Asked before each claim: the one place this run decides to claim no more. A run declared dead
+        # stops its process here (ensure_alive) before it claims or reports anything.
+        while True:
+            ensure_alive(context)
+            if stopped := stop_requested(context):
+                break
             outcome = next(outcomes, None)
+            interrupt.check()  # an action cancelled by the signal is no job's failure
             if outcome is None:
                 break
+            ensure_alive(context)
             jobs[outcome.job_id] = job_metadata(outcome)
             context.log.info(
                 f"job {outcome.job_id} on {outcome.ref.key}: {outcome.status} {outcome.error or ''}"

@@ -63,8 +63,9 @@ class SignalWatch:
 
 
 @contextmanager
-def spark_jobs_cancelled_on_interrupt(session: SparkSession) -> Iterator[SignalWatch]:
-    """While the block runs, SIGINT or SIGTERM cancels the session's Spark jobs.
+def spark_jobs_cancelled_on_interrupt(session: SparkSession | None = None) -> Iterator[SignalWatch]:
+    """While the block runs, SIGINT or SIGTERM cancels the session's Spark jobs (no session: those of the
+    process's Spark context, if one started by then: a worker that builds its session lazily).
 
     A py4j call blocks the main thread until the JVM answers, and Python runs signal handlers in the main
     thread only: the SIGTERM of a stopping deployment waited for the merge's Spark job to end, minutes,
@@ -92,7 +93,7 @@ def spark_jobs_cancelled_on_interrupt(session: SparkSession) -> Iterator[SignalW
             if {signal.SIGINT, signal.SIGTERM} & set(received):
                 watch.seen.set()
                 with contextlib.suppress(Exception):  # a session already gone has nothing to cancel
-                    session.sparkContext.cancelAllJobs()
+                    _spark_context(session).cancelAllJobs()
 
     watcher = threading.Thread(target=cancel_on_signal, name="spark-cancel-on-signal", daemon=True)
     watcher.start()
@@ -105,3 +106,11 @@ def spark_jobs_cancelled_on_interrupt(session: SparkSession) -> Iterator[SignalW
         watcher.join(timeout=10)
         os.close(read_fd)
         os.close(write_fd)
+
+
+def _spark_context(session: SparkSession | None) -> Any:
+    if session is not None:
+        return session.sparkContext
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context  # None before the first session: AttributeError, suppressed
