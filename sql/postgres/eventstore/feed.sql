@@ -1,4 +1,4 @@
--- Named queries of runstate/eventstore/pg_feed.py: the global feed on Postgres (002_event_feed.sql).
+-- Named queries of runstate/eventstore/postgres.py (feed): the global feed on Postgres (002_event_feed.sql).
 -- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
 
 -- name: other_databases_xids

@@ -1,4 +1,4 @@
--- Named queries of runstate/eventstore/pg_reads.py: a run's events, run lists and projections on Postgres.
+-- Named queries of runstate/eventstore/postgres.py: a run's events, run lists and projections on Postgres.
 -- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
 
 -- name: fetch_run

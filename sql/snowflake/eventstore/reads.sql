@@ -1,4 +1,4 @@
--- Named queries of runstate/eventstore/sf_reads.py: a run's events, the feed, run lists and projections
+-- Named queries of runstate/eventstore/snowflake.py: a run's events, the feed, run lists and projections
 -- on Snowflake. Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
 -- Table names are unqualified: the store's connections run in its schema (USE SCHEMA).
 
