@@ -153,7 +153,7 @@ def discover(backend: str, domain: str) -> list[Migration]:
         files = list(sqlfiles.sql_files(backend, domain))
     for resource in files:
         if not resource.name[:1].isdigit():
-            continue  # named queries (queries.sql), not a migration
+            continue  # a file of named queries (append.sql, queue.sql, ...), not a migration
         match = _FILE_RE.match(resource.name)
         if not match:
             raise MigrationError(

@@ -1,5 +1,5 @@
 -- Named queries of runstate/eventstore/postgres.py: the event store's append on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 -- The arrays go as binary parameters (%(x)b), packed by runstate/eventstore/pg_arrays.py.
 -- The position packs the transaction id with the row's place in the batch (002_event_feed.sql).
 

@@ -1,5 +1,5 @@
 -- Named queries of runstate/eventstore/postgres.py: archive, restore and import on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: archivable_runs
 -- A restored run stays live for one archive age after its restore.

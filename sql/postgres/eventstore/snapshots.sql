@@ -1,5 +1,5 @@
 -- Named queries of runstate/eventstore/postgres.py: the state snapshots on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: write_snapshot
 -- One statement (the append's pipeline sends it without waiting for it). The DELETE sees the table as it was
@@ -20,7 +20,8 @@ SELECT count(*) FROM added;
 
 -- name: snapshots
 -- Newest first: the newest one that decodes wins (choose_valid skips corrupt ones). A fold up to a seq
--- asks for the projection snapshots it can start from: `upto` bounds the seq, `kind` (when not NULL) the kind.
+-- asks for the projection snapshots it can start from: `upto` bounds the seq, and `kind`, when not NULL,
+-- the kind.
 SELECT run_id, seq, kind, encoding, payload, checksum FROM run_state_snapshots
  WHERE run_id = %(run_id)s AND seq <= %(upto)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)
  ORDER BY seq DESC;

@@ -1,5 +1,6 @@
 -- Named queries of runstate/eventstore/snowflake.py: a run's events, the feed, run lists and projections
--- on Snowflake. Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- on Snowflake. Not a migration (the file name has no NNN_ version): loaded by name with
+-- runstate.sqlfiles.named.
 -- Table names are unqualified: the store's connections run in its schema (USE SCHEMA).
 
 -- name: fetch_run
