@@ -74,12 +74,16 @@ class StoreBackend(ABC):
     """One database's transactions and statements for the EventStore."""
 
     name: str
-    schema: str
-    datastore: Any
     enforces_keys: bool = True
     confirms_commits: bool = False
     guesses: bool = False
     archive_batch_runs: int = 500  # runs archived per transaction
+
+    def __init__(self, datastore: Any, *, owns_datastore: bool = False):
+        self.datastore = datastore
+        self.schema: str = datastore.schema
+        self.owns_datastore = owns_datastore  # close the datastore with the store
+        self.closed = False
 
     # -- transactions -----------------------------------------------------------------------------
 
@@ -115,9 +119,11 @@ class StoreBackend(ABC):
     def ensure_schema(self) -> None:
         """Apply the backend's migrations; idempotent and safe to race."""
 
-    @abstractmethod
     def close(self) -> None:
-        """Refuse further work; close the datastore when the backend owns it."""
+        """Refuse further work (`run` raises); close the datastore when the backend owns it."""
+        self.closed = True
+        if self.owns_datastore:
+            self.datastore.close()
 
     # -- a run's stream ---------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from contextlib import contextmanager
 
 import psycopg
 
+from runstate.eventstore.contract import one_line
+
 log = logging.getLogger("runstate.eventstore.postgres")
 
 FEED_CHANNEL = "runstate_feed"
@@ -62,7 +64,7 @@ class FeedListener:
             log.warning(
                 "feed of schema %r: LISTEN unavailable (%s); polling, next try in %.0f s",
                 self._schema,
-                _one_line(exc),
+                one_line(exc),
                 backoff,
             )
             return
@@ -81,7 +83,7 @@ class FeedListener:
             for _ in self._conn.notifies(timeout=seconds, stop_after=1):
                 pass
         except psycopg.Error as exc:
-            log.warning("feed of schema %r: listener lost (%s); reconnecting", self._schema, _one_line(exc))
+            log.warning("feed of schema %r: listener lost (%s); reconnecting", self._schema, one_line(exc))
             self.close()
             self._connect()  # at once: the events missed meanwhile are read by the next poll anyway
 
@@ -89,7 +91,3 @@ class FeedListener:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

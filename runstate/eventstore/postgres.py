@@ -43,6 +43,7 @@ from runstate.eventstore.contract import (
     EventStoreError,
     RunSnapshot,
     StoredEvent,
+    one_line,
 )
 from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_feed import listening
@@ -86,11 +87,8 @@ class PostgresBackend(StoreBackend):
     def __init__(self, datastore: PostgresDatastore, *, partitions: int = 0, owns_datastore: bool = False):
         if int(partitions) < 0 or int(partitions) > 1024:
             raise ValueError(f"partitions must be between 0 and 1024, got {partitions!r}")
-        self.datastore = datastore
-        self.schema = datastore.schema
+        super().__init__(datastore, owns_datastore=owns_datastore)
         self.partitions = int(partitions)
-        self.owns_datastore = owns_datastore
-        self._closed = False
 
     # -- transactions -------------------------------------------------------------------------
 
@@ -106,7 +104,7 @@ class PostgresBackend(StoreBackend):
         the COMMIT leaves with the statements before it."""
         for attempt in range(1, _MAX_ATTEMPTS + 1):
             try:
-                if self._closed:
+                if self.closed:
                     raise EventStoreError("the event store is closed")
                 if not transactional:
                     with self.datastore.connection() as conn:
@@ -119,18 +117,13 @@ class PostgresBackend(StoreBackend):
                 time.sleep(min(0.2, 0.002 * 2**attempt) * random.random())
             except psycopg.OperationalError as exc:
                 if attempt >= 3:
-                    raise EventStoreError(f"{what}: database unavailable ({_one_line(exc)})") from exc
+                    raise EventStoreError(f"{what}: database unavailable ({one_line(exc)})") from exc
                 time.sleep(0.05 * attempt)
             except psycopg.Error as exc:
                 if exc.sqlstate == KEY_TAKEN_SQLSTATE:
                     raise KeyTaken() from exc
-                raise EventStoreError(f"{what}: {type(exc).__name__}: {_one_line(exc)}") from exc
+                raise EventStoreError(f"{what}: {type(exc).__name__}: {one_line(exc)}") from exc
         raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self._closed = True
-        if self.owns_datastore:
-            self.datastore.close()
 
     def ensure_schema(self) -> None:
         """Apply the versioned migrations into the schema; the partition count is fixed at the first."""
@@ -141,7 +134,7 @@ class PostgresBackend(StoreBackend):
                 session_settings={"runstate.event_partitions": str(self.partitions)},
             )
         except (psycopg.Error, migrations.MigrationError) as exc:
-            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
+            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {one_line(exc)}") from exc
         if not self.partitions:
             return
         table = f"{self.schema}.run_events"
@@ -368,10 +361,4 @@ class PostgresEventStore(EventStore):
 
 def open_store(datastore: PostgresDatastore, **options: Any) -> PostgresEventStore:
     """The store on `datastore`, which it closes when it closes (runstate.backends' `event_store`)."""
-    store = PostgresEventStore(datastore=datastore, schema=datastore.schema, **options)
-    store.backend.owns_datastore = True
-    return store
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return PostgresEventStore(datastore=datastore, schema=datastore.schema, **options).owning_datastore()

@@ -58,6 +58,7 @@ from runstate.eventstore.contract import (
     InvalidEvent,
     RunSnapshot,
     StoredEvent,
+    one_line,
 )
 from runstate.eventstore.sf_sql import (
     Retry,
@@ -109,18 +110,15 @@ class SnowflakeBackend(StoreBackend):
         merge_in_transactions: bool | None = None,
         owns_datastore: bool = False,
     ):
-        self.datastore = datastore
-        self.schema = datastore.schema
-        self.owns_datastore = owns_datastore
+        super().__init__(datastore, owns_datastore=owns_datastore)
         self.merge_in_transactions = merge_in_transactions
         self._probe_lock = threading.Lock()
-        self._closed = False
 
     # -- transactions -------------------------------------------------------------------------
 
     @contextmanager
     def _cursor(self) -> Iterator[Any]:
-        if self._closed:
+        if self.closed:
             raise EventStoreError("the event store is closed")
         with self.datastore.cursor() as cur:
             yield cur
@@ -147,19 +145,14 @@ class SnowflakeBackend(StoreBackend):
                         raise
             except (sf_errors.Error, Retry) as exc:
                 if not retryable(exc):
-                    raise EventStoreError(f"{what}: {_one_line(exc)}") from exc
+                    raise EventStoreError(f"{what}: {one_line(exc)}") from exc
                 last = exc
                 time.sleep(min(0.25, 0.003 * 2 ** min(attempt, 8)) * random.random())
             except InvalidEvent:
                 raise
             except (ValueError, OverflowError) as exc:  # a stored value the connector cannot convert
-                raise EventStoreError(f"{what}: unreadable value ({_one_line(exc)})") from exc
+                raise EventStoreError(f"{what}: unreadable value ({one_line(exc)})") from exc
         raise ConcurrencyConflict(f"{what}: gave up after {_MAX_ATTEMPTS} attempts ({last})") from last
-
-    def close(self) -> None:
-        self._closed = True
-        if self.owns_datastore:
-            self.datastore.close()
 
     def ensure_schema(self) -> None:
         from snowflake.connector import errors as sf_errors
@@ -167,7 +160,7 @@ class SnowflakeBackend(StoreBackend):
         try:
             migrations.upgrade(self.datastore, "eventstore")
         except (sf_errors.Error, migrations.MigrationError) as exc:
-            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
+            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {one_line(exc)}") from exc
 
     def _merge_usable(self) -> bool:
         """Can MERGE run inside an explicit transaction? Real Snowflake: yes. fakesnow: no (its MERGE
@@ -452,10 +445,4 @@ class SnowflakeEventStore(EventStore):
 
 def open_store(datastore: SnowflakeDatastore, **options: Any) -> SnowflakeEventStore:
     """The store on `datastore`, which it closes when it closes (runstate.backends' `event_store`)."""
-    store = SnowflakeEventStore(datastore=datastore, schema=datastore.schema, **options)
-    store.backend.owns_datastore = True
-    return store
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return SnowflakeEventStore(datastore=datastore, schema=datastore.schema, **options).owning_datastore()

@@ -111,6 +111,11 @@ class EventStore:
     def close(self) -> None:
         self.backend.close()
 
+    def owning_datastore(self) -> Self:
+        """This store, closing its datastore when it closes (for a datastore built for it alone)."""
+        self.backend.owns_datastore = True
+        return self
+
     def __enter__(self) -> Self:
         return self
 

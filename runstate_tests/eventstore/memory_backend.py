@@ -107,16 +107,11 @@ class MemoryBackend(StoreBackend):
     confirms_commits = False
     guesses = False
 
-    def __init__(self, datastore: MemoryDatastore):
-        self.datastore = datastore
-        self.schema = datastore.schema
-        self._closed = False
-
     def run(
         self, what: str, work: Callable[[_Tables], T], *, transactional: bool = True, pipeline: bool = False
     ) -> T:
         with self.datastore.lock:
-            if self._closed:
+            if self.closed:
                 raise EventStoreError("the event store is closed")
             tables = self.datastore.tables
             if not transactional:
@@ -130,9 +125,6 @@ class MemoryBackend(StoreBackend):
 
     def ensure_schema(self) -> None:
         """Nothing to create."""
-
-    def close(self) -> None:
-        self._closed = True
 
     # -- a run's stream -------------------------------------------------------------------------
 
