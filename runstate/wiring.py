@@ -2,7 +2,8 @@
 
 The CLI and the Dagster resources (`runstate/defs/resources.py`) both build through these functions,
 so a Snowflake argument, a schema rule or a client setting is written once. Nothing connects here:
-each object opens its connections on first use.
+each object opens its connections on first use. Which backend's builders serve a name is
+`runstate.backends`' to say (its entries name postgres_datastore and snowflake_datastore).
 """
 
 from __future__ import annotations
@@ -45,9 +46,6 @@ def snowflake_connect_kwargs(values: Mapping[str, str]) -> dict[str, Any] | None
     # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
     kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
     return kwargs
-
-
-# The datastores from the settings, one function per backend: runstate.backends names them.
 
 
 def postgres_datastore(s: Settings | None = None, **options: Any) -> PostgresDatastore:

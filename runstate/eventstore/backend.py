@@ -96,12 +96,18 @@ class StoreBackend(ABC):
         `pipeline`: the statements may leave without waiting for each other (a backend may ignore it)."""
 
     def run_confirmed(
-        self, what: str, run_id: str, work: Callable[[Tx], T], written_keys: Callable[[T], dict[str, int]]
+        self,
+        what: str,
+        run_id: str,
+        work: Callable[[Tx], T],
+        written_keys: Callable[[T], dict[str, int]],
+        *,
+        pipeline: bool = False,
     ) -> T:
-        """`work` in a pipelined transaction; where commits can be lost (`confirms_commits`), repeated
-        (`work` is idempotent) until the keys it wrote, {key: run_seq}, read back."""
+        """`work` in a transaction; where commits can be lost (`confirms_commits`), repeated (`work` is
+        idempotent) until the keys it wrote, {key: run_seq}, read back."""
         for _ in range(MAX_CONFIRMS):
-            result = self.run(what, work, pipeline=True)
+            result = self.run(what, work, pipeline=pipeline)
             expected = written_keys(result)
             if not self.confirms_commits or not expected:
                 return result

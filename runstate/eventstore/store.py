@@ -259,7 +259,7 @@ class EventStore:
         def attempt(probe: bool) -> _Wrote:
             work = partial(self._append_tx, run_id=run_id, valid=valid, state=state, expected=expected,
                            ticket=ticket, probe=probe)  # fmt: skip
-            return self.backend.run_confirmed(what, run_id, work, persisted)
+            return self.backend.run_confirmed(what, run_id, work, persisted, pipeline=True)
 
         try:
             done = attempt(probe=not self.backend.enforces_keys)
@@ -289,7 +289,8 @@ class EventStore:
         probe: bool,
     ) -> _Wrote:
         stream = self.backend.lock_stream(tx, run_id)
-        # An archived run's keys are in the archive, which an insert's key check cannot see: look them up.
+        # Look the stored keys up when asked to (probe), when the insert cannot see them (an archived run's
+        # are in the archive), or when a stale expected_last_seq may be a pure retry; an empty run has none.
         stale = expected is not None and stream.last_seq != expected
         known: dict[str, int] = {}
         if (probe or stream.archived or stale) and (stream.event_count or stream.archived):

@@ -92,9 +92,8 @@ class EventStoreResource(dg.ConfigurableResource):
         }
         connection, schema = connections.get(backend, (None, None))
         if connection is None:
-            raise ValueError(
-                f"event store backend {backend!r} needs the `{backend}` resource (set SNOWFLAKE_ACCOUNT, ...)"
-            )
+            needs = f": set {entry.needs}" if entry.needs else ""
+            raise ValueError(f"event store backend {backend!r} needs the `{backend}` resource{needs}")
         return entry.open_event_store(
             entry.connect(connection, schema=schema), snapshot_interval=self.snapshot_interval
         )
