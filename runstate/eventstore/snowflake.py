@@ -68,6 +68,7 @@ from runstate.eventstore.sf_sql import (
     iso,
     retryable,
     row_to_event,
+    values_params,
     values_rows,
 )
 from runstate.eventstore.snapshots import EncodedSnapshot, StoredSnapshot
@@ -243,41 +244,15 @@ class SnowflakeBackend(StoreBackend):
         self._advance_stream(cur, run_id, new[-1][0], stream.event_count + len(new), [e for _, e in new])
 
     def _insert(
-        self,
-        cur: Any,
-        run_id: str,
-        rows: Rows,
-        persisted_at: Sequence[datetime | None] | None,
-        position_base: int,
+        self, cur: Any, run_id: str, rows: Rows, stamps: Mapping[int, datetime] | None, position_base: int
     ) -> None:
         total = 0
         for start in range(0, len(rows), _BATCH_ROWS):
             chunk = rows[start : start + _BATCH_ROWS]
-            params: list[Any] = []
-            for offset, (seq, e) in enumerate(chunk):
-                stamp = persisted_at[start + offset] if persisted_at else None
-                params += [
-                    run_id,
-                    seq,
-                    e.event_id,
-                    e.step_id,
-                    e.engine_attempt_id,
-                    e.logical_attempt_id,
-                    e.plan_version,
-                    e.event_type,
-                    e.data_json,
-                    e.idempotency_key,
-                    e.caused_by_signal_id,
-                    e.parent_event_id,
-                    e.emitted_at.isoformat(),
-                    stamp.isoformat() if stamp else None,
-                    e.adapter_version,
-                    e.engine_run_ref_json,
-                    position_base + start + offset + 1,
-                ]
             # The same effect either way; insert_new_events where MERGE cannot run in a transaction.
             # Only the count of placeholder groups is composed here (see values_rows); values are bound.
             statement = _append("merge_events" if self._merge_usable() else "insert_new_events")
+            params = values_params(run_id, chunk, stamps, position_base + start)
             cur.execute(statement.replace("{rows}", values_rows(len(chunk))), params)
             total += cur.rowcount or 0
         if total != len(rows):  # a concurrent writer slipped in
@@ -401,7 +376,7 @@ class SnowflakeBackend(StoreBackend):
         self, cur: Any, run_id: str, stream: Stream, rows: Rows, stamps: Mapping[int, datetime], ticket: int
     ) -> None:
         """Keeps each event's persisted_at."""
-        self._insert(cur, run_id, rows, [stamps.get(seq) for seq, _ in rows], ticket)
+        self._insert(cur, run_id, rows, stamps, ticket)
         top = max(stream.last_seq, max(seq for seq, _ in rows))
         self._advance_stream(cur, run_id, top, stream.event_count + len(rows), [e for _, e in rows])
 
