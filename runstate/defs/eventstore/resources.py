@@ -18,7 +18,6 @@ from runstate import backends
 from runstate.config import DEFAULT_PG_URL
 from runstate.eventstore import EventStore
 
-EventStoreBackend = EventStore
 _SNOWFLAKE_KEYS = ("account", "user", "password", "database", "warehouse", "role", "host", "protocol")
 
 
@@ -72,7 +71,7 @@ class EventStoreResource(dg.ConfigurableResource):
         backends.get(value)  # an UnknownBackend (a ValueError) lists the known ones
         return value
 
-    def get_store(self, backend: str | None = None) -> EventStoreBackend:
+    def get_store(self, backend: str | None = None) -> EventStore:
         """The store of `backend` (default: the configured one), built on first use and then reused."""
         backend = backend or self.backend
         if backend not in self._stores:
@@ -82,7 +81,7 @@ class EventStoreResource(dg.ConfigurableResource):
             self._stores[backend] = store
         return self._stores[backend]
 
-    def _open(self, backend: str) -> EventStoreBackend:
+    def _open(self, backend: str) -> EventStore:
         """The store of `backend` (runstate.backends) on the connection this resource holds for it."""
         entry = backends.get(backend)
         # This resource's fields for each backend (issue 40 item 1 gives the resource one typed config).
