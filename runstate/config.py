@@ -23,7 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
-EVENTSTORE_BACKENDS = ("postgres", "snowflake")
+from runstate import backends
+
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
 
 
@@ -144,7 +145,7 @@ class Settings:
             wal_table=env.get("RUNSTATE_WAL_TABLE", "runstate_wal"),
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
-            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", EVENTSTORE_BACKENDS),
+            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names()),
             snowflake={
                 k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
             },

@@ -2,7 +2,8 @@
 
 The CLI and the Dagster resources (`runstate/defs/resources.py`) both build through these functions,
 so a Snowflake argument, a schema rule or a client setting is written once. Nothing connects here:
-each object opens its connections on first use.
+each object opens its connections on first use. Which backend's builders serve a name is
+`runstate.backends`' to say (its entries name postgres_datastore and snowflake_datastore).
 """
 
 from __future__ import annotations
@@ -85,13 +86,12 @@ def aws_client(service: str, s: Settings | None = None) -> Any:
 def require_schema(domain: str, backend: str = "postgres", s: Settings | None = None) -> None:
     """SchemaNotCurrent (a MigrationError: one `Error:` line in the CLI) unless `domain`'s tables are
     current; one query on a connection of its own. The CLI's verbs call it instead of migrating."""
-    from runstate import migrations
+    from runstate import backends, migrations
 
-    store = postgres_datastore(s) if backend == "postgres" else snowflake_datastore(s)
+    entry = backends.get(backend)
+    store = entry.build_datastore(s or settings())
     if store is None:
-        raise migrations.MigrationError(
-            f"backend {backend!r} needs SNOWFLAKE_ACCOUNT (and user, password, ...)"
-        )
+        raise migrations.MigrationError(f"backend {backend!r} needs {entry.needs}")
     try:
         migrations.require_current(store, domain, pooled=False)
     finally:
@@ -99,19 +99,17 @@ def require_schema(domain: str, backend: str = "postgres", s: Settings | None = 
 
 
 def event_store(s: Settings | None = None, backend: str | None = None, **options: Any) -> Any:
-    """The run state store of RUNSTATE_EVENTSTORE (or `backend`); options: snapshot_interval, ..."""
-    from runstate.eventstore import EventStoreError, PostgresEventStore, SnowflakeEventStore
+    """The run state store of RUNSTATE_EVENTSTORE (or `backend`) on its datastore, which it closes with
+    itself; options: snapshot_interval, ..."""
+    from runstate import backends
+    from runstate.eventstore import EventStoreError
 
     s = s or settings()
-    backend = backend or s.eventstore
-    if backend == "postgres":
-        return PostgresEventStore(s.pg_url, schema=s.schema, **options)
-    kwargs = snowflake_connect_kwargs(s.snowflake)
-    if kwargs is None:
-        raise EventStoreError(
-            "event store backend 'snowflake' needs SNOWFLAKE_ACCOUNT (and user, password, ...)"
-        )
-    return SnowflakeEventStore(connect_kwargs=kwargs, schema=snowflake_schema(s), **options)
+    entry = backends.get(backend or s.eventstore)
+    datastore = entry.build_datastore(s)
+    if datastore is None:
+        raise EventStoreError(f"event store backend {entry.name!r} needs {entry.needs}")
+    return entry.open_event_store(datastore, **options)
 
 
 def maintenance_store(s: Settings | None = None, **options: Any) -> Any:

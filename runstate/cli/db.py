@@ -14,11 +14,12 @@ from runstate.config import Settings, settings
 
 
 def _datastores(s: Settings) -> Iterator[object]:
-    """Postgres always; Snowflake when it is configured (SNOWFLAKE_ACCOUNT). Each closed afterwards."""
-    from runstate import wiring
+    """The datastore of each backend with migrations that the settings configure (runstate.backends:
+    Postgres always, Snowflake with SNOWFLAKE_ACCOUNT). Each closed afterwards."""
+    from runstate import backends
 
-    for build in (wiring.postgres_datastore, wiring.snowflake_datastore):
-        store = build(s)
+    for backend in backends.all_backends():
+        store = backend.build_datastore(s) if backend.migrations else None
         if store is None:
             continue
         try:

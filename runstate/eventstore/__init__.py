@@ -3,7 +3,6 @@
 from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
-from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
     DEFAULT_ARCHIVE_AFTER_DAYS,
@@ -29,6 +28,7 @@ from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
 from runstate.eventstore.snowflake import SnowflakeEventStore
+from runstate.eventstore.store import EventStore
 from runstate.eventstore.validation import (
     MAX_JSON_DEPTH,
     ValidEvent,

@@ -277,3 +277,8 @@ def _iso(value: datetime | None) -> str | None:
 
 def _from_iso(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
+
+
+def one_line(exc: BaseException) -> str:
+    """A driver error's message on one line, for an EventStoreError naming what failed."""
+    return " ".join(str(exc).split()) or type(exc).__name__

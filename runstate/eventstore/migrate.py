@@ -14,8 +14,8 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC
 
-from runstate.eventstore.base import EventStore
 from runstate.eventstore.contract import MigrationReport, StoredEvent
+from runstate.eventstore.store import EventStore
 
 log = logging.getLogger("runstate.eventstore.migrate")
 

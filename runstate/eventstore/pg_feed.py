@@ -1,5 +1,5 @@
-"""The Postgres store's global feed: fetch_all() and subscribe() (sql/postgres/eventstore/002_event_feed.sql;
-the query is feed.sql's `feed`).
+"""The Postgres store's global feed: how a page stays gap-free, and FeedListener, which wakes subscribers
+(sql/postgres/eventstore/002_event_feed.sql; the reads are feed.sql's queries, run by postgres.py's `feed`).
 
 A read returns only events whose position is below (horizon << 20), the horizon being the oldest
 transaction its own snapshot sees in progress: every transaction with a lower id has ended, so no
@@ -17,13 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 
-from runstate import sqlfiles
-from runstate.eventstore.contract import StoredEvent
-from runstate.eventstore.feed import check_poll_seconds, check_position, follow
-from runstate.eventstore.pg_sql import stored_event
+from runstate.eventstore.contract import one_line
 
 log = logging.getLogger("runstate.eventstore.postgres")
 
@@ -31,38 +29,17 @@ FEED_CHANNEL = "runstate_feed"
 _MAX_BACKOFF_S = 30.0
 
 
-_sql = sqlfiles.named("postgres", "eventstore", "feed.sql")
+@contextmanager
+def listening(conninfo: str, schema: str) -> Iterator[Callable[[float], None]]:
+    """A subscriber's wait(seconds): until a notification arrives or the seconds pass."""
+    listener = FeedListener(conninfo, schema)
+    try:
+        yield listener.wait
+    finally:
+        listener.close()
 
 
-class _PgFeed:
-    """Mixin of PostgresEventStore: the global feed."""
-
-    def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
-        """Every event with position > after_position that no later commit can precede, in position order."""
-        check_position(after_position, limit)
-
-        def read(conn: psycopg.Connection) -> list:
-            other_xids = conn.execute(_sql("other_databases_xids")).fetchone()[0]
-            params = {"after": after_position, "limit": limit, "other_xids": other_xids}
-            return conn.execute(_sql("feed"), params, binary=True).fetchall()
-
-        rows = self._run("read the feed", read, transactional=False)
-        return [stored_event(row) for row in rows]
-
-    def subscribe(
-        self, after_position: int = 0, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None
-    ) -> Iterator[StoredEvent]:
-        """Follow the feed from `after_position` until `stop()` is true (for ever without it)."""
-        check_position(after_position, 1)
-        check_poll_seconds(poll_seconds)
-        listener = _Listener(self._store.conninfo, self.schema)
-        try:
-            yield from follow(self.fetch_all, listener.wait, after_position, poll_seconds, stop)
-        finally:
-            listener.close()
-
-
-class _Listener:
+class FeedListener:
     """LISTEN runstate_feed on a connection of its own. A lost connection (a server restart, a
     terminated backend) is opened again at once, then after 1, 2, 4 .. 30 s while that fails;
     meanwhile the subscriber polls, so it only waits up to its poll interval for new events."""
@@ -87,7 +64,7 @@ class _Listener:
             log.warning(
                 "feed of schema %r: LISTEN unavailable (%s); polling, next try in %.0f s",
                 self._schema,
-                _one_line(exc),
+                one_line(exc),
                 backoff,
             )
             return
@@ -106,7 +83,7 @@ class _Listener:
             for _ in self._conn.notifies(timeout=seconds, stop_after=1):
                 pass
         except psycopg.Error as exc:
-            log.warning("feed of schema %r: listener lost (%s); reconnecting", self._schema, _one_line(exc))
+            log.warning("feed of schema %r: listener lost (%s); reconnecting", self._schema, one_line(exc))
             self.close()
             self._connect()  # at once: the events missed meanwhile are read by the next poll anyway
 
@@ -114,7 +91,3 @@ class _Listener:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__

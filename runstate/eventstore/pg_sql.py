@@ -1,12 +1,11 @@
-"""The Postgres store's row shapes: the parameters of its batch inserts and snapshot rows, and the stream row.
+"""The Postgres store's row shapes: the parameters of its batch inserts and snapshot rows, and its rows read back.
 
-The statements themselves are named queries in sql/postgres/eventstore/ (append.sql, archive.sql).
+The statements themselves are named queries in sql/postgres/eventstore/, run by postgres.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -122,13 +121,6 @@ def snapshot_row_params(kind: str, encoded: EncodedSnapshot, reason: str) -> dic
         "stored": encoded.stored_bytes,
         "reason": reason,
     }
-
-
-@dataclass(frozen=True)
-class Stream:
-    last_seq: int
-    event_count: int
-    archived: bool
 
 
 def batch_params(run_id: str, new: Sequence[tuple[int, ValidEvent]], last_seq: int) -> dict[str, Any]:

@@ -1,62 +1,330 @@
-"""PostgresEventStore: the run state store on PostgreSQL.
+"""The event store on PostgreSQL: PostgresBackend (its transactions and statements) and PostgresEventStore.
 
-- run_seq comes from the run's row in `run_streams`, locked by an upsert in the append
-  transaction: writers to one run serialise on that row only, writers to other runs never wait.
-- `append_batch` is one round trip in the common case: ONE statement upserts the stream row and
-  inserts every event (`unnest` of arrays); when the event count crosses a multiple of
-  `snapshot_interval` (or the batch has SignalWaiting), a second statement in the same flight and
-  transaction writes the state snapshot, which the client encodes while the server inserts, and a
-  large batch sends its first third ahead while the client validates the rest. The database refuses
-  the inserts when the store's guess of the run was wrong, and the append is then made in a locked
-  transaction (pg_append.py).
-- `expected_last_seq` (optimistic concurrency) is checked under the stream row lock.
-- Every event gets a feed position (see sql/postgres/eventstore/002_event_feed.sql and pg_reads.py).
-- Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first
-  ensure_schema (see sql/postgres/eventstore/001_eventstore.sql).
-- Retries: serialization failures, deadlocks and unique-key races re-run the whole transaction
-  with jittered backoff; a dropped connection is retried twice. A retry after a COMMIT whose
-  outcome was lost reports those events as `idempotent=True, persisted=False`: the log itself
-  holds each key once either way (at-least-once reporting, exactly-once storage). Every other
-  driver error leaves as an EventStoreError naming what failed.
-- Connections come from a PostgresDatastore (runstate.datastore), the one owner of a process's
-  Postgres pool: given (shared with the maintenance queue, say) or built from the DSN.
+- run_seq comes from the run's row in `run_streams`, locked by an upsert in the append transaction:
+  writers to one run serialise on that row only, writers to other runs never wait.
+- A unique index refuses a second (run_id, idempotency_key), so an append looks keys up only when it
+  has to (an archived run, a stale `expected_last_seq`, a key found taken).
+- It appends in one round trip in the common case (`guesses`, see store.py): insert_guessed is ONE
+  statement (sql/postgres/eventstore/005_one_statement_append.sql) that upserts the stream row, inserts
+  every event (`unnest` of binary arrays, pg_arrays.py) and checks the store's guesses; `flight` sends
+  it, the head sent ahead and the snapshot in one pipelined transaction.
+- Every event gets a feed position (002_event_feed.sql, pg_feed.py); LISTEN wakes subscribers.
+- Hash partitioning: `partitions=N` creates run_events PARTITION BY HASH (run_id) on first ensure_schema
+  (001_eventstore.sql).
+- Retries: serialization failures, deadlocks and unique-key races re-run the whole transaction with
+  jittered backoff; a dropped connection is retried twice. A retry after a COMMIT whose outcome was lost
+  reports those events as `idempotent=True, persisted=False`: the log itself holds each key once either
+  way (at-least-once reporting, exactly-once storage). Every other driver error leaves as an
+  EventStoreError naming what failed.
+- Connections come from a PostgresDatastore (runstate.datastore), the one owner of a process's Postgres
+  pool: given (shared with the maintenance queue, say) or built from the DSN.
+The statements are named queries in sql/postgres/eventstore/ (append, snapshots, reads, feed, archive).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors
 
 from runstate import migrations, sqlfiles
-from runstate.datastore import PostgresDatastore, check_schema_name
-from runstate.eventstore.base import EventStore
+from runstate.datastore import PostgresDatastore, check_schema_name, pipelined_transaction
+from runstate.eventstore.backend import Guess, GuessRefused, KeyTaken, Rows, StoreBackend, Stream
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     ConcurrencyConflict,
     EventStoreError,
+    RunSnapshot,
+    StoredEvent,
+    one_line,
 )
-from runstate.eventstore.hints import RunHints
-from runstate.eventstore.pg_append import KeyTaken, _PgAppend
-from runstate.eventstore.pg_archive import _PgArchive
-from runstate.eventstore.pg_reads import _PgReads
-from runstate.eventstore.pg_snapshots import _PgSnapshots
-from runstate.eventstore.pg_sql import KEY_TAKEN_SQLSTATE
+from runstate.eventstore.pg_arrays import bytea_array
+from runstate.eventstore.pg_feed import listening
+from runstate.eventstore.pg_sql import (
+    GUESSED_WRONG_SQLSTATE,
+    KEY_TAKEN_SQLSTATE,
+    append_events_params,
+    batch_params,
+    head_params,
+    key_bytes,
+    key_text,
+    snapshot_row_params,
+    stored_event,
+)
+from runstate.eventstore.snapshots import EncodedSnapshot, StoredSnapshot
+from runstate.eventstore.store import EventStore
+from runstate.eventstore.validation import ValidEvent
 
 T = TypeVar("T")
 
 _RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
 _MAX_ATTEMPTS = 20
+_NO_UPPER_BOUND = 2**62
+
+_append = sqlfiles.named("postgres", "eventstore", "append.sql")
+_snapshots = sqlfiles.named("postgres", "eventstore", "snapshots.sql")
+_reads = sqlfiles.named("postgres", "eventstore", "reads.sql")
+_feed = sqlfiles.named("postgres", "eventstore", "feed.sql")
+_archive = sqlfiles.named("postgres", "eventstore", "archive.sql")
+_store = sqlfiles.named("postgres", "eventstore", "store.sql")
 
 
-_sql = sqlfiles.named("postgres", "eventstore", "store.sql")
+class PostgresBackend(StoreBackend):
+    """The event store's statements and transactions on Postgres; thread-safe (the datastore's pool)."""
+
+    name = "postgres"
+    enforces_keys = True
+    confirms_commits = False
+    guesses = True
+
+    def __init__(self, datastore: PostgresDatastore, *, partitions: int = 0, owns_datastore: bool = False):
+        if int(partitions) < 0 or int(partitions) > 1024:
+            raise ValueError(f"partitions must be between 0 and 1024, got {partitions!r}")
+        super().__init__(datastore, owns_datastore=owns_datastore)
+        self.partitions = int(partitions)
+
+    # -- transactions -------------------------------------------------------------------------
+
+    def run(
+        self,
+        what: str,
+        work: Callable[[psycopg.Connection], T],
+        *,
+        transactional: bool = True,
+        pipeline: bool = False,
+    ) -> T:
+        """In pipeline mode statements go out without waiting, up to the first result `work` reads, and
+        the COMMIT leaves with the statements before it."""
+        for attempt in range(1, _MAX_ATTEMPTS + 1):
+            try:
+                if self.closed:
+                    raise EventStoreError("the event store is closed")
+                if not transactional:
+                    with self.datastore.connection() as conn:
+                        return work(conn)
+                with self.datastore.transaction(pipeline=pipeline) as conn:
+                    return work(conn)
+            except _RETRYABLE as exc:
+                if attempt == _MAX_ATTEMPTS:
+                    raise ConcurrencyConflict(f"{what}: gave up after {attempt} attempts ({exc})") from exc
+                time.sleep(min(0.2, 0.002 * 2**attempt) * random.random())
+            except psycopg.OperationalError as exc:
+                if attempt >= 3:
+                    raise EventStoreError(f"{what}: database unavailable ({one_line(exc)})") from exc
+                time.sleep(0.05 * attempt)
+            except psycopg.Error as exc:
+                if exc.sqlstate == KEY_TAKEN_SQLSTATE:
+                    raise KeyTaken() from exc
+                raise EventStoreError(f"{what}: {type(exc).__name__}: {one_line(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    def ensure_schema(self) -> None:
+        """Apply the versioned migrations into the schema; the partition count is fixed at the first."""
+        try:
+            migrations.upgrade(
+                self.datastore,
+                "eventstore",
+                session_settings={"runstate.event_partitions": str(self.partitions)},
+            )
+        except (psycopg.Error, migrations.MigrationError) as exc:
+            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {one_line(exc)}") from exc
+        if not self.partitions:
+            return
+        table = f"{self.schema}.run_events"
+        found = self.run(
+            "count partitions",
+            lambda conn: conn.execute(_store("count_partitions"), (table,)).fetchone()[0],
+            transactional=False,
+        )
+        if found != self.partitions:
+            raise EventStoreError(
+                f"schema {self.schema!r}: run_events already exists with {found} hash partitions, "
+                f"not {self.partitions}; partitioning is chosen when the table is first created"
+            )
+
+    # -- a run's stream -------------------------------------------------------------------------
+
+    def lock_stream(self, conn: psycopg.Connection, run_id: str) -> Stream:
+        return Stream(*conn.execute(_append("lock_stream"), (run_id,)).fetchone())
+
+    def find_stream(self, conn: psycopg.Connection, run_id: str) -> Stream | None:
+        row = conn.execute(_append("find_stream"), (run_id,)).fetchone()
+        return Stream(*row) if row else None
+
+    def existing_keys(
+        self, conn: psycopg.Connection, run_id: str, keys: Sequence[str], *, archived: bool
+    ) -> dict[str, int]:
+        query = _append("existing_keys_with_archive" if archived else "existing_keys")
+        params = {"keys": bytea_array([key_bytes(key) for key in keys]), "run_id": run_id}
+        return {key_text(key): seq for key, seq in conn.execute(query, params).fetchall()}
+
+    def insert_new(
+        self, conn: psycopg.Connection, run_id: str, stream: Stream, new: Rows, ticket: Any
+    ) -> None:
+        # A stored key makes the insert raise RSK01 (KeyTaken), which rolls everything back.
+        conn.execute(_append("insert_new"), batch_params(run_id, new, new[-1][0]))
+
+    # -- the one-flight append ----------------------------------------------------------------------
+
+    @contextmanager
+    def flight(self, conn: psycopg.Connection, *, together: bool) -> Iterator[None]:
+        """Two statements go in a pipelined transaction (pipelined_transaction: BEGIN..COMMIT in one
+        flight); a lone statement is its own transaction, and faster without pipeline mode. A key already
+        stored (a unique violation) or a wrong guess (RSK02) rolled everything back: GuessRefused."""
+        try:
+            with pipelined_transaction(conn) if together else nullcontext():
+                yield
+        except psycopg.Error as exc:
+            if isinstance(exc, errors.UniqueViolation) or exc.sqlstate == GUESSED_WRONG_SQLSTATE:
+                raise GuessRefused() from exc
+            raise
+
+    def insert_head(self, conn: psycopg.Connection, run_id: str, head: Sequence[ValidEvent]) -> None:
+        conn.execute(_append("insert_head"), head_params(run_id, head), prepare=True)
+
+    def insert_guessed(
+        self, conn: psycopg.Connection, run_id: str, new: Sequence[ValidEvent], sent_ahead: int, guess: Guess
+    ) -> Callable[[], tuple[int, int]]:
+        params = append_events_params(run_id, new, sent_ahead)
+        params.update(
+            expected=guess.expected_last_seq,
+            every=guess.snapshot_every,
+            signal_waiting=guess.signal_waiting,
+            snapshot_seq=guess.snapshot_seq,
+            snapshot_count_before=guess.snapshot_count_before,
+        )
+        cursor = conn.execute(_append("append_events"), params, prepare=True)
+        return cursor.fetchone
+
+    # -- snapshots and projections ------------------------------------------------------------------
+
+    def write_snapshot(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        seq: int,
+        kind: str,
+        encoded: EncodedSnapshot,
+        reason: str,
+        keep: int,
+    ) -> bool:
+        """One statement: the insert and the prune of all but the latest `keep`. The append's pipeline
+        sends it without waiting for its result, so it cannot tell whether one was already at `seq`."""
+        params = {
+            "run_id": run_id,
+            "seq": seq,
+            **snapshot_row_params(kind, encoded, reason),
+            "older": keep - 1,
+        }
+        conn.execute(_snapshots("write_snapshot"), params)
+        return True
+
+    def snapshots(
+        self, conn: psycopg.Connection, run_id: str, *, upto: int | None = None, kind: str | None = None
+    ) -> list[StoredSnapshot]:
+        params = {"run_id": run_id, "upto": _NO_UPPER_BOUND if upto is None else upto, "kind": kind}
+        rows = conn.execute(_snapshots("snapshots"), params).fetchall()
+        return [StoredSnapshot(r[0], r[1], r[2], r[3], bytes(r[4]), r[5]) for r in rows]
+
+    def stored_projection(self, conn: psycopg.Connection, run_id: str) -> RunSnapshot | None:
+        row = conn.execute(_reads("stored_projection"), (run_id,)).fetchone()
+        return RunSnapshot.from_dict(row[0], version=row[1]) if row else None
+
+    def save_projection(
+        self, conn: psycopg.Connection, run_id: str, snap: RunSnapshot, stored: RunSnapshot | None
+    ) -> bool:
+        params: dict[str, Any] = {
+            "run_id": run_id,
+            "status": snap.status,
+            "seq": snap.last_event_seq,
+            "data": json.dumps(snap.to_dict()),
+            "started": snap.started_at,
+            "completed": snap.completed_at,
+        }
+        if stored is None:
+            return conn.execute(_reads("insert_projection"), params).rowcount == 1
+        return conn.execute(_reads("update_projection"), {**params, "version": stored.version}).rowcount == 1
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    def fetch(
+        self, conn: psycopg.Connection, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> list[StoredEvent]:
+        params = {
+            "run_id": run_id,
+            "after": after_seq,
+            "limit": limit,
+            "upto": _NO_UPPER_BOUND if upto is None else upto,
+        }
+        return [
+            stored_event(row) for row in conn.execute(_reads("fetch_run"), params, binary=True).fetchall()
+        ]
+
+    def feed(self, conn: psycopg.Connection, after_position: int, limit: int) -> list[StoredEvent]:
+        """Only what no later commit can precede (pg_feed.py says how)."""
+        other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
+        params = {"after": after_position, "limit": limit, "other_xids": other_xids}
+        return [stored_event(row) for row in conn.execute(_feed("feed"), params, binary=True).fetchall()]
+
+    def feed_waiter(self) -> AbstractContextManager[Callable[[float], None]]:
+        return listening(self.datastore.conninfo, self.schema)
+
+    def run_ids(self, conn: psycopg.Connection, after: str, limit: int) -> list[str]:
+        return [r[0] for r in conn.execute(_reads("run_ids"), (after, limit)).fetchall()]
+
+    def max_seq(self, conn: psycopg.Connection, run_id: str) -> int:
+        return conn.execute(_reads("max_seq"), (run_id, run_id)).fetchone()[0] or 0
+
+    def stale_runs(self, conn: psycopg.Connection, limit: int) -> list[tuple[str, datetime | None, int]]:
+        return [(r[0], r[1], r[2]) for r in conn.execute(_reads("stale_runs"), (limit,)).fetchall()]
+
+    def runs_started_between(self, conn: psycopg.Connection, start: datetime, end: datetime) -> list[str]:
+        return [r[0] for r in conn.execute(_reads("runs_started_between"), (start, end)).fetchall()]
+
+    # -- archive and import -------------------------------------------------------------------------
+
+    def archive_runs(self, conn: psycopg.Connection, cutoff: datetime, limit: int) -> tuple[int, int]:
+        rows = conn.execute(_archive("archivable_runs"), {"cutoff": cutoff, "limit": limit}).fetchall()
+        runs = [r[0] for r in rows]
+        if not runs:
+            return 0, 0
+        moved = conn.execute(_archive("archive_events"), (runs,)).fetchone()[0]
+        conn.execute(_archive("delete_snapshots_of_runs"), (runs,))
+        conn.execute(_archive("mark_archived"), (runs,))
+        return len(runs), moved
+
+    def unarchive(self, conn: psycopg.Connection, run_id: str) -> int:
+        moved = conn.execute(_archive("restore_events"), ([run_id],)).fetchone()[0]
+        if moved:
+            conn.execute(_archive("mark_restored"), (run_id,))
+        return moved
+
+    def taken_seqs(self, conn: psycopg.Connection, run_id: str, seqs: Sequence[int]) -> set[int]:
+        return {r[0] for r in conn.execute(_archive("taken_seqs"), (run_id, list(seqs))).fetchall()}
+
+    def insert_imported(
+        self,
+        conn: psycopg.Connection,
+        run_id: str,
+        stream: Stream,
+        rows: Rows,
+        stamps: Mapping[int, datetime],
+        ticket: Any,
+    ) -> None:
+        """persisted_at is this insert's (the events are persisted here now); a key a racing writer
+        inserted meanwhile is a unique violation, and the transaction is retried."""
+        top = max(stream.last_seq, max(seq for seq, _ in rows))
+        conn.execute(_archive("insert_imported"), batch_params(run_id, rows, top))
 
 
-class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, EventStore):
+class PostgresEventStore(EventStore):
     """The event store on Postgres; thread-safe (the datastore's pool of `pool_size` connections)."""
 
     def __init__(
@@ -77,98 +345,20 @@ class PostgresEventStore(_PgAppend, _PgSnapshots, _PgReads, _PgArchive, EventSto
             raise ValueError("give a dsn or a datastore, not both")
         if datastore is not None and datastore.schema != check_schema_name(schema):
             raise ValueError(f"the datastore is for schema {datastore.schema!r}, not {schema!r}")
-        self.schema = check_schema_name(schema)
-        if int(partitions) < 0 or int(partitions) > 1024:
-            raise ValueError(f"partitions must be between 0 and 1024, got {partitions!r}")
-        if int(max_event_bytes) < 1:
-            raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes!r}")
-        self.partitions = int(partitions)
-        self._init_policy(
-            max_event_bytes=max_event_bytes,
+        owned = datastore is None
+        datastore = datastore or PostgresDatastore(
+            dsn, schema=check_schema_name(schema), pool_size=pool_size, connect_timeout=connect_timeout
+        )
+        super().__init__(
+            PostgresBackend(datastore, partitions=partitions, owns_datastore=owned),
             snapshot_interval=snapshot_interval,
             keep_snapshots=keep_snapshots,
+            max_event_bytes=max_event_bytes,
             large_snapshot_bytes=large_snapshot_bytes,
         )
-        self._owns_store = datastore is None
-        self._store = datastore or PostgresDatastore(
-            dsn, schema=self.schema, pool_size=pool_size, connect_timeout=connect_timeout
-        )
-        self._closed = False
-        self.hints = RunHints()
-
-    @property
-    def datastore(self) -> PostgresDatastore:
-        return self._store
-
-    def _run(
-        self,
-        what: str,
-        work: Callable[[psycopg.Connection], T],
-        *,
-        transactional: bool = True,
-        pipeline: bool = False,
-    ) -> T:
-        """Run `work` (in a transaction when transactional), retrying serialisation/deadlock/unique
-        races with backoff and a lost connection twice; any other driver error is an EventStoreError.
-        In pipeline mode statements go out without waiting, up to the first result `work` reads,
-        and the COMMIT leaves with the statements before it."""
-        for attempt in range(1, _MAX_ATTEMPTS + 1):
-            try:
-                if self._closed:
-                    raise EventStoreError("the event store is closed")
-                if not transactional:
-                    with self._store.connection() as conn:
-                        return work(conn)
-                with self._store.transaction(pipeline=pipeline) as conn:
-                    return work(conn)
-            except _RETRYABLE as exc:
-                if attempt == _MAX_ATTEMPTS:
-                    raise ConcurrencyConflict(f"{what}: gave up after {attempt} attempts ({exc})") from exc
-                time.sleep(min(0.2, 0.002 * 2**attempt) * random.random())
-            except psycopg.OperationalError as exc:
-                if attempt >= 3:
-                    raise EventStoreError(f"{what}: database unavailable ({_one_line(exc)})") from exc
-                time.sleep(0.05 * attempt)
-            except psycopg.Error as exc:
-                if exc.sqlstate == KEY_TAKEN_SQLSTATE:
-                    raise KeyTaken() from exc
-                raise EventStoreError(f"{what}: {type(exc).__name__}: {_one_line(exc)}") from exc
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        """Close the store; the datastore too when the store built it (a given one is its owner's)."""
-        self._closed = True
-        if self._owns_store:
-            self._store.close()
-
-    # -- schema -------------------------------------------------------------------------------
-
-    def ensure_schema(self) -> None:
-        """Apply the versioned migrations into `schema`; idempotent and safe to race."""
-        try:
-            migrations.upgrade(
-                self._store,
-                "eventstore",
-                session_settings={"runstate.event_partitions": str(self.partitions)},
-            )
-        except (psycopg.Error, migrations.MigrationError) as exc:
-            raise EventStoreError(f"schema {self.schema!r}: migrations failed: {_one_line(exc)}") from exc
-        if self.partitions:
-            self._check_partitions()
-
-    def _check_partitions(self) -> None:
-        table = f"{self.schema}.run_events"
-        found = self._run(
-            "count partitions",
-            lambda conn: conn.execute(_sql("count_partitions"), (table,)).fetchone()[0],
-            transactional=False,
-        )
-        if found != self.partitions:
-            raise EventStoreError(
-                f"schema {self.schema!r}: run_events already exists with {found} hash partitions, "
-                f"not {self.partitions}; partitioning is chosen when the table is first created"
-            )
+        self.partitions = self.backend.partitions
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+def open_store(datastore: PostgresDatastore, **options: Any) -> PostgresEventStore:
+    """The store on `datastore`, which it closes when it closes (runstate.backends' `event_store`)."""
+    return PostgresEventStore(datastore=datastore, schema=datastore.schema, **options).owning_datastore()

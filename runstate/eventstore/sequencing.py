@@ -1,15 +1,49 @@
 """Per-run sequence numbers: which events of a batch are new, and the run_seq each one gets.
 
-Pure functions over what a backend read inside its transaction (the run's last_seq and the idempotency
-keys already stored); both backends' append and import call them, so the two cannot number differently.
+Pure functions over what the store read inside its transaction (the run's last_seq and the idempotency
+keys already stored), and Batch, the one-flight append's numbering of a batch before it knows the last_seq:
+every append and import numbers through them, on every backend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from runstate.eventstore.contract import AppendResult, ConcurrencyConflict, EventStoreError, StoredEvent
 from runstate.eventstore.validation import ValidEvent
+
+
+@dataclass
+class Batch:
+    """A batch as it is validated, part by part: its events, the distinct new ones in order, and for
+    each event its 1-based place among them and whether it repeats a key earlier in the batch (the
+    one-flight append numbers the new ones after the run's last seq, and answers the repeats from them)."""
+
+    valid: list[ValidEvent] = field(default_factory=list)
+    new: list[ValidEvent] = field(default_factory=list)
+    places: list[tuple[int, bool]] = field(default_factory=list)
+    _place_of: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, valid: list[ValidEvent]) -> Batch:
+        return cls().extended(valid)
+
+    def extended(self, valid: list[ValidEvent]) -> Batch:
+        batch = Batch(self.valid + valid, list(self.new), list(self.places), dict(self._place_of))
+        for event in valid:
+            place = batch._place_of.get(event.idempotency_key)
+            if place is None:
+                batch.new.append(event)
+                place = batch._place_of[event.idempotency_key] = len(batch.new)
+                batch.places.append((place, False))
+            else:
+                batch.places.append((place, True))
+        return batch
+
+    def results(self, before: int) -> list[AppendResult]:
+        """The batch's results once its new events were stored after seq `before`."""
+        return [AppendResult(before + place, idempotent=dup, persisted=not dup) for place, dup in self.places]
 
 
 def check_expected(

@@ -1,4 +1,4 @@
-"""The Snowflake store's driver helpers: VALUES placeholders, retries, value conversions, rows.
+"""The Snowflake store's driver helpers: VALUES placeholders and their values, retries, conversions, rows.
 
 The statements themselves are named queries in sql/snowflake/eventstore/.
 """
@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
 from runstate.eventstore import rows
 from runstate.eventstore.contract import StoredEvent
+from runstate.eventstore.validation import ValidEvent
 
 T = TypeVar("T")
 
@@ -24,6 +25,39 @@ def values_rows(count: int) -> str:
     """The `{rows}` of append.sql's merge_events / insert_new_events: `count` placeholder groups. The one
     piece of SQL text composed at run time (the row count varies); the values themselves are bound."""
     return ", ".join([VALUES_ROW] * count)
+
+
+def values_params(
+    run_id: str,
+    rows: Sequence[tuple[int, ValidEvent]],
+    stamps: Mapping[int, datetime] | None,
+    position_base: int,
+) -> list[Any]:
+    """The values of those placeholder groups, row after row: each event with its seq, its persisted_at
+    when `stamps` keeps one (an import), and its feed position, the next after `position_base`."""
+    params: list[Any] = []
+    for offset, (seq, e) in enumerate(rows, 1):
+        stamp = stamps.get(seq) if stamps else None
+        params += [
+            run_id,
+            seq,
+            e.event_id,
+            e.step_id,
+            e.engine_attempt_id,
+            e.logical_attempt_id,
+            e.plan_version,
+            e.event_type,
+            e.data_json,
+            e.idempotency_key,
+            e.caused_by_signal_id,
+            e.parent_event_id,
+            e.emitted_at.isoformat(),
+            stamp.isoformat() if stamp else None,
+            e.adapter_version,
+            e.engine_run_ref_json,
+            position_base + offset,
+        ]
+    return params
 
 
 class Retry(Exception):

@@ -65,6 +65,13 @@ class SnapshotPolicy:
     warn_bytes: int = LARGE_SNAPSHOT_BYTES
     compress_over: int = COMPRESS_OVER_BYTES
 
+    @classmethod
+    def of(cls, interval: int, keep: int, large_snapshot_bytes: int) -> SnapshotPolicy:
+        """A store's policy: compress above 2 KB, or sooner when large snapshots start sooner."""
+        return cls(
+            int(interval), int(keep), large_snapshot_bytes, min(COMPRESS_OVER_BYTES, large_snapshot_bytes)
+        )
+
     def __post_init__(self) -> None:
         if int(self.interval) < 1:
             raise ValueError(f"snapshot_interval must be >= 1, got {self.interval!r}")

@@ -259,6 +259,16 @@ def check_run_id(run_id: Any, *, index: int | None = None) -> str:
     return run_id
 
 
+def check_expected_last_seq(run_id: str, expected_last_seq: Any) -> None:
+    """An append's optimistic concurrency check: None or a non-negative integer."""
+    if expected_last_seq is None:
+        return
+    if not isinstance(expected_last_seq, int) or isinstance(expected_last_seq, bool) or expected_last_seq < 0:
+        raise InvalidEvent(
+            "expected_last_seq", f"must be a non-negative integer, got {expected_last_seq!r}", run_id=run_id
+        )
+
+
 def check_emitted_at(value: Any, bad: Bad) -> datetime:
     if not isinstance(value, datetime):
         raise bad("emitted_at", f"must be a datetime, got {type(value).__name__}")

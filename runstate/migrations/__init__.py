@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from runstate import sqlfiles
@@ -152,7 +153,7 @@ def discover(backend: str, domain: str) -> list[Migration]:
         files = list(sqlfiles.sql_files(backend, domain))
     for resource in files:
         if not resource.name[:1].isdigit():
-            continue  # named queries (queries.sql), not a migration
+            continue  # a file of named queries (append.sql, queue.sql, ...), not a migration
         match = _FILE_RE.match(resource.name)
         if not match:
             raise MigrationError(
@@ -182,23 +183,26 @@ def upgrade(
 
     `session_settings` (Postgres) are set for the upgrade's transaction, for DDL that reads them
     (`runstate.event_partitions`, say)."""
+    backend = _backend_migrations(store)
+    if backend is None:
+        return []
     migrations = discover(store.backend, domain)
-    if store.backend == "postgres":
-        from runstate.migrations.postgres import upgrade_postgres
-
-        return upgrade_postgres(store, domain, migrations, session_settings or {})
-    from runstate.migrations.snowflake import upgrade_snowflake
-
-    return upgrade_snowflake(store, domain, migrations, lock_timeout_s)
+    return backend.upgrade(
+        store, domain, migrations, session_settings=session_settings or {}, lock_timeout_s=lock_timeout_s
+    )
 
 
 def upgrade_all(store: Datastore) -> dict[str, list[Migration]]:
     """Every domain's pending migrations (`runstate db upgrade`, `services up`): {domain: applied}."""
+    if _backend_migrations(store) is None:
+        return {}
     return {domain: upgrade(store, domain) for domain in domains(store.backend)}
 
 
 def status(store: Datastore, domain: str) -> list[MigrationStatus]:
     """Each of the domain's migrations and whether the schema has it."""
+    if _backend_migrations(store) is None:
+        return []
     migrations = discover(store.backend, domain)
     applied = _applied(store, domain, migrations, pooled=False)
     return [MigrationStatus(domain, m.version, m.name, m.version in applied) for m in migrations]
@@ -209,7 +213,9 @@ def require_current(store: Datastore, domain: str, *, pooled: bool = True) -> No
 
     One query when the schema is current: on a pooled connection, or (`pooled=False`, for a caller that
     opens no pool) on one of its own. A schema ahead of the files (a newer runstate upgraded it) is
-    accepted: migrations only add."""
+    accepted: migrations only add. A backend that keeps no schema is always current."""
+    if _backend_migrations(store) is None:
+        return
     migrations = discover(store.backend, domain)
     applied = _applied(store, domain, migrations, pooled=pooled)
     missing = [m for m in migrations if m.version not in applied]
@@ -223,13 +229,14 @@ def require_current(store: Datastore, domain: str, *, pooled: bool = True) -> No
 
 
 def _applied(store: Datastore, domain: str, migrations: list[Migration], *, pooled: bool) -> set[str]:
-    if store.backend == "postgres":
-        from runstate.migrations.postgres import applied_postgres
+    return _backend_migrations(store).applied(store, domain, migrations, pooled=pooled)
 
-        return applied_postgres(store, domain, migrations, pooled=pooled)
-    from runstate.migrations.snowflake import applied_snowflake
 
-    return applied_snowflake(store, domain, migrations, pooled=pooled)
+def _backend_migrations(store: Datastore) -> ModuleType | None:
+    """The module applying the store's backend's files (runstate.backends); None: it keeps no schema."""
+    from runstate import backends
+
+    return backends.get(store.backend).migrations_module()
 
 
 def check_unchanged(migration: Migration, recorded_checksum: str) -> None:

@@ -38,9 +38,16 @@ def _lock_key(schema: str) -> int:
     )
 
 
-def upgrade_postgres(
-    store: PostgresDatastore, domain: str, migrations: list[Migration], session_settings: Mapping[str, str]
+def upgrade(
+    store: PostgresDatastore,
+    domain: str,
+    migrations: list[Migration],
+    *,
+    session_settings: Mapping[str, str],
+    lock_timeout_s: float,
 ) -> list[Migration]:
+    """The pending files under the schema's advisory lock (a session lock: it waits for the holder, however
+    long, so `lock_timeout_s` does not apply)."""
     with postgres_errors(store), store.connect() as conn:
         if _current(conn, store.schema, domain, migrations):
             return []  # the common case: no lock, no DDL, one query
@@ -185,9 +192,7 @@ def _adopt_legacy(
         cur.execute(sql.SQL("DROP TABLE {}").format(legacy))
 
 
-def applied_postgres(
-    store: PostgresDatastore, domain: str, migrations: list[Migration], *, pooled: bool
-) -> set[str]:
+def applied(store: PostgresDatastore, domain: str, migrations: list[Migration], *, pooled: bool) -> set[str]:
     """The domain's applied versions: its ledger, plus its rows still in the old shared ledger."""
     with postgres_errors(store):
         if pooled:

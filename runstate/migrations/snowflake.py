@@ -8,7 +8,7 @@ they are deleted), and an interrupted upgrade finishes on the next run.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,9 +56,16 @@ def snowflake_connection(store: SnowflakeDatastore) -> Iterator[Any]:
         close_quietly(conn)
 
 
-def upgrade_snowflake(
-    store: SnowflakeDatastore, domain: str, migrations: list[Migration], lock_timeout_s: float
+def upgrade(
+    store: SnowflakeDatastore,
+    domain: str,
+    migrations: list[Migration],
+    *,
+    session_settings: Mapping[str, str],
+    lock_timeout_s: float,
 ) -> list[Migration]:
+    """The pending files under the schema's lock table (waited for up to `lock_timeout_s`). Snowflake has
+    no session settings for DDL to read: `session_settings` are not used."""
     with snowflake_connection(store) as conn:
         cur = conn.cursor()
         if _current(cur, store.schema, domain, migrations):
@@ -172,9 +179,7 @@ def _adopt_legacy(cur: Any, schema: str, ledger: str, migrations: list[Migration
         cur.execute(f"DROP TABLE {legacy}")
 
 
-def applied_snowflake(
-    store: SnowflakeDatastore, domain: str, migrations: list[Migration], *, pooled: bool
-) -> set[str]:
+def applied(store: SnowflakeDatastore, domain: str, migrations: list[Migration], *, pooled: bool) -> set[str]:
     """The domain's applied versions: its ledger, plus its rows still in the old shared ledger."""
     if pooled:
         from snowflake.connector import errors as sf_errors

@@ -1,6 +1,8 @@
-"""A `store` fixture parametrized over both backends, plus raw SQL access for fault injection.
+"""A `store` fixture parametrized over the backends, plus raw SQL access for fault injection.
 
-Each test gets its own Postgres schema or Snowflake (fakesnow) schema via the shared fixtures.
+Each test gets its own Postgres schema or Snowflake (fakesnow) schema via the shared fixtures, or its own
+tables of the in-memory backend (memory_backend.py, registered for the test only), which has no SQL: a
+test that reaches for it is skipped there.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from runstate import backends
 from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
+from runstate_tests.conftest import unique
+from runstate_tests.eventstore.memory_backend import MEMORY
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -87,13 +92,38 @@ def _snowflake_backend(kwargs: dict, schema: str) -> Backend:
     return backend
 
 
-@pytest.fixture(params=["postgres", "snowflake"])
+def _memory_backend() -> Backend:
+    """Built the way wiring builds any backend: its registry entry's datastore and store."""
+    entry = backends.get(MEMORY.name)
+    datastore = entry.connect(None, schema=unique("m"))
+    stores: list[Any] = []
+
+    def make(**kw: Any) -> Any:
+        store = entry.open_event_store(datastore, **kw)
+        store.ensure_schema()
+        stores.append(store)
+        return store
+
+    def sql(query: str, params: tuple = ()) -> list[tuple]:
+        pytest.skip("the in-memory backend has no SQL")
+
+    backend = Backend(MEMORY.name, make, sql, scale=1)
+    backend._stores = stores  # type: ignore[attr-defined]
+    return backend
+
+
+@pytest.fixture(params=["postgres", "snowflake", MEMORY.name])
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     if request.param == "postgres":
         made = _postgres_backend(request.getfixturevalue("pg_database"), request.getfixturevalue("pg_schema"))
-    else:
+    elif request.param == "snowflake":
         kwargs, schema = request.getfixturevalue("snowflake_schema")
         made = _snowflake_backend(kwargs, schema)
+    else:
+        with backends.registered(MEMORY):
+            made = _memory_backend()
+            yield made
+        return
     yield made
     for store in made._stores:  # type: ignore[attr-defined]
         store.close()

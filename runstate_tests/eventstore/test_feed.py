@@ -62,14 +62,12 @@ def test_subscribe_follows_new_appends(store):
     assert [(e.run_id, e.event_type) for e in got] == [("r1", "A"), ("r2", "B")]
 
 
-def _raw_append(
-    store: Any, conn: psycopg.Connection, run_id: str, events: list, written: list[tuple[int, Any]]
-) -> None:
+def _raw_append(store: Any, conn: psycopg.Connection, run_id: str, events: list) -> None:
     """One append transaction through the store's own insert path, on a connection the test owns."""
     from runstate.eventstore.validation import validate_batch
 
     valid = validate_batch(run_id, events)
-    store._append_tx(conn, run_id, valid, None, None, written)
+    store._append_tx(conn, run_id=run_id, valid=valid, state=None, expected=None, ticket=None, probe=False)
 
 
 def follow_until_caught_up(
@@ -107,7 +105,7 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
 
     def long_transaction() -> None:
         with psycopg.connect(conninfo, autocommit=True) as conn, conn.transaction():
-            _raw_append(store, conn, "long", [ev("long", "Slow", i, key=f"long-{i}") for i in range(3)], [])
+            _raw_append(store, conn, "long", [ev("long", "Slow", i, key=f"long-{i}") for i in range(3)])
             long_started.set()
             others_done.wait(timeout=120)
             time.sleep(1.0)  # commit well after every later transaction
@@ -124,7 +122,7 @@ def test_eight_writers_with_rollbacks_and_a_long_transaction_lose_nothing(pg_sto
                 events = [ev(run_id, "Tick", i, key=key) for i, key in enumerate(keys)]
                 rollback = rng.random() < 0.3
                 with conn.transaction(force_rollback=rollback):
-                    _raw_append(store, conn, run_id, events, [])
+                    _raw_append(store, conn, run_id, events)
                 if not rollback:
                     with lock:
                         committed.update(keys)
@@ -228,11 +226,11 @@ def test_a_subscriber_listens_again_after_its_listener_is_terminated(pg_store, p
 
 
 def test_a_listener_that_cannot_connect_retries_with_backoff(caplog):
-    from runstate.eventstore.pg_feed import _Listener
+    from runstate.eventstore.pg_feed import FeedListener
 
     now = [0.0]
     with caplog.at_level("WARNING", logger="runstate.eventstore.postgres"):
-        listener = _Listener("postgresql://postgres@127.0.0.1:1/none", "s", clock=lambda: now[0])
+        listener = FeedListener("postgresql://postgres@127.0.0.1:1/none", "s", clock=lambda: now[0])
         tries = []
         for at in (0.5, 1.0, 2.5, 3.0, 6.9, 7.0):
             now[0] = at

@@ -15,12 +15,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from runstate import sqlfiles
 from runstate.eventstore import PostgresEventStore
-from runstate.eventstore.pg_feed import _sql as feed_sql
-from runstate.eventstore.pg_reads import _sql as reads_sql
 from runstate_tests.conftest import create_database, drop_database, unique
 
 pytestmark = pytest.mark.slow
+
+feed_sql = sqlfiles.named("postgres", "eventstore", "feed.sql")
+reads_sql = sqlfiles.named("postgres", "eventstore", "reads.sql")
 
 RUNS = 9_000  # of 100 events, 1 % of them archived
 LONG_RUN = 100_000  # one run this long

@@ -52,7 +52,7 @@ def test_stored_procedure_ships_but_is_not_applied():
 def test_fakesnow_cannot_merge_inside_a_transaction_so_the_anti_join_runs(sf_store):
     sf_store.append(ev("r1", EventType.RUN_STARTED))
 
-    assert sf_store._merge_in_tx is False  # probed against the live server, not assumed
+    assert sf_store.backend.merge_in_transactions is False  # probed against the live server, not assumed
     assert sf_store.append(ev("r1", EventType.RUN_STARTED)).idempotent
 
 

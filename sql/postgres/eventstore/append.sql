@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/pg_append.py: the event store's append on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/postgres.py: the event store's append on Postgres.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 -- The arrays go as binary parameters (%(x)b), packed by runstate/eventstore/pg_arrays.py.
 -- The position packs the transaction id with the row's place in the batch (002_event_feed.sql).
 
@@ -73,6 +73,10 @@ FROM stream, unnest(
 INSERT INTO run_streams (run_id) VALUES (%s)
 ON CONFLICT (run_id) DO UPDATE SET updated_at = run_streams.updated_at
 RETURNING last_seq, event_count, archived_at IS NOT NULL;
+
+-- name: find_stream
+-- lock_stream for a run that may not exist (checkpoint, restore): locks the row, makes none.
+SELECT last_seq, event_count, archived_at IS NOT NULL FROM run_streams WHERE run_id = %s FOR UPDATE;
 
 -- name: insert_new
 -- The slow way's insert: a key already stored is skipped by ON CONFLICT, and the short count aborts

@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/pg_archive.py: archive, restore and import on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/postgres.py: archive, restore and import on Postgres.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: archivable_runs
 -- A restored run stays live for one archive age after its restore.
@@ -34,10 +34,6 @@ DELETE FROM run_state_snapshots WHERE run_id = ANY(%s);
 
 -- name: mark_archived
 UPDATE run_streams SET archived_at = now() WHERE run_id = ANY(%s);
-
--- name: lock_stream_row
--- Serialises the restore with the run's appenders (they lock the same row).
-SELECT 1 FROM run_streams WHERE run_id = %s FOR UPDATE;
 
 -- name: restore_events
 -- archive_events the other way round, for one run (an array of one run_id).

@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/pg_feed.py: the global feed on Postgres (002_event_feed.sql).
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/postgres.py (feed): the global feed on Postgres (002_event_feed.sql).
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: other_databases_xids
 -- The transactions in progress in other databases, read in a statement BEFORE the feed's: one of them

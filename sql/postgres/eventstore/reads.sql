@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/pg_reads.py: a run's events, run lists and projections on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/postgres.py: a run's events, run lists and projections on Postgres.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: fetch_run
 -- An archived run is read from run_events_archive, and events appended after the archive are in

@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/pg_snapshots.py: the state snapshots on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/postgres.py: the state snapshots on Postgres.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: write_snapshot
 -- One statement (the append's pipeline sends it without waiting for it). The DELETE sees the table as it was
@@ -19,19 +19,9 @@ WITH added AS (
 SELECT count(*) FROM added;
 
 -- name: snapshots
--- Newest first: the newest one that decodes wins (choose_valid skips corrupt ones).
+-- Newest first: the newest one that decodes wins (choose_valid skips corrupt ones). A fold up to a seq
+-- asks for the projection snapshots it can start from: `upto` bounds the seq, and `kind`, when not NULL,
+-- the kind.
 SELECT run_id, seq, kind, encoding, payload, checksum FROM run_state_snapshots
- WHERE run_id = %s ORDER BY seq DESC;
-
--- name: projection_snapshots_upto
--- The projection snapshots a fold up to that seq can start from, newest first.
-SELECT run_id, seq, kind, encoding, payload, checksum FROM run_state_snapshots
- WHERE run_id = %s AND kind = 'projection' AND seq <= %s ORDER BY seq DESC;
-
--- name: stored_projection_upto
--- The projector's stored projection, when it does not run past the seq (a better start than a snapshot).
-SELECT snapshot_data FROM run_snapshots WHERE run_id = %s AND last_event_seq <= %s;
-
--- name: lock_last_seq
--- The stream row lock keeps appenders out while checkpoint() snapshots the run's last seq.
-SELECT last_seq FROM run_streams WHERE run_id = %s FOR UPDATE;
+ WHERE run_id = %(run_id)s AND seq <= %(upto)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ ORDER BY seq DESC;

@@ -1,5 +1,5 @@
 -- Named queries of runstate/eventstore/postgres.py: the store's own checks of its schema on Postgres.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: count_partitions
 -- The partition count is fixed when run_events is first created: ensure_schema checks it matches.

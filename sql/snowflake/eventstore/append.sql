@@ -1,5 +1,5 @@
--- Named queries of runstate/eventstore/sf_append.py: the event store's append on Snowflake.
--- Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/snowflake.py: the event store's append on Snowflake.
+-- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 -- Table names are unqualified: the store's connections run in its schema (USE SCHEMA, runstate.datastore),
 -- as the migrations do.
 

@@ -1,5 +1,6 @@
--- Named queries of runstate/eventstore/sf_reads.py: a run's events, the feed, run lists and projections
--- on Snowflake. Not a migration (the file name has no NNN_ version): loaded with runstate.sqlfiles.queries.
+-- Named queries of runstate/eventstore/snowflake.py: a run's events, the feed, run lists and projections
+-- on Snowflake. Not a migration (the file name has no NNN_ version): loaded by name with
+-- runstate.sqlfiles.named.
 -- Table names are unqualified: the store's connections run in its schema (USE SCHEMA).
 
 -- name: fetch_run
@@ -46,14 +47,8 @@ ORDER BY POSITION LIMIT %s;
 -- name: run_ids
 SELECT RUN_ID FROM RUN_STREAMS WHERE RUN_ID > %s ORDER BY RUN_ID LIMIT %s;
 
--- name: stale_runs
--- An archived run is left out until it is restored or appended to again.
-SELECT s.RUN_ID FROM RUN_STREAMS s LEFT JOIN RUN_SNAPSHOTS p ON p.RUN_ID = s.RUN_ID
- WHERE s.LAST_SEQ > COALESCE(p.LAST_EVENT_SEQ, 0)
-   AND (s.ARCHIVED_AT IS NULL OR s.UPDATED_AT > s.ARCHIVED_AT)
- ORDER BY s.RUN_ID LIMIT %s;
-
 -- name: stale_runs_with_start
+-- An archived run is left out until it is restored or appended to again.
 -- HAS_START (the third column) is tested in SQL: fakesnow returns NULL TIMESTAMP_TZ values as 1970-01-01.
 SELECT s.RUN_ID, COALESCE(s.STARTED_AT, s.FIRST_EVENT_AT),
        COALESCE(s.STARTED_AT, s.FIRST_EVENT_AT) IS NOT NULL, s.LAST_SEQ
