@@ -14,13 +14,13 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
-from runstate.config import settings
 from runstate.maintenance.commit_fence import worker_tag
 from runstate.maintenance.runner import run_job
 from runstate.services import spark_cluster
@@ -41,7 +41,7 @@ from runstate_tests.maintenance.conftest import (
 )
 from runstate_tests.maintenance.test_actions import table_location
 from runstate_tests.maintenance.test_commit_fence import REACH_COMMIT_SECONDS
-from runstate_tests.wal.dataset_tables.conftest import Feed
+from runstate_tests.wal.dataset_tables.conftest import Feed, cli_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
 
@@ -63,21 +63,9 @@ def feed(wal) -> Feed:
 
 
 @pytest.fixture
-def cli(cluster, wal, spark_settings, dagster_home, monkeypatch) -> CliRunner:
+def cli(cluster, wal, spark_settings, dagster_home, monkeypatch) -> Iterator[CliRunner]:
     """The CLI on the test's WAL, the module's catalog and warehouse, and the cluster as its master."""
-    for name, value in {
-        "RUNSTATE_SPARK_MASTER": cluster.url,
-        "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
-        "RUNSTATE_WAL_TABLE": wal.table,
-        "RUNSTATE_BLOB_BUCKET": wal.bucket,
-        "RUNSTATE_BLOB_PREFIX": wal.prefix,
-        "RUNSTATE_PG_URL": spark_settings.pg_url,
-        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
-    }.items():
-        monkeypatch.setenv(name, value)
-    settings.cache_clear()
-    yield CliRunner()
-    settings.cache_clear()
+    yield from cli_on(monkeypatch, wal, spark_settings, RUNSTATE_SPARK_MASTER=cluster.url)
 
 
 def _appended(feed: Feed, dataset_id: str, rounds: int, start: int = 0) -> int:

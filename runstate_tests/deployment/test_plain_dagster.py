@@ -151,9 +151,8 @@ STORAGE_ONLY = (
 DATASETS = [f"plain{i:03d}" for i in range(100)]
 WAL_TABLE, BUCKET, PREFIX = "runstate_wal", "runstate-blobs", "datasets/"
 VISIBLE_AFTER_RESTART_S = 60  # issue 39: a killed deployment's runs stop holding their shards within 60 s
-# Switch on once the Spark pool limits (Dagster pools, another change) are merged: the cap must then hold
-# in a plain instance too. Until then the test reports the peak it saw.
-SPARK_CAP_ENFORCED = False
+# RUNSTATE_SPARK_SESSIONS' default: the `runstate_spark` pool's limit, which spark_pool_sensor sets in an
+# instance that has none.
 SPARK_CAP = 2
 
 
@@ -266,9 +265,10 @@ def _applied_once(deployment: PlainDeployment, dataset: str, versions: int) -> N
     assert [row[t.STATUS_IDX]["S"].startswith(t.APPLIED_PREFIX) for row in rows] == [True] * versions
 
 
-def _merging_on_every_shard(deployment: PlainDeployment) -> bool:
+def _merging_up_to_the_cap(deployment: PlainDeployment) -> bool:
+    """As many merge runs started as the Spark pool lets work at once (or one per merge shard)."""
     merging = _runs(deployment, job_name="merge_dataset_tables", statuses=[dg.DagsterRunStatus.STARTED])
-    return len({run.tags.get("runstate/merge_shard") for run in merging}) == MERGE_SHARDS
+    return len({run.tags.get("runstate/merge_shard") for run in merging}) >= min(SPARK_CAP, MERGE_SHARDS)
 
 
 @pytest.mark.timeout(3600)
@@ -288,8 +288,9 @@ def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end
             every=2,
             what="100 datasets flushed",
         )
-        # One merge run per merge shard follows (each a Spark JVM): the sampler counts them while they work.
-        poll(lambda: _merging_on_every_shard(plain), timeout=900, every=1, what="a merge on every shard")
+        # One merge run per merge shard follows (each a Spark JVM, at most SPARK_CAP at once): the sampler
+        # counts them while they work.
+        poll(lambda: _merging_up_to_the_cap(plain), timeout=900, every=1, what="merges up to the Spark cap")
         # A flush run killed while it launches: wait until no flush run lingers, then give its shard a row.
         poll(
             lambda: not _runs(plain, job_name="flush_wal", statuses=IN_PROGRESS_RUNS),
@@ -340,5 +341,4 @@ def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end
     for dataset in DATASETS[1:]:
         _applied_once(plain, dataset, 1)
     _applied_once(plain, target, seq)
-    if SPARK_CAP_ENFORCED:
-        assert peaks.spark_jvms <= SPARK_CAP
+    assert 0 < peaks.spark_jvms <= SPARK_CAP, peaks.spark_jvms

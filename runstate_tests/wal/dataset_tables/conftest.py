@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from runstate.config import settings
 from runstate.wal import DatasetReader, WalProducer, flush_dataset
 from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
@@ -66,3 +68,23 @@ class Feed:
 @pytest.fixture
 def feed(wal) -> Feed:
     return Feed(wal)
+
+
+def cli_on(
+    monkeypatch: pytest.MonkeyPatch, wal: Any, spark_settings: Any, **more: str
+) -> Iterator[CliRunner]:
+    """The CLI on the test's WAL and on the catalog and warehouse of `spark_settings` (`more`: other
+    RUNSTATE_* variables, e.g. a cluster's master), its settings read afresh and forgotten afterwards."""
+    for name, value in {
+        "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
+        "RUNSTATE_WAL_TABLE": wal.table,
+        "RUNSTATE_BLOB_BUCKET": wal.bucket,
+        "RUNSTATE_BLOB_PREFIX": wal.prefix,
+        "RUNSTATE_PG_URL": spark_settings.pg_url,
+        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
+        **more,
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings.cache_clear()
+    yield CliRunner()
+    settings.cache_clear()

@@ -4,13 +4,13 @@ the CLI."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import dagster as dg
 import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
-from runstate.config import settings
 from runstate.defs import dataset_tables as dataset_tables_defs
 from runstate.defs.dataset_tables.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
 from runstate.defs.spark import SparkResource
@@ -22,6 +22,7 @@ from runstate.defs.wal.resources import WalResource
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import read_table
 from runstate.wal.shards import shard_of
+from runstate_tests.wal.dataset_tables.conftest import cli_on
 
 pytestmark = pytest.mark.spark
 SENSOR = "dataset_tables_sensor"
@@ -128,20 +129,9 @@ def test_materializing_partitions_rebuilds_their_tables_in_one_run(spark, feed, 
 
 
 @pytest.fixture
-def cli(wal, spark_settings, dagster_home, monkeypatch) -> CliRunner:
+def cli(wal, spark_settings, dagster_home, monkeypatch) -> Iterator[CliRunner]:
     """The CLI on the test's WAL and on the same catalog and warehouse as the shared Spark session."""
-    for name, value in {
-        "RUNSTATE_AWS_ENDPOINT_URL": wal.endpoint,
-        "RUNSTATE_WAL_TABLE": wal.table,
-        "RUNSTATE_BLOB_BUCKET": wal.bucket,
-        "RUNSTATE_BLOB_PREFIX": wal.prefix,
-        "RUNSTATE_PG_URL": spark_settings.pg_url,
-        "RUNSTATE_WAREHOUSE": str(spark_settings.warehouse_dir),
-    }.items():
-        monkeypatch.setenv(name, value)
-    settings.cache_clear()
-    yield CliRunner()
-    settings.cache_clear()
+    yield from cli_on(monkeypatch, wal, spark_settings)
 
 
 def test_wal_merge_and_read_with_spark_print_the_blob_readers_json(spark, cli, feed, dataset_ids):
