@@ -26,17 +26,25 @@ GROUP BY t.key, t.value
 """
 
 
-def spark_jvms(root_pid: int) -> int:
-    """The Spark drivers below `root_pid`: one JVM per run with a Spark session."""
-    count = 0
-    for pid in descendants(root_pid):
+def spark_jvms(root: int) -> set[int]:
+    """The Spark drivers under `root`, one JVM per run with a Spark session: PySpark's gateway, `java ...
+    org.apache.spark.deploy.SparkSubmit ... pyspark-shell`. Not the `spark-class` shell script that starts
+    it, nor the launcher JVM that script runs first to build the command line
+    (`org.apache.spark.launcher.Main`): both name SparkSubmit too, so a session starting counted three."""
+    found = set()
+    for pid in descendants(root):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"org.apache.spark.deploy.SparkSubmit" in argv:
-            count += 1
-    return count
+        if (
+            argv
+            and Path(argv[0].decode(errors="replace")).name == "java"
+            and b"org.apache.spark.deploy.SparkSubmit" in argv
+            and b"org.apache.spark.launcher.Main" not in argv
+        ):
+            found.add(pid)
+    return found
 
 
 @dataclass
@@ -80,5 +88,5 @@ class Sampler:
                 self.peaks.runs_per_shard_sample = [key, value, runs]
         root = self._root_pid()
         if root is not None:
-            self.peaks.spark_jvms = max(self.peaks.spark_jvms, spark_jvms(root))
+            self.peaks.spark_jvms = max(self.peaks.spark_jvms, len(spark_jvms(root)))
         self.peaks.samples += 1

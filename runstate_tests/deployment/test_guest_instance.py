@@ -33,7 +33,8 @@ from runstate.defs.tags import SPARK_POOL
 from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 from runstate_tests.deployment.conftest import _stop
-from runstate_tests.devserver import RUNSTATE, descendants, free_port, graphql, poll, wait_for_graphql
+from runstate_tests.deployment.sampling import spark_jvms
+from runstate_tests.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # each wait has its own deadline
 
@@ -133,26 +134,6 @@ def _sensor(guest: Guest, name: str) -> dict:
     found = guest.graphql(SENSOR_TICKS, {"location": guest.location, "name": name})["sensorOrError"]
     assert "sensorState" in found, found  # the sensor exists in the loaded code location
     return found["sensorState"]
-
-
-def spark_jvms(root: int) -> set[int]:
-    """The Spark JVMs under `root`: PySpark's gateway, `java ... org.apache.spark.deploy.SparkSubmit ...
-    pyspark-shell`. Not the `spark-class` shell script that starts it, nor the launcher JVM that script
-    runs first to build the command line (`org.apache.spark.launcher.Main`)."""
-    found = set()
-    for pid in descendants(root):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            argv
-            and Path(argv[0].decode(errors="replace")).name == "java"
-            and b"org.apache.spark.deploy.SparkSubmit" in argv
-            and b"org.apache.spark.launcher.Main" not in argv
-        ):
-            found.add(pid)
-    return found
 
 
 @dataclass

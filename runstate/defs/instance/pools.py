@@ -47,6 +47,14 @@ def set_spark_pool_limit(instance: dg.DagsterInstance, sessions: int) -> str:
     return f"Dagster pool {SPARK_POOL}: at most {sessions} Spark session(s) at once{change}"
 
 
+def bound_spark_pool(instance: dg.DagsterInstance, sessions: int) -> None:
+    """Give the pool its limit if the instance has none yet, before a run's Spark step claims a slot:
+    in a plain instance nobody may have run `db upgrade`, and spark_pool_sensor's first tick can come
+    after the first merges started, each with a JVM of its own (seen: 4 JVMs against a cap of 2)."""
+    if spark_pool_limit(instance) is None and instance.event_log_storage.supports_global_concurrency_limits:
+        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, sessions)
+
+
 @dataclass
 class PoolSweep:
     """One look at the pool: its limit, the runs holding or waiting for slots, what was set or freed."""

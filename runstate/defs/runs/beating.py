@@ -2,7 +2,8 @@
 
 - `beating(executor_def)`: the same executor, plus a heartbeat for the whole run, written from the run
   worker's own process while its steps execute (whatever the job and its ops), and the zombie fence
-  around them (`runstate.defs.runs.heartbeat`).
+  around them (`runstate.defs.runs.heartbeat`); a run with a Spark step first makes sure the Spark pool
+  has its limit (`runstate.defs.instance.pools`), so the cap holds from the first run of any instance.
 - `HeartbeatRunLauncher`: Dagster's DefaultRunLauncher, which launches nothing differently but answers
   `check_run_worker_health` from the run's liveness. The default launcher has no such check, so run
   monitoring could only fail a run whose worker vanished at its `dagster/max_runtime`; with it, the
@@ -23,9 +24,11 @@ from dagster._core.errors import DagsterLaunchFailedError
 from dagster._core.executor.base import Executor
 from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, LaunchRunContext, WorkerStatus
 
-from runstate.config import ConfigError
+from runstate.config import ConfigError, settings
+from runstate.defs.instance.pools import bound_spark_pool
 from runstate.defs.runs.heartbeat import heartbeat
 from runstate.defs.runs.liveness import LivenessPolicy, judge, observe
+from runstate.defs.tags import SPARK_POOL
 from runstate.services.dev import STOPPING_FILE_ENV
 
 
@@ -40,6 +43,8 @@ class HeartbeatExecutor(Executor):
         with heartbeat(plan_context.instance, plan_context.run_id, ends_run=False) as beating:
             if beating is not None:  # a run reaped while it launched does nothing
                 beating.check(full=True)
+            if any(step.pool == SPARK_POOL for step in execution_plan.steps):
+                bound_spark_pool(plan_context.instance, settings().spark_sessions)
             yield from self._inner.execute(plan_context, execution_plan)
             if beating is not None:  # the worker writes the run's success next: not after its failure
                 beating.check()
