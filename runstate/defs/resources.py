@@ -44,7 +44,7 @@ def config_fields(config: Any) -> dict[str, Any]:
 def config_of(resource: dg.ConfigurableResource, config_type: type[Config], **nested: Any) -> Config:
     """The resource's config: its fields of the config's names (a secret given as an EnvVar, its value;
     `nested`: the configs of its nested resources)."""
-    values = {field.name: getattr(resource, field.name) for field in dataclasses.fields(config_type)}  # type: ignore[arg-type]
+    values = {field.name: getattr(resource, field.name) for field in dataclasses.fields(config_type)}
     resolved = {
         name: value.get_value() if isinstance(value, dg.EnvVar) else value for name, value in values.items()
     }
