@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
-from runstate.config import Settings, settings
+from runstate.config import Settings
 from runstate.defs.eventstore.jobs import append_events
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.maintenance.resources import MaintenanceResource
@@ -74,18 +74,13 @@ def test_the_built_resources_hold_the_configs_of_the_settings(monkeypatch: pytes
 
 
 def test_snowflake_connections_get_the_same_arguments_from_the_cli_and_from_the_resource(
-    snowflake_schema, monkeypatch: pytest.MonkeyPatch
+    snowflake_settings, monkeypatch: pytest.MonkeyPatch
 ):
     """Every connection the Dagster resource makes in a run, and every one the CLI makes, is given the
     same arguments (before, the resource's lost the login timeout)."""
     import snowflake.connector
 
-    kwargs, schema = snowflake_schema
-    for key in ("account", "user", "password", "database", "host", "port", "protocol"):
-        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(kwargs[key]))
-    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
-    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "snowflake")
-    settings.cache_clear()
+    kwargs, _ = snowflake_settings
     made: list[dict[str, Any]] = []
     connect = snowflake.connector.connect
 
@@ -94,19 +89,16 @@ def test_snowflake_connections_get_the_same_arguments_from_the_cli_and_from_the_
         return connect(**arguments)
 
     monkeypatch.setattr(snowflake.connector, "connect", connect_and_record)
-    try:
-        run = append_events.execute_in_process(  # migrates the schema too (ensure_schema)
-            run_config={
-                "ops": {
-                    "append_events_op": {"config": {"run_id": "r1", "events": [{"event_type": "RunStarted"}]}}
-                }
-            },
-            resources={"event_store": event_store_resource()},
-        )
-        by_the_resource, made[:] = list(made), []
-        shown = CliRunner().invoke(main, ["events", "show", "r1"])
-    finally:
-        settings.cache_clear()
+    run = append_events.execute_in_process(  # migrates the schema too (ensure_schema)
+        run_config={
+            "ops": {
+                "append_events_op": {"config": {"run_id": "r1", "events": [{"event_type": "RunStarted"}]}}
+            }
+        },
+        resources={"event_store": event_store_resource()},
+    )
+    by_the_resource, made[:] = list(made), []
+    shown = CliRunner().invoke(main, ["events", "show", "r1"])
 
     assert run.success and shown.exit_code == 0, shown.output
     assert by_the_resource and made
