@@ -64,7 +64,7 @@ def spark_resource(s: Settings | None = None) -> SparkResource:
     return SparkResource.from_settings(SparkSettings.from_settings(s or settings()))
 
 
-def snowflake_connection(config: SnowflakeConfig | None) -> SnowflakeConnection | None:
+def _snowflake_connection(config: SnowflakeConfig | None) -> SnowflakeConnection | None:
     """The SnowflakeConnection of `config` (the password as an EnvVar when SNOWFLAKE_PASSWORD is set)."""
     from runstate.defs.eventstore.resources import SnowflakeConnection
 
@@ -81,7 +81,7 @@ def event_store_resource(s: Settings | None = None) -> EventStoreResource:
 
     config = EventStoreConfig.from_settings(s or settings())
     return EventStoreResource(
-        **{**config_fields(config), "snowflake": snowflake_connection(config.snowflake)}
+        **{**config_fields(config), "snowflake": _snowflake_connection(config.snowflake)}
     )
 
 
