@@ -13,7 +13,7 @@ from runstate.config import Settings
 class WalConfig:
     """Empty credentials use boto3's own chain (the environment, then the instance's role)."""
 
-    endpoint_url: str | None = None
+    endpoint_url: str | None = Settings.aws_endpoint_url
     region: str = Settings.aws_region
     table: str = Settings.wal_table
     bucket: str = Settings.blob_bucket
