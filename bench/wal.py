@@ -87,7 +87,7 @@ class World:
         ensure_blob_bucket(self.s3, self.bucket)
 
     def resource(self, max_batch_size: int = 500) -> WalResource:
-        # The bench drives the timer itself: no run interval between its ticks.
+        # The bench drives the timer itself: no run interval between its ticks, and no linger after a plan.
         return WalResource(
             endpoint_url=self.endpoint,
             region="us-east-1",
@@ -96,6 +96,7 @@ class World:
             prefix=self.prefix,
             max_batch_size=max_batch_size,
             min_run_interval_s=0,
+            flush_linger_s=0,
         )
 
 

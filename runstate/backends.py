@@ -3,10 +3,10 @@
 Each entry names, as `module:attribute` strings imported on first use (so that reading the registry, as
 `config` does to check RUNSTATE_EVENTSTORE, imports no database driver), the parts of one backend:
 
-- `datastore`: `(settings, **options) -> datastore | None`, the backend's connection owner built from
-  the Settings (None when the settings do not configure the backend: `needs` then says what is missing);
-- `datastore_class`: that datastore's class, `(connection, *, schema)`, for a caller holding the
-  connection itself (the Dagster resource);
+- `datastore`: `(config, **options) -> datastore | None`, the backend's connection owner built from the
+  event store's config (`runstate.eventstore.config.EventStoreConfig`: the CLI's from the Settings, the
+  Dagster resource's from its fields); None when the config has no connection for the backend (`needs`
+  then says what is missing);
 - `event_store`: `(datastore, **options) -> EventStore`, the run state store on that datastore, which
   closes the datastore with itself (`runstate.eventstore.store.EventStore` holding the backend's
   statements and transactions);
@@ -37,18 +37,13 @@ class UnknownBackend(ValueError):
 class Backend:
     name: str
     datastore: str
-    datastore_class: str
     event_store: str
     migrations: str | None
     needs: str = ""
 
-    def build_datastore(self, settings: Any, **options: Any) -> Any:
-        """The backend's datastore from the Settings, or None when they do not configure it."""
-        return _resolve(self.datastore)(settings, **options)
-
-    def connect(self, connection: Any, *, schema: str) -> Any:
-        """The backend's datastore on `connection` (a DSN, connector arguments: what its class takes)."""
-        return _resolve(self.datastore_class)(connection, schema=schema)
+    def build_datastore(self, config: Any, **options: Any) -> Any:
+        """The backend's datastore from the event store's config, or None when it has no connection for it."""
+        return _resolve(self.datastore)(config, **options)
 
     def open_event_store(self, datastore: Any, **options: Any) -> Any:
         """The run state store on `datastore`; closing the store closes the datastore."""
@@ -105,7 +100,6 @@ register(
     Backend(
         name="postgres",
         datastore="runstate.wiring:postgres_datastore",
-        datastore_class="runstate.datastore.postgres:PostgresDatastore",
         event_store="runstate.eventstore.postgres:open_store",
         migrations="runstate.migrations.postgres",
     )
@@ -114,9 +108,8 @@ register(
     Backend(
         name="snowflake",
         datastore="runstate.wiring:snowflake_datastore",
-        datastore_class="runstate.datastore.snowflake:SnowflakeDatastore",
         event_store="runstate.eventstore.snowflake:open_store",
         migrations="runstate.migrations.snowflake",
-        needs="SNOWFLAKE_ACCOUNT (and user, password, ...)",
+        needs="SNOWFLAKE_ACCOUNT (and user, password, ...), or the event_store resource's `snowflake`",
     )
 )

@@ -26,6 +26,9 @@ from urllib.parse import urlsplit
 from runstate import backends
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
+# Runs finished more than this many days ago move to the archive (the archive_events schedule, `runstate
+# events archive`); here, not in runstate.eventstore, so that the CLI shows it without importing a driver.
+DEFAULT_ARCHIVE_AFTER_DAYS = 90
 
 
 def project_home() -> Path:
@@ -40,6 +43,11 @@ def project_home() -> Path:
 
 def state_dir() -> Path:
     return project_home() / ".runstate"
+
+
+def default_warehouse_dir() -> Path:
+    """RUNSTATE_WAREHOUSE's default: the Iceberg warehouse folder under `.runstate/`."""
+    return state_dir() / "warehouse"
 
 
 def env_file() -> Path:
@@ -90,22 +98,26 @@ LAKE_NAMESPACE = re.compile(r"^[a-z_][a-z0-9_]{0,127}$")
 
 @dataclass(frozen=True)
 class Settings:
-    pg_url: str
+    """The deployment's settings. A field's default is its variable's default, written here once: `from_env`
+    and the domains' configs (`runstate.wiring` lists them) read it from the class."""
+
+    # Derived from other values when unset: no default of their own.
     dagster_pg_url: str
-    schema: str
-    aws_endpoint_url: str | None
-    aws_region: str
-    wal_table: str
-    blob_bucket: str
-    blob_prefix: str
-    eventstore: str
+    warehouse_dir: Path
+    pg_url: str = DEFAULT_PG_URL
+    schema: str = "runstate"
+    aws_endpoint_url: str | None = None
+    aws_region: str = "us-east-1"
+    wal_table: str = "runstate_wal"
+    blob_bucket: str = "runstate-blobs"
+    blob_prefix: str = "datasets/"
+    eventstore: str = "postgres"
     snowflake: Mapping[str, str] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # The address executors reach the driver at; None: loopback for local and loopback masters, else Spark's.
     spark_driver_host: str | None = None
     iceberg_catalog: str = "jdbc"
-    warehouse_dir: Path = Path(".runstate/warehouse")
     # WAL flush shards: each shard run is a process that loads the code location, so 2 suits a 2-core
     # machine; scale it with the cluster (docs/OPERATIONS.md).
     wal_flush_shards: int = 2
@@ -135,53 +147,78 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The settings, or a ConfigError naming the first variable whose value cannot be used."""
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
-        pg_url = env.get("RUNSTATE_PG_URL", DEFAULT_PG_URL)
+        pg_url = env.get("RUNSTATE_PG_URL", cls.pg_url)
         return cls(
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
-            schema=env.get("RUNSTATE_SCHEMA", "runstate"),
+            schema=env.get("RUNSTATE_SCHEMA", cls.schema),
             aws_endpoint_url=_endpoint_url(env, "RUNSTATE_AWS_ENDPOINT_URL"),
-            aws_region=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-            wal_table=env.get("RUNSTATE_WAL_TABLE", "runstate_wal"),
-            blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", "runstate-blobs"),
-            blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", "datasets/"),
-            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names()),
+            aws_region=env.get("AWS_DEFAULT_REGION", cls.aws_region),
+            wal_table=env.get("RUNSTATE_WAL_TABLE", cls.wal_table),
+            blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", cls.blob_bucket),
+            blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", cls.blob_prefix),
+            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names(), cls.eventstore),
             snowflake={
                 k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
             },
-            spark_master=_spark_master(env),
+            spark_master=_spark_master(env, cls.spark_master),
             spark_conf=spark_conf_from_json(env.get("RUNSTATE_SPARK_CONF") or "{}"),
             spark_driver_host=_spark_driver_host(env),
-            iceberg_catalog=_choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS),
-            warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(state_dir() / "warehouse"))),
-            wal_flush_shards=_bounded_int(env, "RUNSTATE_WAL_FLUSH_SHARDS", 2, WAL_FLUSH_SHARDS_MAX),
-            wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", 20.0),
-            maintenance_workers=_bounded_int(env, "RUNSTATE_MAINTENANCE_WORKERS", 2, MAINTENANCE_WORKERS_MAX),
+            iceberg_catalog=_choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS, cls.iceberg_catalog),
+            warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(default_warehouse_dir()))),
+            wal_flush_shards=_bounded_int(
+                env, "RUNSTATE_WAL_FLUSH_SHARDS", cls.wal_flush_shards, WAL_FLUSH_SHARDS_MAX
+            ),
+            wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", cls.wal_flush_linger_s),
+            maintenance_workers=_bounded_int(
+                env, "RUNSTATE_MAINTENANCE_WORKERS", cls.maintenance_workers, MAINTENANCE_WORKERS_MAX
+            ),
             apply_deletes_at=_bounded_int(
-                env, "RUNSTATE_APPLY_DELETES_AT", 8, APPLY_DELETES_AT_MAX, minimum=0
+                env, "RUNSTATE_APPLY_DELETES_AT", cls.apply_deletes_at, APPLY_DELETES_AT_MAX, minimum=0
             ),
             copy_on_write_max_mb=_bounded_int(
-                env, "RUNSTATE_COPY_ON_WRITE_MAX_MB", 16, COPY_ON_WRITE_MAX_MB_MAX, minimum=0
+                env,
+                "RUNSTATE_COPY_ON_WRITE_MAX_MB",
+                cls.copy_on_write_max_mb,
+                COPY_ON_WRITE_MAX_MB_MAX,
+                minimum=0,
             ),
             dataset_merge_interval_s=_bounded_int(
-                env, "RUNSTATE_DATASET_MERGE_INTERVAL_S", 60, DATASET_MERGE_INTERVAL_MAX_S, minimum=5
+                env,
+                "RUNSTATE_DATASET_MERGE_INTERVAL_S",
+                cls.dataset_merge_interval_s,
+                DATASET_MERGE_INTERVAL_MAX_S,
+                minimum=5,
             ),
-            spark_sessions=_bounded_int(env, "RUNSTATE_SPARK_SESSIONS", 2, SPARK_SESSIONS_MAX),
-            history_namespace=_lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", "runstate"),
+            spark_sessions=_bounded_int(
+                env, "RUNSTATE_SPARK_SESSIONS", cls.spark_sessions, SPARK_SESSIONS_MAX
+            ),
+            history_namespace=_lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", cls.history_namespace),
             history_batch_events=_bounded_int(
-                env, "RUNSTATE_HISTORY_BATCH_EVENTS", 50_000, HISTORY_BATCH_EVENTS_MAX
+                env, "RUNSTATE_HISTORY_BATCH_EVENTS", cls.history_batch_events, HISTORY_BATCH_EVENTS_MAX
             ),
             history_export_interval_s=_bounded_int(
-                env, "RUNSTATE_HISTORY_EXPORT_INTERVAL_S", 60, HISTORY_EXPORT_INTERVAL_MAX_S, minimum=5
+                env,
+                "RUNSTATE_HISTORY_EXPORT_INTERVAL_S",
+                cls.history_export_interval_s,
+                HISTORY_EXPORT_INTERVAL_MAX_S,
+                minimum=5,
             ),
             history_max_lag_events=_bounded_int(
-                env, "RUNSTATE_HISTORY_MAX_LAG_EVENTS", 10_000, HISTORY_MAX_LAG_EVENTS_MAX
+                env, "RUNSTATE_HISTORY_MAX_LAG_EVENTS", cls.history_max_lag_events, HISTORY_MAX_LAG_EVENTS_MAX
             ),
             history_max_lag_minutes=_bounded_int(
-                env, "RUNSTATE_HISTORY_MAX_LAG_MINUTES", 10, HISTORY_MAX_LAG_MINUTES_MAX
+                env,
+                "RUNSTATE_HISTORY_MAX_LAG_MINUTES",
+                cls.history_max_lag_minutes,
+                HISTORY_MAX_LAG_MINUTES_MAX,
             ),
             run_dead_after_s=_seconds(
-                env, "RUNSTATE_RUN_DEAD_AFTER_S", 20.0, RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S
+                env,
+                "RUNSTATE_RUN_DEAD_AFTER_S",
+                cls.run_dead_after_s,
+                RUN_DEAD_AFTER_MIN_S,
+                RUN_DEAD_AFTER_MAX_S,
             ),
         )
 
@@ -191,8 +228,8 @@ def _shown(raw: str) -> str:
     return repr(raw if len(raw) <= 60 else raw[:60] + "...")
 
 
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    raw = env.get(name) or choices[0]
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = env.get(name) or default
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {_shown(raw)}")
     return raw
@@ -227,8 +264,8 @@ def _seconds(
     return value
 
 
-def _spark_master(env: Mapping[str, str]) -> str:
-    raw = env.get("RUNSTATE_SPARK_MASTER") or "local[2]"
+def _spark_master(env: Mapping[str, str], default: str) -> str:
+    raw = env.get("RUNSTATE_SPARK_MASTER") or default
     if not raw.isprintable() or any(ch.isspace() for ch in raw):
         raise ConfigError(f"RUNSTATE_SPARK_MASTER must be a Spark master URL, got {_shown(raw)}")
     return raw

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from runstate.config import Settings, default_warehouse_dir
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-    from runstate.config import Settings
 
 CATALOG = "lake"
 ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
@@ -76,13 +76,27 @@ def default_driver_host(master: str) -> str | None:
 
 @dataclass(frozen=True)
 class SparkSettings:
-    master: str = "local[2]"
+    """The Spark configuration of one deployment (or a test's, a benchmark's): the Spark domain's config."""
+
+    master: str = Settings.spark_master
     pg_url: str | None = None
-    catalog_kind: str = "jdbc"
-    warehouse_dir: Path = Path(".runstate/warehouse")
+    catalog_kind: str = Settings.iceberg_catalog
+    warehouse_dir: Path = field(default_factory=default_warehouse_dir)
     extra_conf: Mapping[str, str] = field(default_factory=dict)
     app_name: str = "runstate"
     driver_host: str | None = None  # None: default_driver_host(master)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> SparkSettings:
+        """RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF, RUNSTATE_SPARK_DRIVER_HOST, the catalog and warehouse."""
+        return cls(
+            master=s.spark_master,
+            pg_url=s.pg_url,
+            catalog_kind=s.iceberg_catalog,
+            warehouse_dir=s.warehouse_dir,
+            extra_conf=s.spark_conf,
+            driver_host=s.spark_driver_host,
+        )
 
     def catalog_conf(self) -> dict[str, str]:
         warehouse = self.warehouse_dir.resolve().as_uri()
@@ -157,19 +171,3 @@ def build_session(settings: SparkSettings) -> SparkSession:
     for key, value in spark_config(settings).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
-
-
-def settings_from_runstate(s: Settings | None = None) -> SparkSettings:
-    """The Spark settings of this deployment: RUNSTATE_SPARK_MASTER, RUNSTATE_SPARK_CONF,
-    RUNSTATE_SPARK_DRIVER_HOST, the catalog."""
-    from runstate.config import settings
-
-    s = s or settings()
-    return SparkSettings(
-        master=s.spark_master,
-        pg_url=s.pg_url,
-        catalog_kind=s.iceberg_catalog,
-        warehouse_dir=s.warehouse_dir,
-        extra_conf=s.spark_conf,
-        driver_host=s.spark_driver_host,
-    )

@@ -1,95 +1,65 @@
-"""Every core object built from the Settings, in one place, without dagster.
+"""Every core object built from its domain's config, in one place, without dagster.
 
-The CLI and the Dagster resources (`runstate/defs/resources.py`) both build through these functions,
-so a Snowflake argument, a schema rule or a client setting is written once. Nothing connects here:
-each object opens its connections on first use. Which backend's builders serve a name is
-`runstate.backends`' to say (its entries name postgres_datastore and snowflake_datastore).
+The path from configuration to objects: `Settings` (the environment, read once) is parsed into one
+frozen config per domain (`EventStoreConfig`, `WalConfig`, `MaintenanceConfig`, `SparkSettings`,
+`HistoryConfig`; `from_settings(s)` each), and these functions build the objects from those configs.
+The CLI passes the configs of the Settings (or None: the same); the Dagster resources hold a config's
+fields and pass their config, so a Snowflake argument, a schema rule or a client setting is written once.
+Nothing connects here: each object opens its connections on first use. Which backend's builders serve a
+name is `runstate.backends`' to say (its entries name postgres_datastore and snowflake_datastore).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from runstate.config import Settings, settings
+from runstate.config import settings
 
 # Imported where used: the CLI imports this module to build its verbs, and `runstate --help` must not
 # pay for a database driver.
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from runstate.datastore import PostgresDatastore, SnowflakeDatastore
-
-# A wrong host or port should fail in seconds, not after the connector's default of two minutes.
-SNOWFLAKE_LOGIN_TIMEOUT_S = 20
-_SNOWFLAKE_KEYS = ("account", "user", "password", "database", "warehouse", "role", "host", "protocol")
-
-
-def snowflake_schema(s: Settings | None = None) -> str:
-    """SNOWFLAKE_SCHEMA, else RUNSTATE: the schema of the Snowflake event store and its migrations."""
-    return ((s or settings()).snowflake.get("schema") or "RUNSTATE").upper()
+    from runstate.eventstore import EventStore
+    from runstate.eventstore.config import EventStoreConfig
+    from runstate.maintenance import MaintenanceStore
+    from runstate.maintenance.config import MaintenanceConfig
+    from runstate.spark import SparkSettings
+    from runstate.wal import BlobStore, WalTable
+    from runstate.wal.config import WalConfig
 
 
-def snowflake_connect_kwargs(values: Mapping[str, str]) -> dict[str, Any] | None:
-    """snowflake.connector.connect() arguments from the SNOWFLAKE_* settings; None without an account."""
-    if not values.get("account"):
-        return None
-    kwargs: dict[str, Any] = {key: values[key] for key in _SNOWFLAKE_KEYS if values.get(key)}
-    if values.get("port"):
-        kwargs["port"] = int(values["port"])
-    # A server fault (HTTP 5xx) is retried by the connector until network_timeout (unset: for ever). Against
-    # fakesnow (plain http) only its own bugs still answer 500 (services/fakesnow_errors.py): give up after
-    # a second rather than never. Real Snowflake: unset.
-    if values.get("network_timeout"):
-        kwargs["network_timeout"] = int(values["network_timeout"])
-    elif values.get("protocol") == "http":
-        kwargs["network_timeout"] = 1
-    kwargs["login_timeout"] = SNOWFLAKE_LOGIN_TIMEOUT_S
-    # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
-    kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
-    return kwargs
+def event_store_config(config: EventStoreConfig | None = None) -> EventStoreConfig:
+    """`config`, else the Settings' (RUNSTATE_EVENTSTORE, RUNSTATE_PG_URL, RUNSTATE_SCHEMA, SNOWFLAKE_*)."""
+    from runstate.eventstore.config import EventStoreConfig
+
+    return config or EventStoreConfig.from_settings(settings())
 
 
-def postgres_datastore(s: Settings | None = None, **options: Any) -> PostgresDatastore:
-    """The Postgres datastore of RUNSTATE_PG_URL / RUNSTATE_SCHEMA (options: pool_size, ...)."""
+def postgres_datastore(config: EventStoreConfig, **options: Any) -> PostgresDatastore:
+    """The Postgres datastore of the config's pg_url and pg_schema (options: pool_size, ...)."""
     from runstate.datastore import PostgresDatastore
 
-    s = s or settings()
-    return PostgresDatastore(s.pg_url, schema=s.schema, **options)
+    return PostgresDatastore(config.pg_url, schema=config.pg_schema, **options)
 
 
-def snowflake_datastore(s: Settings | None = None, **options: Any) -> SnowflakeDatastore | None:
-    """The Snowflake datastore of the SNOWFLAKE_* settings; None when no account is configured."""
+def snowflake_datastore(config: EventStoreConfig, **options: Any) -> SnowflakeDatastore | None:
+    """The Snowflake datastore of the config's connection; None when it has none."""
     from runstate.datastore import SnowflakeDatastore
 
-    s = s or settings()
-    kwargs = snowflake_connect_kwargs(s.snowflake)
-    if kwargs is None:
+    if config.snowflake is None:
         return None
-    return SnowflakeDatastore(kwargs, schema=snowflake_schema(s), **options)
+    return SnowflakeDatastore(config.snowflake.connect_kwargs(), schema=config.snowflake_schema, **options)
 
 
-def aws_client(service: str, s: Settings | None = None) -> Any:
-    """A boto3 client of `service` at RUNSTATE_AWS_ENDPOINT_URL (unset: AWS), credentials from the environment."""
-    import os
-
-    from runstate.wal.clients import aws_client as make_client
-
-    s = s or settings()
-    return make_client(
-        service,
-        endpoint_url=s.aws_endpoint_url,
-        region=s.aws_region,
-        access_key_id=os.environ.get("AWS_ACCESS_KEY_ID"),
-        secret_access_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
-    )
-
-
-def require_schema(domain: str, backend: str = "postgres", s: Settings | None = None) -> None:
+def require_schema(domain: str, backend: str = "postgres", config: EventStoreConfig | None = None) -> None:
     """SchemaNotCurrent (a MigrationError: one `Error:` line in the CLI) unless `domain`'s tables are
     current; one query on a connection of its own. The CLI's verbs call it instead of migrating."""
     from runstate import backends, migrations
 
     entry = backends.get(backend)
-    store = entry.build_datastore(s or settings())
+    store = entry.build_datastore(event_store_config(config))
     if store is None:
         raise migrations.MigrationError(f"backend {backend!r} needs {entry.needs}")
     try:
@@ -98,39 +68,71 @@ def require_schema(domain: str, backend: str = "postgres", s: Settings | None = 
         store.close()
 
 
-def event_store(s: Settings | None = None, backend: str | None = None, **options: Any) -> Any:
-    """The run state store of RUNSTATE_EVENTSTORE (or `backend`) on its datastore, which it closes with
-    itself; options: snapshot_interval, ..."""
+def event_store(
+    config: EventStoreConfig | None = None, backend: str | None = None, **options: Any
+) -> EventStore:
+    """The run state store of the config's backend (or `backend`) on its datastore, which it closes with
+    itself; options: those of the store (the snapshot interval is the config's)."""
     from runstate import backends
     from runstate.eventstore import EventStoreError
 
-    s = s or settings()
-    entry = backends.get(backend or s.eventstore)
-    datastore = entry.build_datastore(s)
+    config = event_store_config(config)
+    entry = backends.get(backend or config.backend)
+    datastore = entry.build_datastore(config)
     if datastore is None:
         raise EventStoreError(f"event store backend {entry.name!r} needs {entry.needs}")
-    return entry.open_event_store(datastore, **options)
+    return entry.open_event_store(datastore, **{"snapshot_interval": config.snapshot_interval, **options})
 
 
-def maintenance_store(s: Settings | None = None, **options: Any) -> Any:
-    """The maintenance store (job queue, locks, cache, history) in RUNSTATE_SCHEMA."""
+def maintenance_store(config: MaintenanceConfig | None = None) -> MaintenanceStore:
+    """The maintenance store (job queue, locks, cache, history) of the config's dsn and pg_schema."""
+    from runstate.maintenance.config import MaintenanceConfig
     from runstate.maintenance.store import MaintenanceStore
 
-    s = s or settings()
-    return MaintenanceStore(s.pg_url, schema=s.schema, **options)
+    config = config or MaintenanceConfig.from_settings(settings())
+    return MaintenanceStore(config.dsn, schema=config.pg_schema, max_attempts=config.max_attempts)
 
 
-def wal_table(s: Settings | None = None) -> Any:
-    """The deployment's WAL table (one client: each costs a few tenths of a second)."""
+def wal_config(config: WalConfig | None = None) -> WalConfig:
+    """`config`, else the Settings' (RUNSTATE_AWS_ENDPOINT_URL, RUNSTATE_WAL_TABLE, RUNSTATE_BLOB_*, ...)."""
+    from runstate.wal.config import WalConfig
+
+    return config or WalConfig.from_settings(settings())
+
+
+def aws_client(service: str, config: WalConfig | None = None) -> Any:
+    """A boto3 client of `service` at the config's endpoint (None: AWS) and region; empty credentials
+    use boto3's own chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY first)."""
+    from runstate.wal.clients import aws_client as make_client
+
+    config = wal_config(config)
+    return make_client(
+        service,
+        endpoint_url=config.endpoint_url,
+        region=config.region,
+        access_key_id=config.aws_access_key_id,
+        secret_access_key=config.aws_secret_access_key,
+    )
+
+
+def wal_table(config: WalConfig | None = None, dynamodb: Any = None) -> WalTable:
+    """The WAL table, on `dynamodb` or a new client (each costs a few tenths of a second)."""
     from runstate.wal import WalTable
 
-    s = s or settings()
-    return WalTable(aws_client("dynamodb", s), s.wal_table)
+    config = wal_config(config)
+    return WalTable(dynamodb or aws_client("dynamodb", config), config.table)
 
 
-def blob_store(s: Settings | None = None) -> Any:
-    """The deployment's blob bucket and prefix."""
+def blob_store(config: WalConfig | None = None, s3: Any = None) -> BlobStore:
+    """The blob bucket and prefix, on `s3` or a new client."""
     from runstate.wal import BlobStore
 
-    s = s or settings()
-    return BlobStore(aws_client("s3", s), s.blob_bucket, s.blob_prefix)
+    config = wal_config(config)
+    return BlobStore(s3 or aws_client("s3", config), config.bucket, config.prefix)
+
+
+def spark_session(config: SparkSettings | None = None) -> SparkSession:
+    """A Spark session outside Dagster, configured as the `spark` resource's (RUNSTATE_SPARK_*)."""
+    from runstate.spark import SparkSettings, build_session
+
+    return build_session(config or SparkSettings.from_settings(settings()))

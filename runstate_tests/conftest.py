@@ -313,6 +313,22 @@ def snowflake_schema(fakesnow_server: dict) -> Iterator[tuple[dict, str]]:
     conn.close()
 
 
+@pytest.fixture
+def snowflake_settings(snowflake_schema, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[dict, str]]:
+    """The settings (SNOWFLAKE_*, RUNSTATE_EVENTSTORE=snowflake) of the test's fakesnow schema: what
+    `snowflake_schema` gives."""
+    from runstate.config import settings
+
+    kwargs, schema = snowflake_schema
+    for key in ("account", "user", "password", "database", "host", "port", "protocol"):
+        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(kwargs[key]))
+    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
+    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "snowflake")
+    settings.cache_clear()
+    yield kwargs, schema
+    settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def spark_settings(pg_database: str, tmp_path_factory: pytest.TempPathFactory):
     from runstate.spark import SparkSettings

@@ -12,6 +12,7 @@ import pytest
 from runstate import backends, migrations, wiring
 from runstate.config import ConfigError, Settings
 from runstate.eventstore import NewEvent
+from runstate.eventstore.config import EventStoreConfig
 from runstate_tests.conftest import unique
 from runstate_tests.eventstore.memory_backend import MEMORY
 
@@ -20,12 +21,13 @@ def test_a_registered_backend_is_a_setting_that_wiring_builds():
     schema = unique("m")
     with backends.registered(MEMORY):
         s = Settings.from_env({"RUNSTATE_EVENTSTORE": "memory", "RUNSTATE_SCHEMA": schema})
-        wiring.require_schema("eventstore", "memory", s)  # it keeps no schema: always current
-        with wiring.event_store(s) as store:
+        config = EventStoreConfig.from_settings(s)
+        wiring.require_schema("eventstore", "memory", config)  # it keeps no schema: always current
+        with wiring.event_store(config) as store:
             store.append(NewEvent("r1", "RunStarted", datetime(2026, 1, 1, tzinfo=UTC)))
-        with wiring.event_store(s) as again:  # another store on the same schema's tables
+        with wiring.event_store(config) as again:  # another store on the same schema's tables
             stored = again.fetch("r1")
-        datastore = backends.get("memory").build_datastore(s)
+        datastore = backends.get("memory").build_datastore(config)
         upgraded, status = migrations.upgrade_all(datastore), migrations.status(datastore, "eventstore")
 
     assert s.eventstore == "memory"
@@ -39,7 +41,7 @@ def test_an_unregistered_backend_is_refused_naming_the_known_ones():
     ):
         Settings.from_env({"RUNSTATE_EVENTSTORE": "memory"})
     with pytest.raises(backends.UnknownBackend, match="one of postgres, snowflake, got 'oracle'"):
-        wiring.event_store(Settings.from_env({}), "oracle")
+        wiring.event_store(EventStoreConfig(), "oracle")
 
 
 def test_a_registration_for_a_block_leaves_the_registry_as_it_was():

@@ -132,13 +132,11 @@ def test_the_driver_is_on_loopback_only_when_every_executor_is(master, host, tmp
 
 
 def test_runstate_spark_driver_host_names_the_drivers_address():
-    from runstate.spark import settings_from_runstate
-
     settings = Settings.from_env(
         {"RUNSTATE_SPARK_MASTER": "yarn", "RUNSTATE_SPARK_DRIVER_HOST": "10.1.2.3", "RUNSTATE_WAREHOUSE": "w"}
     )
 
-    conf = spark_config(settings_from_runstate(settings))
+    conf = spark_config(SparkSettings.from_settings(settings))
 
     assert conf["spark.master"] == "yarn"
     assert conf["spark.driver.host"] == conf["spark.driver.bindAddress"] == "10.1.2.3"

@@ -136,14 +136,15 @@ def read_with_spark(dataset_id: str, version: int | None) -> dict[str, Any]:
     """The table's live rows (or its snapshot at `version`) as the blob reader's JSON document."""
     from pyspark.errors import PySparkException
 
-    from runstate.spark import SparkSetupError, build_session, settings_from_runstate
+    from runstate import wiring
+    from runstate.spark import SparkSetupError
     from runstate.wal import state_document
     from runstate.wal.changes import validate_dataset_id
     from runstate.wal.dataset_tables import DatasetTableError, read_table
 
     validate_dataset_id(dataset_id)  # before a JVM is started for nothing
     try:
-        spark = build_session(settings_from_runstate())
+        spark = wiring.spark_session()
     except (SparkSetupError, PySparkException) as error:
         raise DatasetTableError(f"Spark could not start: {' '.join(str(error).split())}") from None
     spark.sparkContext.setLogLevel("ERROR")

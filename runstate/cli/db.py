@@ -17,9 +17,11 @@ def _datastores(s: Settings) -> Iterator[object]:
     """The datastore of each backend with migrations that the settings configure (runstate.backends:
     Postgres always, Snowflake with SNOWFLAKE_ACCOUNT). Each closed afterwards."""
     from runstate import backends
+    from runstate.eventstore.config import EventStoreConfig
 
+    config = EventStoreConfig.from_settings(s)
     for backend in backends.all_backends():
-        store = backend.build_datastore(s) if backend.migrations else None
+        store = backend.build_datastore(config) if backend.migrations else None
         if store is None:
             continue
         try:
@@ -34,16 +36,16 @@ def _ensure_wal_resources(s: Settings) -> str:
     from runstate import wiring
     from runstate.migrations import MigrationError
     from runstate.wal import ensure_blob_bucket, ensure_wal_table
+    from runstate.wal.config import WalConfig
 
+    wal = WalConfig.from_settings(s)
     try:
-        ensure_wal_table(wiring.aws_client("dynamodb", s), s.wal_table)
-        ensure_blob_bucket(wiring.aws_client("s3", s), s.blob_bucket)
+        ensure_wal_table(wiring.aws_client("dynamodb", wal), wal.table)
+        ensure_blob_bucket(wiring.aws_client("s3", wal), wal.bucket)
     except (BotoCoreError, ClientError) as exc:
-        where = s.aws_endpoint_url or "AWS"
-        raise MigrationError(
-            f"WAL table {s.wal_table!r} / bucket {s.blob_bucket!r} at {where}: {exc}"
-        ) from exc
-    return f"WAL table {s.wal_table!r} and blob bucket {s.blob_bucket!r} are ready"
+        where = wal.endpoint_url or "AWS"
+        raise MigrationError(f"WAL table {wal.table!r} / bucket {wal.bucket!r} at {where}: {exc}") from exc
+    return f"WAL table {wal.table!r} and blob bucket {wal.bucket!r} are ready"
 
 
 @click.group()

@@ -19,7 +19,6 @@ import click
 
 from runstate.cli import events_export
 from runstate.cli.events_io import (
-    DEFAULT_ARCHIVE_AFTER_DAYS,
     MAX_FILE_EVENTS,
     event_to_json,
     format_table,
@@ -30,6 +29,7 @@ from runstate.cli.events_io import (
     short_json,
     validate_all,
 )
+from runstate.config import DEFAULT_ARCHIVE_AFTER_DAYS
 from runstate.eventstore.feed import MAX_POLL_SECONDS
 
 # Seqs and feed positions are bigints in the stores (a larger one was a driver error or a missing SQL

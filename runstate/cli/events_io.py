@@ -27,7 +27,6 @@ EVENT_FIELDS = (
     "adapter_version",
     "engine_run_ref",
 )
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  # the core's DEFAULT_ARCHIVE_AFTER_DAYS, without importing it at load
 # Each run's events in a file are one batch, appended in one transaction: all of them, or none. The
 # whole file is in memory while that happens, about 3 KB an event at the peak (300,000 events took
 # 777 MB), so a file holds at most this many; a larger one is refused before anything is written.
@@ -43,18 +42,19 @@ def open_store(backend: str | None = None) -> Iterator[Any]:
     from runstate import wiring
     from runstate.config import settings
     from runstate.eventstore import EventStoreError
+    from runstate.eventstore.config import EventStoreConfig
 
     try:
-        s = settings()
+        config = EventStoreConfig.from_settings(settings())
     except ValueError as exc:  # a bad setting is the user's input too: one line, not a traceback
         raise EventStoreError(str(exc)) from None
-    backend = backend or s.eventstore
+    backend = backend or config.backend
     try:
-        store = wiring.event_store(s, backend)
+        store = wiring.event_store(config, backend)
     except ValueError as exc:  # a bad schema name in the settings, say
         raise EventStoreError(f"event store settings: {exc}") from None
     try:
-        wiring.require_schema("eventstore", backend, s)
+        wiring.require_schema("eventstore", backend, config)
         yield store
     finally:
         store.close()

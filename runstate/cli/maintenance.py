@@ -30,9 +30,9 @@ def _store() -> MaintenanceStore:
 
 
 def _spark():
-    from runstate.spark import build_session, settings_from_runstate
+    from runstate import wiring
 
-    session = build_session(settings_from_runstate())
+    session = wiring.spark_session()
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -42,11 +42,12 @@ def lake_session() -> Any:
     Spark cannot start."""
     from pyspark.errors import PySparkException
 
+    from runstate import wiring
     from runstate.cli import one_line
-    from runstate.spark import SparkSetupError, build_session, settings_from_runstate
+    from runstate.spark import SparkSetupError
 
     try:
-        spark = build_session(settings_from_runstate())
+        spark = wiring.spark_session()
     except (SparkSetupError, PySparkException) as error:
         raise click.ClickException(f"Spark could not start: {one_line(error)}") from None
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,7 +1,10 @@
 """Every resource of the code location, built from `runstate.config.settings()` in this one place.
 
-The values that are not Dagster's (Snowflake's connection arguments, the schema rules) come from
-`runstate.wiring`, which builds the same core objects for the CLI.
+Each resource holds the fields of its domain's config (`EventStoreConfig`, `WalConfig`,
+`MaintenanceConfig`), whose defaults are its field defaults, and builds its core objects from that
+config through `runstate.wiring`, as the CLI does. Here each builder parses the settings into the
+domain's config (`from_settings`) and gives the resource that config's fields: `config_fields` one
+way, `config_of` the other.
 
 The resources themselves are configuration plus a factory: their fields hold explicit values and
 never consult the environment. This module is the only route from the settings to them, so the
@@ -13,12 +16,12 @@ merges use `wal` (where the blobs are) and `spark`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import dagster as dg
 
-from runstate import wiring
 from runstate.config import Settings, settings
 
 # The domain packages (`runstate.defs.<domain>`) call these builders when they are imported, so the
@@ -28,6 +31,24 @@ if TYPE_CHECKING:
     from runstate.defs.maintenance.resources import MaintenanceResource
     from runstate.defs.spark import SparkResource
     from runstate.defs.wal.resources import WalResource
+    from runstate.eventstore.config import SnowflakeConfig
+
+Config = TypeVar("Config")
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """A config's fields by name: the keyword arguments of the resource that holds them."""
+    return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
+
+
+def config_of(resource: dg.ConfigurableResource, config_type: type[Config], **nested: Any) -> Config:
+    """The resource's config: its fields of the config's names (a secret given as an EnvVar, its value;
+    `nested`: the configs of its nested resources)."""
+    values = {field.name: getattr(resource, field.name) for field in dataclasses.fields(config_type)}
+    resolved = {
+        name: value.get_value() if isinstance(value, dg.EnvVar) else value for name, value in values.items()
+    }
+    return config_type(**{**resolved, **nested})
 
 
 def _secret(name: str) -> dg.EnvVar | None:
@@ -38,64 +59,47 @@ def _secret(name: str) -> dg.EnvVar | None:
 def spark_resource(s: Settings | None = None) -> SparkResource:
     """dagster-pyspark's lazy session, configured from RUNSTATE_SPARK_MASTER / RUNSTATE_SPARK_CONF."""
     from runstate.defs.spark import SparkResource
-    from runstate.spark import settings_from_runstate
+    from runstate.spark import SparkSettings
 
-    return SparkResource.from_settings(settings_from_runstate(s))
+    return SparkResource.from_settings(SparkSettings.from_settings(s or settings()))
 
 
-def snowflake_connection(s: Settings | None = None) -> SnowflakeConnection | None:
-    """SnowflakeConnection from SNOWFLAKE_* settings; None when no account is configured."""
+def _snowflake_connection(config: SnowflakeConfig | None) -> SnowflakeConnection | None:
+    """The SnowflakeConnection of `config` (the password as an EnvVar when SNOWFLAKE_PASSWORD is set)."""
     from runstate.defs.eventstore.resources import SnowflakeConnection
 
-    kwargs = wiring.snowflake_connect_kwargs((s or settings()).snowflake)
-    if kwargs is None:
+    if config is None:
         return None
-    fields = {key: value for key, value in kwargs.items() if key in SnowflakeConnection.model_fields}
-    if password := _secret("SNOWFLAKE_PASSWORD"):
-        fields["password"] = password
-    return SnowflakeConnection(**fields)
+    return SnowflakeConnection(
+        **{**config_fields(config), "password": _secret("SNOWFLAKE_PASSWORD") or config.password}
+    )
 
 
 def event_store_resource(s: Settings | None = None) -> EventStoreResource:
     from runstate.defs.eventstore.resources import EventStoreResource
+    from runstate.eventstore.config import EventStoreConfig
 
-    s = s or settings()
+    config = EventStoreConfig.from_settings(s or settings())
     return EventStoreResource(
-        backend=s.eventstore,
-        pg_url=s.pg_url,
-        pg_schema=s.schema,
-        snowflake=snowflake_connection(s),
-        snowflake_schema=wiring.snowflake_schema(s),
+        **{**config_fields(config), "snowflake": _snowflake_connection(config.snowflake)}
     )
 
 
 def wal_resource(s: Settings | None = None, **overrides: Any) -> WalResource:
     from runstate.defs.wal.resources import WalResource
+    from runstate.wal.config import WalConfig
 
-    s = s or settings()
-    config: dict[str, Any] = {
-        "endpoint_url": s.aws_endpoint_url,
-        "region": s.aws_region,
-        "table": s.wal_table,
-        "bucket": s.blob_bucket,
-        "prefix": s.blob_prefix,
-        "flush_shards": s.wal_flush_shards,
-        "flush_linger_s": s.wal_flush_linger_s,
-        "dataset_table_copy_on_write_max_mb": s.copy_on_write_max_mb,
+    secrets = {
         "aws_access_key_id": _secret("AWS_ACCESS_KEY_ID"),
         "aws_secret_access_key": _secret("AWS_SECRET_ACCESS_KEY"),
     }
-    return WalResource(**{**config, **overrides})
+    return WalResource(**{**config_fields(WalConfig.from_settings(s or settings())), **secrets, **overrides})
 
 
 def maintenance_resource(s: Settings | None = None, **overrides: Any) -> MaintenanceResource:
     from runstate.defs.maintenance.resources import MaintenanceResource
+    from runstate.maintenance.config import MaintenanceConfig
 
-    s = s or settings()
-    config = {
-        "dsn": s.pg_url,
-        "pg_schema": s.schema,
-        "max_worker_runs": s.maintenance_workers,
-        "apply_deletes_at": s.apply_deletes_at,
-    }
-    return MaintenanceResource(**{**config, **overrides})
+    return MaintenanceResource(
+        **{**config_fields(MaintenanceConfig.from_settings(s or settings())), **overrides}
+    )

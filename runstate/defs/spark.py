@@ -14,6 +14,7 @@ process exits, beside the next slot holder's).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import subprocess
@@ -34,15 +35,7 @@ ComputeFn = TypeVar("ComputeFn", bound=Callable[..., Any])
 JVM_EXIT_TIMEOUT_S = 60
 log = logging.getLogger(__name__)
 
-SETTINGS_FIELDS = (
-    "master",
-    "pg_url",
-    "catalog_kind",
-    "warehouse_dir",
-    "extra_conf",
-    "app_name",
-    "driver_host",
-)
+SETTINGS_FIELDS = tuple(field.name for field in dataclasses.fields(SparkSettings))
 
 
 class SparkResource(LazyPySparkResource):

@@ -3,9 +3,9 @@
 from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
+from runstate.config import DEFAULT_ARCHIVE_AFTER_DAYS
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
-    DEFAULT_ARCHIVE_AFTER_DAYS,
     DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
     AppendResult,

@@ -16,7 +16,6 @@ if TYPE_CHECKING:  # resume.py folds with projection.py, which imports this modu
     pass
 
 DEFAULT_MAX_EVENT_BYTES = 1024 * 1024
-DEFAULT_ARCHIVE_AFTER_DAYS = 90  # runs finished more than 90 days ago move to the archive
 MAX_RUN_ID_CHARS = 256
 
 

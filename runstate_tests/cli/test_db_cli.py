@@ -80,13 +80,8 @@ def _lock_key(schema: str) -> int:
     return _lock_key(schema)
 
 
-def test_snowflake_appends_never_touch_the_migration_lock(snowflake_schema, cli_env, monkeypatch):
-    kwargs, schema = snowflake_schema
-    for key in ("account", "user", "password", "database", "host", "port", "protocol"):
-        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(kwargs[key]))
-    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
-    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "snowflake")
-    settings.cache_clear()
+def test_snowflake_appends_never_touch_the_migration_lock(cli_env, snowflake_settings):
+    kwargs, schema = snowflake_settings
     store = SnowflakeDatastore(kwargs, schema=schema, pool_size=1)
     migrations.upgrade(store, "eventstore")
     with store.cursor() as cur:  # an upgrade in progress holds the lock table

@@ -9,6 +9,7 @@ from runstate.config import Settings
 from runstate.defs.eventstore import defs
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.resources import event_store_resource
+from runstate.eventstore import EventStoreError
 
 
 def test_eventstore_definitions_load_with_their_jobs_schedule_sensor_and_resource():
@@ -41,7 +42,10 @@ def test_settings_pick_the_snowflake_backend_through_snowflake_resource():
     resource = event_store_resource(s)
 
     assert resource.backend == "snowflake" and resource.snowflake_schema == "RUNS"
-    assert resource.snowflake.port == 8123 and resource.snowflake.connect_kwargs()["host"] == "127.0.0.1"
+    assert (
+        resource.snowflake.port == 8123
+        and resource.config().snowflake.connect_kwargs()["host"] == "127.0.0.1"
+    )
 
 
 def test_loading_the_code_location_imports_no_heavy_driver():
@@ -65,5 +69,7 @@ def test_an_unknown_backend_is_rejected_by_name():
 
 
 def test_the_snowflake_backend_without_a_connection_says_what_is_missing():
-    with pytest.raises(ValueError, match="needs the `snowflake` resource"):
+    with pytest.raises(
+        EventStoreError, match="needs SNOWFLAKE_ACCOUNT .* or the event_store resource's `snowflake`"
+    ):
         EventStoreResource(backend="snowflake").get_store()

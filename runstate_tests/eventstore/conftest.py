@@ -17,6 +17,7 @@ import pytest
 
 from runstate import backends
 from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
+from runstate.eventstore.config import EventStoreConfig
 from runstate_tests.conftest import unique
 from runstate_tests.eventstore.memory_backend import MEMORY
 
@@ -95,7 +96,7 @@ def _snowflake_backend(kwargs: dict, schema: str) -> Backend:
 def _memory_backend() -> Backend:
     """Built the way wiring builds any backend: its registry entry's datastore and store."""
     entry = backends.get(MEMORY.name)
-    datastore = entry.connect(None, schema=unique("m"))
+    datastore = entry.build_datastore(EventStoreConfig(pg_schema=unique("m")))
     stores: list[Any] = []
 
     def make(**kw: Any) -> Any:

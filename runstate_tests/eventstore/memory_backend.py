@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from runstate.backends import Backend
 from runstate.eventstore import EventStore, EventStoreError, RunSnapshot, StoredEvent
 from runstate.eventstore.backend import KeyTaken, Rows, StoreBackend, Stream
+from runstate.eventstore.config import EventStoreConfig
 from runstate.eventstore.contract import TERMINAL_EVENT_TYPES, EventType
 from runstate.eventstore.rows import as_stored
 from runstate.eventstore.snapshots import EncodedSnapshot, StoredSnapshot
@@ -30,7 +31,6 @@ T = TypeVar("T")
 MEMORY = Backend(
     name="memory",
     datastore=f"{__name__}:memory_datastore",
-    datastore_class=f"{__name__}:MemoryDatastore",
     event_store=f"{__name__}:open_store",
     migrations=None,
 )
@@ -92,9 +92,9 @@ class MemoryDatastore:
 _SCHEMAS: dict[str, MemoryDatastore] = {}
 
 
-def memory_datastore(settings: Any, **options: Any) -> MemoryDatastore:
-    """The process's tables of the settings' schema."""
-    return _SCHEMAS.setdefault(settings.schema, MemoryDatastore(schema=settings.schema))
+def memory_datastore(config: EventStoreConfig, **options: Any) -> MemoryDatastore:
+    """The process's tables of the config's schema (RUNSTATE_SCHEMA, as Postgres's)."""
+    return _SCHEMAS.setdefault(config.pg_schema, MemoryDatastore(schema=config.pg_schema))
 
 
 def open_store(datastore: MemoryDatastore, **options: Any) -> EventStore:

@@ -31,9 +31,10 @@ from runstate.wal.table import WalTable
 
 # Fast retries so a fault-then-recover run takes milliseconds; the production policy is tested on its own.
 FAST_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=0.01, backoff=dg.Backoff.EXPONENTIAL)
-# The resource settings of the tests: ticks are driven back to back (no run interval), the flush of a
-# dataset is tried 3 times with millisecond waits, and 2 shards so multi-dataset tests span both.
-TEST_RESOURCE = dict(min_run_interval_s=0, flush_retry_delay_s=0.01, flush_shards=2)
+# The resource settings of the tests: ticks are driven back to back (no run interval, no linger: a run
+# flushes its plan and ends), the flush of a dataset is tried 3 times with millisecond waits, and 2 shards
+# so multi-dataset tests span both.
+TEST_RESOURCE = dict(min_run_interval_s=0, flush_linger_s=0, flush_retry_delay_s=0.01, flush_shards=2)
 
 
 def unique_name(prefix: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runstate.defs.wal.resources import WalResource, _plain
+from runstate.defs.wal.resources import WalResource
 from runstate.wal.dataset_tables import BlobLocation
 
 
@@ -13,11 +13,12 @@ def copy_on_write_max_bytes(wal: WalResource) -> int:
 
 def blob_location(wal: WalResource) -> BlobLocation:
     """Shipped to every Spark task; credentials only when configured (else the executors' own chain)."""
+    config = wal.config()
     return BlobLocation(
-        bucket=wal.bucket,
-        prefix=wal.prefix,
-        endpoint_url=wal.endpoint_url,
-        region=wal.region,
-        access_key_id=_plain(wal.aws_access_key_id),
-        secret_access_key=_plain(wal.aws_secret_access_key),
+        bucket=config.bucket,
+        prefix=config.prefix,
+        endpoint_url=config.endpoint_url,
+        region=config.region,
+        access_key_id=config.aws_access_key_id or None,
+        secret_access_key=config.aws_secret_access_key or None,
     )

@@ -36,7 +36,7 @@ from runstate.eventstore.lake import (
     history_lag,
     pending_position,
 )
-from runstate.spark import SparkSettings, settings_from_runstate
+from runstate.spark import SparkSettings
 
 RUN_HISTORY = "run_history"
 EXPORT_JOB = "export_run_history"
@@ -57,7 +57,7 @@ def build_history_defs(s: Settings | None = None) -> dg.Definitions:
     """The run history's definitions; `event_store` and `spark` come from the eventstore and shared ones."""
     s = s or settings()
     history = HistoryConfig.from_settings(s)
-    spark_settings = settings_from_runstate(s)
+    spark_settings = SparkSettings.from_settings(s)
     asset = _run_history_asset(history)
     job = dg.define_asset_job(
         EXPORT_JOB,

@@ -56,7 +56,7 @@ ASK_SERVER_TIMEOUT_S = 5
 class LivenessPolicy:
     """How stale a heartbeat may be, and how long a run that never beat is given."""
 
-    dead_after_s: float = 20.0
+    dead_after_s: float = Settings.run_dead_after_s
     start_grace_s: float = 60.0
     launch_grace_s: float = 300.0
     ask_server_after_s: float = 5.0

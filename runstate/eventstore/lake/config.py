@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from runstate.config import Settings
+from runstate.config import LAKE_NAMESPACE, Settings
 
 CATALOG = "lake"
 EVENTS_TABLE = "run_events"
@@ -21,15 +19,13 @@ class HistoryConfig:
     `max_lag_events` / `max_lag_minutes`: the lag beyond which the run_history_lag check fails;
     `export_interval_s`: how often run_history_sensor looks at the feed."""
 
-    namespace: str = "runstate"
-    batch_events: int = 50_000
-    max_lag_events: int = 10_000
-    max_lag_minutes: int = 10
-    export_interval_s: int = 60
+    namespace: str = Settings.history_namespace
+    batch_events: int = Settings.history_batch_events
+    max_lag_events: int = Settings.history_max_lag_events
+    max_lag_minutes: int = Settings.history_max_lag_minutes
+    export_interval_s: int = Settings.history_export_interval_s
 
     def __post_init__(self) -> None:
-        from runstate.config import LAKE_NAMESPACE
-
         # The namespace is interpolated into Spark SQL: it must be a plain identifier.
         if not isinstance(self.namespace, str) or not LAKE_NAMESPACE.match(self.namespace):
             raise ValueError(f"run history namespace must be a lower-case identifier, got {self.namespace!r}")

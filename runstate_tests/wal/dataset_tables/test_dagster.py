@@ -31,7 +31,12 @@ SENSOR = "dataset_tables_sensor"
 @pytest.fixture
 def resource(wal) -> WalResource:
     return WalResource(
-        endpoint_url=wal.endpoint, region="us-east-1", table=wal.table, bucket=wal.bucket, prefix=wal.prefix
+        endpoint_url=wal.endpoint,
+        region="us-east-1",
+        table=wal.table,
+        bucket=wal.bucket,
+        prefix=wal.prefix,
+        flush_linger_s=0,
     )
 
 

@@ -1,0 +1,88 @@
+"""The run state store's one frozen configuration, parsed once from the Settings (or from the Dagster
+resource's fields): which backend, and where each backend's tables live.
+
+Every backend's datastore is built from it (`runstate.backends`' `datastore` entries), so the CLI, the
+Dagster resource and `runstate db` open the same connections with the same options. The Postgres tables
+of the other domains live beside the event store's (RUNSTATE_PG_URL, RUNSTATE_SCHEMA): `runstate db`
+migrates them through the same datastores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runstate.config import Settings
+from runstate.eventstore.snapshots import DEFAULT_SNAPSHOT_INTERVAL
+
+# A wrong host or port should fail in seconds, not after the connector's default of two minutes.
+SNOWFLAKE_LOGIN_TIMEOUT_S = 20
+# Against a local emulator (plain http) only its own bugs answer HTTP 500, which the connector retries
+# until network_timeout (unset: for ever): give up after a second rather than never.
+SNOWFLAKE_HTTP_NETWORK_TIMEOUT_S = 1
+SNOWFLAKE_SCHEMA = "RUNSTATE"
+
+
+@dataclass(frozen=True)
+class SnowflakeConfig:
+    """The SNOWFLAKE_* settings: what `snowflake.connector.connect()` is given, on every path."""
+
+    account: str
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    database: str | None = None
+    warehouse: str | None = None
+    role: str | None = None
+    host: str | None = None
+    port: int | None = None
+    protocol: str | None = None
+    network_timeout: int | None = None
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, str]) -> SnowflakeConfig | None:
+        """From `Settings.snowflake` (SNOWFLAKE_ACCOUNT -> account, ...); None without an account."""
+        if not values.get("account"):
+            return None
+        names = ("user", "password", "database", "warehouse", "role", "host", "protocol")
+        text = {name: values.get(name) or None for name in names}
+        numbers = {name: int(values[name]) for name in ("port", "network_timeout") if values.get(name)}
+        return cls(account=values["account"], **text, **numbers)
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """The connector's arguments: the values that are set, plus the timeouts and session options
+        every runstate connection takes."""
+        names = ("account", "user", "password", "database", "warehouse", "role", "host", "port", "protocol")
+        kwargs: dict[str, Any] = {name: getattr(self, name) for name in names if getattr(self, name)}
+        if self.network_timeout:
+            kwargs["network_timeout"] = self.network_timeout
+        elif self.protocol == "http":
+            kwargs["network_timeout"] = SNOWFLAKE_HTTP_NETWORK_TIMEOUT_S
+        kwargs["login_timeout"] = SNOWFLAKE_LOGIN_TIMEOUT_S
+        # Out-of-band telemetry posts to Snowflake's own endpoint: it has no business running from here.
+        kwargs["session_parameters"] = {"CLIENT_OUT_OF_BAND_TELEMETRY_ENABLED": False}
+        return kwargs
+
+
+@dataclass(frozen=True)
+class EventStoreConfig:
+    """The backend behind the store (RUNSTATE_EVENTSTORE), each backend's connection and schema, and the
+    snapshot interval. `snowflake` is None when no Snowflake account is configured."""
+
+    backend: str = Settings.eventstore
+    pg_url: str = Settings.pg_url
+    pg_schema: str = Settings.schema
+    snowflake: SnowflakeConfig | None = None
+    snowflake_schema: str = SNOWFLAKE_SCHEMA
+    snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> EventStoreConfig:
+        return cls(
+            backend=s.eventstore,
+            pg_url=s.pg_url,
+            pg_schema=s.schema,
+            snowflake=SnowflakeConfig.from_settings(s.snowflake),
+            # SNOWFLAKE_SCHEMA: the schema of the Snowflake event store and its migrations.
+            snowflake_schema=(s.snowflake.get("schema") or cls.snowflake_schema).upper(),
+        )
