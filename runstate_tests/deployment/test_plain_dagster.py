@@ -271,6 +271,9 @@ def _merging_up_to_the_cap(deployment: PlainDeployment) -> bool:
     return len({run.tags.get("runstate/merge_shard") for run in merging}) >= min(SPARK_CAP, MERGE_SHARDS)
 
 
+# In the deployment group: one deployment on these two cores at a time. Beside another (a restart test's
+# daemon and its Spark merges), the restarted instance's first flush run took over a minute to launch.
+@pytest.mark.xdist_group("deployment")
 @pytest.mark.timeout(3600)
 def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end_after_a_restart(plain):
     """Issue 39.1: with only storage in dagster.yaml (no tag limits, Dagster's default launcher, no run
