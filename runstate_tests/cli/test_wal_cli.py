@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -17,44 +16,33 @@ from runstate.wal import Change
 from runstate_tests.wal.shell import WalWorld
 
 
-@pytest.fixture
-def cli(world: WalWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """The CLI pointed at the test's moto table/bucket, with a Dagster home of its own (cursor kept)."""
-    monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", world.endpoint)
-    monkeypatch.setenv("RUNSTATE_WAL_TABLE", world.table)
-    monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", world.bucket)
-    monkeypatch.setenv("RUNSTATE_BLOB_PREFIX", world.prefix)
-    monkeypatch.setenv("DAGSTER_HOME", str(world.home))
-    settings.cache_clear()
-    yield CliRunner()
-    settings.cache_clear()
-
-
-def run(cli: CliRunner, *args: str) -> tuple[int, str]:
-    result = cli.invoke(main, ["wal", *args], catch_exceptions=False)
+def run(wal_cli: CliRunner, *args: str) -> tuple[int, str]:
+    result = wal_cli.invoke(main, ["wal", *args], catch_exceptions=False)
     return result.exit_code, result.output
 
 
-def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> None:
-    assert run(cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5") == (
+def test_append_tick_read_status_end_to_end(wal_cli: CliRunner, world: WalWorld) -> None:
+    assert run(
+        wal_cli, "append", "--dataset", "orders", "--upsert", 'sku1={"qty": 2}', "--upsert", "sku2=5"
+    ) == (
         0,
         "orders seq 1\n",
     )
-    assert run(cli, "append", "--dataset", "orders", "--delete", "sku2") == (0, "orders seq 2\n")
-    code, before = run(cli, "status")
+    assert run(wal_cli, "append", "--dataset", "orders", "--delete", "sku2") == (0, "orders seq 2\n")
+    code, before = run(wal_cli, "status")
     assert code == 0 and "orders" in before and before.split("\n")[1].split()[1] == "2"  # 2 pending
 
-    code, ticked = run(cli, "tick")
+    code, ticked = run(wal_cli, "tick")
     assert code == 0 and "requested 1 run(s): 1 succeeded, 0 failed" in ticked
 
-    code, read = run(cli, "read", "--dataset", "orders")
+    code, read = run(wal_cli, "read", "--dataset", "orders")
     assert code == 0 and json.loads(read) == {
         "dataset": "orders",
         "version": 2,
         "state": {"sku1": {"qty": 2}},
         "int_state": {},
     }
-    code, after = run(cli, "status", "--json")
+    code, after = run(wal_cli, "status", "--json")
     [row] = json.loads(after)
     assert (
         row["dataset_id"],
@@ -64,18 +52,18 @@ def test_append_tick_read_status_end_to_end(cli: CliRunner, world: WalWorld) -> 
     ) == ("orders", 0, None, 2)
 
 
-def test_a_second_tick_with_nothing_pending_says_so(cli: CliRunner) -> None:
-    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
-    run(cli, "tick")
+def test_a_second_tick_with_nothing_pending_says_so(wal_cli: CliRunner) -> None:
+    run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(wal_cli, "tick")
 
-    code, output = run(cli, "tick")
+    code, output = run(wal_cli, "tick")
 
     assert code == 0 and "skipped: no pending WAL rows" in output and "requested 0 run(s)" in output
 
 
-def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: WalWorld) -> None:
-    first = run(cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
-    second = run(cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
+def test_append_with_a_client_token_twice_writes_one_row(wal_cli: CliRunner, world: WalWorld) -> None:
+    first = run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
+    second = run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1", "--client-token", "req-42")
 
     assert first == second == (0, "orders seq 1\n")
     assert list(world.statuses("orders")) == [1]
@@ -104,46 +92,46 @@ def test_append_with_a_client_token_twice_writes_one_row(cli: CliRunner, world: 
     ],
 )
 def test_bad_append_is_refused_with_a_clear_error_and_nothing_written(
-    cli: CliRunner, world: WalWorld, args: list[str], message: str
+    wal_cli: CliRunner, world: WalWorld, args: list[str], message: str
 ) -> None:
-    code, output = run(cli, "append", *args)
+    code, output = run(wal_cli, "append", *args)
 
     assert code != 0 and message in output
     assert "Traceback" not in output and [line for line in output.splitlines() if line.startswith("Error:")]
     assert world.statuses("orders") == {} and world.statuses("orders\n") == {}
 
 
-def test_read_keeps_the_int_key_1_and_the_str_key_1_apart(cli: CliRunner, world: WalWorld) -> None:
+def test_read_keeps_the_int_key_1_and_the_str_key_1_apart(wal_cli: CliRunner, world: WalWorld) -> None:
     world.producer().append("orders", [Change.upsert(1, "int"), Change.upsert("1", "str")])
-    run(cli, "tick")
+    run(wal_cli, "tick")
 
-    code, output = run(cli, "read", "--dataset", "orders")
+    code, output = run(wal_cli, "read", "--dataset", "orders")
 
     assert code == 0
     document = json.loads(output)
     assert (document["state"], document["int_state"]) == ({"1": "str"}, {"1": "int"})
 
 
-def test_read_of_a_corrupt_blob_names_the_blob(cli: CliRunner, world: WalWorld) -> None:
-    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
-    run(cli, "tick")
+def test_read_of_a_corrupt_blob_names_the_blob(wal_cli: CliRunner, world: WalWorld) -> None:
+    run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(wal_cli, "tick")
     [delta] = world.blob_keys("orders")
     world.s3.put_object(Bucket=world.bucket, Key=delta, Body=b"corrupted")
 
-    code, output = run(cli, "read", "--dataset", "orders")
+    code, output = run(wal_cli, "read", "--dataset", "orders")
 
     assert code == 1 and delta in output and "checksum mismatch" in output
 
 
 def test_read_of_a_dataset_whose_manifest_is_gone_names_it_instead_of_printing_nothing(
-    cli: CliRunner, world: WalWorld
+    wal_cli: CliRunner, world: WalWorld
 ) -> None:
-    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
-    run(cli, "tick")
+    run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1")
+    run(wal_cli, "tick")
     manifest = f"{world.prefix}orders/manifest.json"
     world.s3.delete_object(Bucket=world.bucket, Key=manifest)
 
-    code, output = run(cli, "read", "--dataset", "orders")
+    code, output = run(wal_cli, "read", "--dataset", "orders")
 
     assert code == 1
     assert output.strip() == (
@@ -152,19 +140,21 @@ def test_read_of_a_dataset_whose_manifest_is_gone_names_it_instead_of_printing_n
     )
 
 
-def test_read_of_a_dataset_never_flushed_is_still_empty(cli: CliRunner) -> None:
-    run(cli, "append", "--dataset", "orders", "--upsert", "a=1")
+def test_read_of_a_dataset_never_flushed_is_still_empty(wal_cli: CliRunner) -> None:
+    run(wal_cli, "append", "--dataset", "orders", "--upsert", "a=1")
 
-    code, output = run(cli, "read", "--dataset", "orders")
+    code, output = run(wal_cli, "read", "--dataset", "orders")
 
     assert code == 0 and json.loads(output)["version"] == 0
 
 
-def test_a_missing_wal_table_is_named_with_the_fix(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_wal_table_is_named_with_the_fix(
+    wal_cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("RUNSTATE_WAL_TABLE", "no_such_wal_table")
     settings.cache_clear()
 
-    code, output = run(cli, "status")
+    code, output = run(wal_cli, "status")
 
     assert (
         code == 1 and "WAL table 'no_such_wal_table' not found" in output and "runstate services up" in output

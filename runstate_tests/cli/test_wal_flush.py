@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -15,7 +14,6 @@ from click.testing import CliRunner
 
 from runstate.cli import main
 from runstate.cli.wal_flush import ShardFences
-from runstate.config import settings
 from runstate.defs.runs.beats import beat
 from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.defs.ticking import default_defs
@@ -25,43 +23,28 @@ from runstate_tests.wal.shell import WalWorld
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 
 
-@pytest.fixture
-def cli(world: WalWorld, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CliRunner]:
-    """The CLI pointed at the test's moto table/bucket, a Dagster home of its own, and the worker's
-    database for the shard fences."""
-    monkeypatch.setenv("RUNSTATE_AWS_ENDPOINT_URL", world.endpoint)
-    monkeypatch.setenv("RUNSTATE_PG_URL", pg_database)
-    monkeypatch.setenv("RUNSTATE_WAL_TABLE", world.table)
-    monkeypatch.setenv("RUNSTATE_BLOB_BUCKET", world.bucket)
-    monkeypatch.setenv("RUNSTATE_BLOB_PREFIX", world.prefix)
-    monkeypatch.setenv("DAGSTER_HOME", str(world.home))
-    settings.cache_clear()
-    yield CliRunner()
-    settings.cache_clear()
-
-
-def wal(cli: CliRunner, *args: str) -> tuple[int, str]:
-    result = cli.invoke(main, ["wal", *args])
+def wal(wal_cli: CliRunner, *args: str) -> tuple[int, str]:
+    result = wal_cli.invoke(main, ["wal", *args])
     return result.exit_code, result.output
 
 
-def test_flush_applies_one_dataset_now_and_a_second_flush_finds_nothing(cli: CliRunner, world: WalWorld):
+def test_flush_applies_one_dataset_now_and_a_second_flush_finds_nothing(wal_cli: CliRunner, world: WalWorld):
     for i in range(3):
         world.append("orders", f"k{i}", i)
     world.append("users", "u", 1)
 
-    code, flushed = wal(cli, "flush", "--dataset", "orders")
-    again_code, again = wal(cli, "flush", "--dataset", "orders")
+    code, flushed = wal(wal_cli, "flush", "--dataset", "orders")
+    again_code, again = wal(wal_cli, "flush", "--dataset", "orders")
 
     assert code == 0, flushed
     assert "orders: 3 row(s) applied, version 3" in flushed
     assert (again_code, again.strip()) == (0, "nothing to flush: no Pending rows for 'orders'")
-    assert json.loads(wal(cli, "read", "--dataset", "orders")[1])["version"] == 3
+    assert json.loads(wal(wal_cli, "read", "--dataset", "orders")[1])["version"] == 3
     assert set(world.statuses("users").values()) == {"Pending"}  # only the dataset asked for
 
 
 def test_a_shard_held_by_a_live_run_is_reported_with_its_run_and_nothing_is_flushed(
-    cli: CliRunner, world: WalWorld
+    wal_cli: CliRunner, world: WalWorld
 ):
     world.append("orders", "a", 1)
     shard = shard_of("orders", default_defs().resources["wal"].flush_shards)
@@ -76,7 +59,7 @@ def test_a_shard_held_by_a_live_run_is_reported_with_its_run_and_nothing_is_flus
         )
         beat(instance, holder.run_id)  # its worker beat just now: alive
 
-        code, output = wal(cli, "flush", "--wait", "0")
+        code, output = wal(wal_cli, "flush", "--wait", "0")
 
     assert code == 1
     assert f"shard {shard} is held by run {holder.run_id}" in output and "heartbeat" in output
@@ -84,14 +67,14 @@ def test_a_shard_held_by_a_live_run_is_reported_with_its_run_and_nothing_is_flus
 
 
 def test_a_shard_another_flush_command_holds_is_named_and_left_to_it(
-    cli: CliRunner, world: WalWorld, pg_database: str
+    wal_cli: CliRunner, world: WalWorld, pg_database: str
 ):
     world.append("orders", "a", 1)
     shard = shard_of("orders", default_defs().resources["wal"].flush_shards)
     other = ShardFences(pg_database, world.table)  # as another `runstate wal flush` of this WAL would
     try:
         assert other.acquire(shard, deadline=0, instance=None)  # a free lock: no holder to judge
-        code, output = wal(cli, "flush", "--wait", "0")
+        code, output = wal(wal_cli, "flush", "--wait", "0")
     finally:
         other.close()
 
@@ -100,8 +83,8 @@ def test_a_shard_another_flush_command_holds_is_named_and_left_to_it(
     assert set(world.statuses("orders").values()) == {"Pending"}
 
 
-def test_flush_refuses_a_bad_dataset_id_before_reading_anything(cli: CliRunner):
-    code, output = wal(cli, "flush", "--dataset", "bad id\n")
+def test_flush_refuses_a_bad_dataset_id_before_reading_anything(wal_cli: CliRunner):
+    code, output = wal(wal_cli, "flush", "--dataset", "bad id\n")
 
     assert code == 1 and output.startswith("Error:")
 

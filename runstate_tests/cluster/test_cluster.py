@@ -30,15 +30,7 @@ from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, read_table, table_ident
 from runstate_tests.cluster.conftest import Executors
 from runstate_tests.deployment.gate import process_of_client
-from runstate_tests.maintenance.conftest import (
-    WorkerProcess,
-    cache,
-    make_table,
-    rows,
-    run_out_lease,
-    snapshot_operations,
-    wait_for,
-)
+from runstate_tests.maintenance import conftest as maintenance
 from runstate_tests.maintenance.test_actions import table_location
 from runstate_tests.maintenance.test_commit_fence import REACH_COMMIT_SECONDS
 from runstate_tests.wal.dataset_tables.conftest import Feed, cli_on
@@ -107,16 +99,16 @@ def test_a_dataset_merges_rebuilds_and_reads_back_on_the_cluster(cli, feed, data
 
 
 def test_one_maintenance_job_runs_every_action_on_the_executors(spark, iceberg_namespace, store, executors):
-    ref = make_table(spark, iceberg_namespace, files=8, rows=800, deletes=True)
+    ref = maintenance.make_table(spark, iceberg_namespace, files=8, rows=800, deletes=True)
     orphan = table_location(spark, ref) / "data" / "orphan-from-a-crashed-writer.parquet"
     orphan.write_bytes(b"not referenced by any snapshot")
     four_days_ago = time.time() - 4 * 24 * 3600
     os.utime(orphan, (four_days_ago, four_days_ago))
-    cache(store, ref)
+    maintenance.cache(store, ref)
     job_id = store.submit(
         ref.database, ref.table, ACTIONS, options={"expire_older_than_hours": 0, "retain_last": 1}
     )
-    before_rows, before = rows(spark, ref), executors.counts()
+    before_rows, before = maintenance.rows(spark, ref), executors.counts()
 
     outcome = run_job(spark, store, store.claim("cluster-worker", lease_seconds=300))
 
@@ -130,7 +122,7 @@ def test_one_maintenance_job_runs_every_action_on_the_executors(spark, iceberg_n
     assert spark.table(f"lake.{ref.quoted}.data_files").count() == 1
     assert spark.table(f"lake.{ref.quoted}.delete_files").count() == 0
     assert spark.table(f"lake.{ref.quoted}.snapshots").count() == 1
-    assert rows(spark, ref) == before_rows
+    assert maintenance.rows(spark, ref) == before_rows
 
 
 def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
@@ -140,12 +132,12 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
     ui_port = free_port()
     ui = {"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)}
     zombie_spark = {"master": cluster.url, "extra_conf": ui}
-    zombie = WorkerProcess(pg_database, spark_settings.warehouse_dir, zombie_spark)
+    zombie = maintenance.WorkerProcess(pg_database, spark_settings.warehouse_dir, zombie_spark)
     try:
         claim_a = zombie.claim(pg_schema, ZOMBIE_LEASE_SECONDS)
         assert claim_a["job_id"] == job_id
         tag_a = worker_tag(pg_schema, claim_a["worker"])
-        wait_for(
+        maintenance.wait_for(
             lambda: commit_hold.waiting(tag_a) or _has_output(zombie),
             "the zombie to reach its commit",
             REACH_COMMIT_SECONDS,
@@ -156,7 +148,7 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
         zombie_tasks = Executors(ui=f"http://127.0.0.1:{ui_port}").counts()
         assert sum(zombie_tasks.values()) > 0, zombie_tasks
         zombie.signal(signal.SIGSTOP)
-        run_out_lease(store, job_id)  # stopped, the zombie cannot renew it
+        maintenance.run_out_lease(store, job_id)  # stopped, the zombie cannot renew it
         claim_b = store.claim("worker-b", lease_seconds=300)
         assert claim_b is not None and claim_b.job_id == job_id
         commit_hold.let_through(worker_tag(store.schema, claim_b.worker))
@@ -171,8 +163,11 @@ def test_the_commit_fence_refuses_a_zombie_whose_work_ran_on_executors(
 
     assert outcome_a["status"] == "fenced_out"
     assert outcome_b.status == "completed", outcome_b.error
-    assert snapshot_operations(spark, ref) == ["append", "replace"]  # only B's rewrite was committed
-    assert rows(spark, ref) == before
+    assert maintenance.snapshot_operations(spark, ref) == [
+        "append",
+        "replace",
+    ]  # only B's rewrite was committed
+    assert maintenance.rows(spark, ref) == before
 
 
 def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_table(
@@ -202,7 +197,9 @@ def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_tab
     merging.start()
     try:
         # Both executors are inside a task, each holding a blob read: the merge is half done.
-        wait_for(lambda: len(gated_moto.gate.held_client_ports) >= 2, "a blob read on each executor", 600)
+        maintenance.wait_for(
+            lambda: len(gated_moto.gate.held_client_ports) >= 2, "a blob read on each executor", 600
+        )
         reader_pid = process_of_client(gated_moto.gate.held_client_ports[0], gated_moto.port)
         victim = cluster.worker_of(reader_pid)
         assert victim is not None, f"process {reader_pid} is in no worker's session"
@@ -220,7 +217,7 @@ def test_a_worker_killed_in_the_middle_of_a_merge_costs_a_retry_never_half_a_tab
     assert spark.table(f"{ident}.snapshots").count() == snapshots_before + 1  # one commit: all or nothing
 
 
-def _has_output(worker: WorkerProcess) -> bool:
+def _has_output(worker: maintenance.WorkerProcess) -> bool:
     """Whether the worker printed a line not read yet (its job's outcome)."""
     return bool(select.select([worker.proc.stdout.fileno()], [], [], 0)[0])
 

@@ -19,14 +19,7 @@ import pytest
 from runstate.eventstore.lake import export_history
 from runstate.eventstore.lake.tables import events_position, runs_position
 
-from .conftest import (
-    SMALL_BATCHES,
-    append_randomly,
-    assert_lake_equals_feed,
-    exported_to_the_end,
-    feed_from_start,
-    lake_events,
-)
+from . import conftest as helpers
 from .export_child import ExportChild
 
 ROUNDS = int(os.environ.get("RUNSTATE_HISTORY_MODEL_ROUNDS", "3"))
@@ -60,18 +53,18 @@ def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
         "store_url": fresh_database,
         "schema": own_store.schema,
         "namespace": history.namespace,
-        "batch_events": SMALL_BATCHES,  # so kills land between commits
+        "batch_events": helpers.SMALL_BATCHES,  # so kills land between commits
     }
     for round_ in range(ROUNDS):
-        append_randomly(own_store, rng, RUNS, appends=rng.randint(30, 60))
+        helpers.append_randomly(own_store, rng, RUNS, appends=rng.randint(30, 60))
         hold_after = "EventsCommitted" if round_ == 0 else None
         _killed_export(child_args, hold_after, delay_s=rng.uniform(0.5, 6.0))
         if hold_after:  # the kill fell between the two commits: runs is behind run_events
-            assert 0 < len(lake_events(spark, history)) < len(feed_from_start(own_store))
+            assert 0 < len(helpers.lake_events(spark, history)) < len(helpers.feed_from_start(own_store))
             assert runs_position(spark, history) < events_position(spark, history)[1]
 
-        exported_to_the_end(spark, own_store, history)
+        helpers.exported_to_the_end(spark, own_store, history)
         repeated = list(export_history(spark, own_store, history))
 
         assert repeated == [], f"round {round_}: a repeated export wrote {repeated}"
-        assert_lake_equals_feed(spark, own_store, history)
+        helpers.assert_lake_equals_feed(spark, own_store, history)
