@@ -5,7 +5,7 @@ The repository keeps them in the top-level `sql/`, which the build maps onto the
 here reads a path relative to the source tree. The layout is one folder per backend and domain:
 
     sql/<backend>/<domain>/NNN_snake_name.sql   a migration: applied once, recorded in the domain's ledger
-    sql/<backend>/<domain>/<name>.sql           named queries (for example queries.sql), loaded by name
+    sql/<backend>/<domain>/<name>.sql           named queries, one file per concern (append.sql, queue.sql)
     sql/<backend>/<domain>/<folder>/            reference material (never applied)
 
 Named-query files hold blocks introduced by a `-- name:` line, in the style of procrastinate and aiosql:
@@ -23,8 +23,8 @@ lines to the next `-- name:` line; one trailing `;` is dropped, so the text can 
 Snowflake connector): queries bind parameters, they are never formatted with values. The one
 exception is a multi-row VALUES whose row count varies (Snowflake's batch insert): its `{rows}` is
 replaced by that many groups of placeholders, and the values are still bound. Text before the first name
-may only be comments. `queries(backend, domain)` returns the file's queries as a read-only mapping
-whose missing keys raise an error naming the file.
+may only be comments. `queries(backend, domain, file)` returns a file's queries as a read-only mapping
+whose missing keys raise an error naming the file; `named(backend, domain, file)` is a module's lookup.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class Queries(Mapping[str, str]):
 
 
 @cache
-def queries(backend: str, domain: str, file: str = "queries.sql") -> Queries:
+def queries(backend: str, domain: str, file: str) -> Queries:
     """The named queries of `sql/<backend>/<domain>/<file>`, parsed once per process."""
     where = f"sql/{backend}/{domain}/{file}"
     resource = folder(backend, domain) / file

@@ -52,7 +52,7 @@ def test_queries_load_by_name_from_the_shipped_folder_and_a_missing_name_says_wh
     monkeypatch.setattr(sqlfiles, "root", lambda: tmp_path)
     sqlfiles.queries.cache_clear()
     try:
-        queries = sqlfiles.queries("postgres", "demo")
+        queries = sqlfiles.queries("postgres", "demo", "queries.sql")
         lookup = sqlfiles.named("postgres", "demo", "queries.sql")
 
         assert queries["count_jobs"] == "SELECT count(*) FROM jobs"
