@@ -1,9 +1,10 @@
 """`runstate demo`: the whole pipeline end to end on the embedded services, driven through ticks.
 
 It seeds realistic data (workflow runs, WAL changes for several datasets, Iceberg tables with many
-small files and position deletes), drives the sensors and schedules the daemon would, and returns a
-summary. Every seed is idempotent: run ids and client tokens are fixed, and the demo tables are
-recreated, so a second run works and shows the same before/after picture.
+small files and position deletes), drives the sensors and schedules the daemon would, exports the run
+history into the lake and asks it a question, and returns a summary. Every seed is idempotent: run ids
+(one set a day: the runs are yesterday's, so the history's "last 7 days" finds them) and client tokens
+are fixed, and the demo tables are recreated, so a second run works and shows the same picture.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any, NamedTuple
 
 import dagster as dg
 
+from runstate.config import settings
 from runstate.defs.ticking import TickResult, execute_run, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
+from runstate.eventstore.lake.config import HistoryConfig
 from runstate.wal import Change, DatasetReader, WalProducer
 from runstate.wal.dataset_tables import read_table, table_ident
 
@@ -60,6 +63,10 @@ class DemoSummary:
     jobs_completed: int = 0
     failed_runs: list[str] = field(default_factory=list)
     merge_runs: int = 0
+    seeded_runs: set[str] = field(default_factory=set)
+    history_table: str = ""
+    history_events: int = 0
+    failed_steps_by_type: dict[str, int] = field(default_factory=dict)
 
 
 def _note(result: TickResult, summary: DemoSummary) -> TickResult:
@@ -115,9 +122,11 @@ def workflow_events(run_id: str, started: datetime, steps: int, fail_step: int |
 
 
 def seed_runs(store: Any, summary: DemoSummary, progress: Progress) -> None:
-    started = datetime(2026, 1, 5, 8, 0, tzinfo=UTC)
+    started = datetime.now(UTC).replace(hour=8, minute=0, second=0, microsecond=0) - timedelta(days=1)
     for i, workflow in enumerate(WORKFLOWS):
-        run_id = f"{workflow}-demo"  # fixed ids: a second demo re-sends the same events idempotently
+        # The day's ids: a second demo the same day re-sends the same events idempotently.
+        run_id = f"{workflow}-{started:%Y%m%d}"
+        summary.seeded_runs.add(run_id)
         results = store.append_batch(run_id, workflow_events(run_id, started + timedelta(hours=i), 4 + i, 2))
         summary.events_appended += sum(1 for r in results if r.persisted)
         summary.events_idempotent += sum(1 for r in results if r.idempotent)
@@ -279,6 +288,27 @@ def measure_dataset_table(spark: Any, wal: Any, summary: DemoSummary, after: boo
     figures.rows_equal = read_table(spark, LAKE_DATASET) == reader.read()
 
 
+# --- 5. the run history in the lake --------------------------------------------------------------------
+
+# The README's example of `runstate sql`: the lake answers what the live tables should not be asked.
+FAILED_STEPS_SQL = """SELECT event_type, count(*) AS failed_steps
+FROM {events}
+WHERE step_id IS NOT NULL AND event_type IN ('StepFailed', 'StepRetrying')
+  AND emitted_at >= current_timestamp() - INTERVAL 7 DAYS
+GROUP BY event_type ORDER BY event_type"""
+
+
+def export_history(
+    defs: dg.Definitions, instance: dg.DagsterInstance, spark: Any, summary: DemoSummary
+) -> None:
+    """One run_history_sensor tick (its export run, in-process), then the question asked of the lake."""
+    _note(tick_sensor("run_history_sensor", defs=defs, instance=instance), summary)
+    events = summary.history_table = HistoryConfig.from_settings(settings()).events_table
+    summary.history_events = spark.sql(f"SELECT count(*) FROM {events}").first()[0]
+    rows = spark.sql(FAILED_STEPS_SQL.format(events=events)).collect()
+    summary.failed_steps_by_type = {row.event_type: row.failed_steps for row in rows}
+
+
 # --- the whole demo ---------------------------------------------------------------------------------
 
 
@@ -322,8 +352,10 @@ def _run_demo(
     measure_dataset_table(spark, resources.wal, summary, after=True)
 
     _note(tick_sensor("run_recorder", defs=defs, instance=instance), summary)
-    seeded = {f"{workflow}-demo" for workflow in WORKFLOWS}
-    summary.dagster_runs_recorded = sum(1 for run_id in store.run_ids(limit=10_000) if run_id not in seeded)
+    summary.dagster_runs_recorded = sum(
+        1 for run_id in store.run_ids(limit=10_000) if run_id not in summary.seeded_runs
+    )
+    export_history(defs, instance, spark, summary)
 
 
 def render(summary: DemoSummary) -> str:
@@ -352,6 +384,10 @@ def render(summary: DemoSummary) -> str:
             f"                  {t.table:<18}{t.before.files:>6} -> {t.after.files:<5}{t.before.snapshots:>6} -> "
             f"{t.after.snapshots:<5}{t.before.delete_files:>7} -> {t.after.delete_files:<6}  {t.rows_equal}"
         )
+    failed = ", ".join(f"{kind} {n}" for kind, n in summary.failed_steps_by_type.items()) or "none"
+    lines.append(f"run history       {summary.history_events} events in {summary.history_table}")
+    lines.append(f"                  failed steps per event type, last 7 days: {failed}")
+    lines.append(f'                  ask it yourself: runstate sql "SELECT ... FROM {summary.history_table}"')
     if summary.failed_runs:
         lines.append(f"FAILED RUNS: {', '.join(summary.failed_runs)} (see them in the UI)")
     lines.append("=" * 72)

@@ -8,6 +8,7 @@ row by test_same_client_token_twice_writes_one_row (API and CLI).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from runstate.demo import FAILED_STEPS_SQL
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 
@@ -64,3 +67,18 @@ def test_demo_runs_end_to_end(fresh_database: str, moto_endpoint: str, tmp_path:
     dataset_table = next(line for line in output.splitlines() if "datasets.orders" in line).split()
     assert dataset_table[-4:] == ["0", "->", "0", "True"], dataset_table  # delete files 0 -> 0, rows equal
     assert "runstate dev" in output
+    # The run history was exported, and the README's question of it answers from the lake, in the demo's
+    # summary and through `runstate sql`: each seeded run failed one step once and retried it.
+    assert "failed steps per event type, last 7 days: StepFailed 3, StepRetrying 3" in output, output
+    answer = subprocess.run(
+        [RUNSTATE, "sql", FAILED_STEPS_SQL.format(events="runstate.run_events"), "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert [json.loads(line) for line in answer.stdout.splitlines()] == [
+        {"event_type": "StepFailed", "failed_steps": 3},
+        {"event_type": "StepRetrying", "failed_steps": 3},
+    ], answer.stdout
