@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import dagster as dg
 
-from runstate.defs.ticking import TickResult, execute_run, tick_schedule, tick_sensor
+from runstate.commands.ticking import TickResult, execute_run, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
 from runstate.wal import Change, DatasetReader, WalProducer
 from runstate.wal.dataset_tables import read_table, table_ident

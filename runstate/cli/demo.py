@@ -39,12 +39,10 @@ def demo(no_services: bool, rows: int, files: int) -> None:
     load_env_file_into_environ()
     settings.cache_clear()
 
-    from runstate.definitions import build_definitions
+    from runstate.commands.ticking import default_defs
     from runstate.demo import render, run_demo
 
-    defs = build_definitions(
-        in_process_runs=True
-    )  # after the services wrote .env, so the resources follow it
+    defs = default_defs()  # after the services wrote .env, so the resources follow it
 
     bars: dict[str, tqdm] = {}
     totals = {"workflow runs": 3, "WAL changes": 3 * rows, "Iceberg tables": 2}
