@@ -8,6 +8,7 @@ recreated, so a second run works and shows the same before/after picture.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -60,6 +61,16 @@ class DemoSummary:
     jobs_completed: int = 0
     failed_runs: list[str] = field(default_factory=list)
     merge_runs: int = 0
+
+
+def demo_instance() -> dg.DagsterInstance:
+    """The deployment's own instance (dagster.yaml, Postgres storage), so the demo's runs show in the UI."""
+    from runstate.config import settings
+    from runstate.services.dev import dagster_home
+
+    os.environ.setdefault("DAGSTER_HOME", str(dagster_home(os.environ)))
+    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
+    return dg.DagsterInstance.get()
 
 
 def _note(result: TickResult, summary: DemoSummary) -> TickResult:
