@@ -40,7 +40,7 @@ from botocore.config import Config  # noqa: E402
 from wal_daemon import add_arguments  # noqa: E402
 from wal_daemon import main as daemon_main  # noqa: E402
 
-from runstate.defs.ticking import tick_sensor  # noqa: E402
+from runstate.commands.ticking import tick_sensor  # noqa: E402
 from runstate.defs.wal import build_defs  # noqa: E402
 from runstate.defs.wal.resources import WalResource  # noqa: E402
 from runstate.services.moto_server import SerializedMotoServer  # noqa: E402

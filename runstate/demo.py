@@ -9,6 +9,7 @@ are fixed, and the demo tables are recreated, so a second run works and shows th
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
@@ -18,8 +19,8 @@ from typing import Any, NamedTuple
 
 import dagster as dg
 
+from runstate.commands.ticking import TickResult, execute_run, tick_schedule, tick_sensor
 from runstate.config import settings
-from runstate.defs.ticking import TickResult, execute_run, tick_schedule, tick_sensor
 from runstate.eventstore import EventType, NewEvent
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.wal import Change, DatasetReader, WalProducer
@@ -67,6 +68,15 @@ class DemoSummary:
     history_table: str = ""
     history_events: int = 0
     failed_steps_by_type: dict[str, int] = field(default_factory=dict)
+
+
+def demo_instance() -> dg.DagsterInstance:
+    """The deployment's own instance (dagster.yaml, Postgres storage), so the demo's runs show in the UI."""
+    from runstate.services.dev import dagster_home
+
+    os.environ.setdefault("DAGSTER_HOME", str(dagster_home(os.environ)))
+    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
+    return dg.DagsterInstance.get()
 
 
 def _note(result: TickResult, summary: DemoSummary) -> TickResult:

@@ -143,7 +143,7 @@ def deployment_env(fresh_database: str, monkeypatch) -> str:
 
 
 def test_without_dagster_home_a_tick_uses_the_checkouts_instance(deployment_env):
-    from runstate.defs.ticking import default_instance
+    from runstate.commands.ticking import default_instance
 
     with default_instance() as instance:
         assert instance.root_directory == str(REPO_ROOT)
@@ -152,7 +152,7 @@ def test_without_dagster_home_a_tick_uses_the_checkouts_instance(deployment_env)
 
 
 def test_two_ticks_share_a_cursor_and_their_runs_are_in_the_instance(deployment_env):
-    from runstate.defs.ticking import tick_sensor
+    from runstate.commands.ticking import tick_sensor
 
     defs = dg.Definitions(jobs=[hello_job], sensors=[counting_sensor])
 
@@ -167,7 +167,7 @@ def test_two_ticks_share_a_cursor_and_their_runs_are_in_the_instance(deployment_
 
 
 def test_a_run_key_launched_by_an_earlier_tick_is_not_launched_again(deployment_env):
-    from runstate.defs.ticking import CURSOR_KEY, tick_sensor
+    from runstate.commands.ticking import CURSOR_KEY, tick_sensor
 
     defs = dg.Definitions(jobs=[hello_job], sensors=[counting_sensor])
     tick_sensor("counting_sensor", defs=defs)

@@ -226,6 +226,69 @@ def test_the_import_scan_sees_lazy_and_relative_imports(tmp_path):
     }
 
 
+def _imported_names(path: Path, root: Path = ROOT) -> set[str]:
+    """`_imported_modules`, plus `module.name` for each `from module import name` (which may be a
+    submodule: `from runstate import definitions`)."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    found = _imported_modules(path, package)
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _importers(paths: list[Path], forbidden: tuple[str, ...], root: Path = ROOT) -> dict[str, list[str]]:
+    """File -> the forbidden modules (or their submodules) it imports, at any depth."""
+    offending = {}
+    for path in paths:
+        bad = {
+            name
+            for name in _imported_names(path, root)
+            if any(name == module or name.startswith(module + ".") for module in forbidden)
+        }
+        if bad:
+            offending[str(path.relative_to(root))] = sorted(bad)
+    return offending
+
+
+def test_the_cli_reaches_the_dagster_shell_only_through_the_commands():
+    """Issue 40.2: the CLI parses, prints and exits; what it runs is in runstate.commands."""
+    cli = sorted((ROOT / "runstate" / "cli").glob("*.py"))
+
+    assert cli and _importers(cli, ("runstate.defs", "runstate.definitions")) == {}
+
+
+def test_nothing_in_the_package_imports_the_code_location_entry_point():
+    """runstate.definitions is for workspace.yaml and `dagster dev -m`; inside, build_definitions lives
+    in runstate.defs.location."""
+    package = [
+        p for p in sorted((ROOT / "runstate").rglob("*.py")) if p != ROOT / "runstate" / "definitions.py"
+    ]
+
+    assert _importers(package, ("runstate.definitions",)) == {}
+
+
+def test_the_dagster_shell_imports_neither_the_commands_nor_the_cli():
+    """The commands sit between the CLI and the shell: runstate.defs never points back up."""
+    shell = sorted((ROOT / "runstate" / "defs").rglob("*.py"))
+
+    assert _importers(shell, ("runstate.commands", "runstate.cli")) == {}
+
+
+def test_the_layer_scan_sees_a_submodule_imported_by_name_inside_a_function(tmp_path):
+    source = tmp_path / "runstate" / "cli" / "module.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "def f():\n    from runstate import definitions\n    from runstate.defs.tags import X\n"
+    )
+
+    offending = _importers([source], ("runstate.defs", "runstate.definitions"), root=tmp_path)
+
+    assert offending == {
+        "runstate/cli/module.py": ["runstate.definitions", "runstate.defs.tags", "runstate.defs.tags.X"]
+    }
+
+
 def test_loading_the_code_location_imports_no_snowflake_connector_or_arrow_and_starts_no_jvm():
     # dagster-pyspark's resource imports pyspark's Python package (~0.13 s); the JVM starts on first use.
     code = (

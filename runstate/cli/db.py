@@ -53,16 +53,6 @@ def db() -> None:
     """Schema migrations (Postgres, and Snowflake when configured) and the WAL's table and bucket."""
 
 
-def _set_spark_pool_limit(s: Settings) -> str:
-    from runstate.defs.instance.pools import apply_spark_sessions
-    from runstate.migrations import MigrationError
-
-    try:
-        return apply_spark_sessions(s.spark_sessions)
-    except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
-        raise MigrationError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
-
-
 @db.command()
 @click.option("--skip-aws", is_flag=True, help="Do not create the DynamoDB WAL table and the S3 bucket.")
 @click.option(
@@ -84,7 +74,9 @@ def upgrade(skip_aws: bool, skip_dagster: bool) -> None:
     if not skip_aws:
         click.echo(_ensure_wal_resources(s))
     if not skip_dagster:
-        click.echo(_set_spark_pool_limit(s))
+        from runstate.commands.instance import limit_spark_pool
+
+        click.echo(limit_spark_pool(s.spark_sessions, migrations.MigrationError))
 
 
 @db.command()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -10,17 +9,6 @@ from tqdm import tqdm
 
 from runstate import services as svc
 from runstate.config import load_env_file_into_environ, settings
-
-
-def _instance():
-    """The deployment's own instance (dagster.yaml, Postgres storage), so the demo's runs show in the UI."""
-    from dagster import DagsterInstance
-
-    from runstate.services.dev import dagster_home
-
-    os.environ.setdefault("DAGSTER_HOME", str(dagster_home(os.environ)))
-    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
-    return DagsterInstance.get()
 
 
 @click.command()
@@ -39,12 +27,10 @@ def demo(no_services: bool, rows: int, files: int) -> None:
     load_env_file_into_environ()
     settings.cache_clear()
 
-    from runstate.definitions import build_definitions
-    from runstate.demo import render, run_demo
+    from runstate.commands.ticking import default_defs
+    from runstate.demo import demo_instance, render, run_demo
 
-    defs = build_definitions(
-        in_process_runs=True
-    )  # after the services wrote .env, so the resources follow it
+    defs = default_defs()  # after the services wrote .env, so the resources follow it
 
     bars: dict[str, tqdm] = {}
     totals = {"workflow runs": 3, "WAL changes": 3 * rows, "Iceberg tables": 2}
@@ -54,7 +40,7 @@ def demo(no_services: bool, rows: int, files: int) -> None:
             bars[label] = tqdm(total=totals.get(label), desc=label, unit="", leave=True, file=sys.stderr)
         bars[label].update(n)
 
-    with _instance() as instance:
+    with demo_instance() as instance:
         summary = run_demo(defs, instance, progress=progress, rows_per_dataset=rows, files_per_table=files)
     for bar in bars.values():
         bar.close()

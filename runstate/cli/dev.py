@@ -18,11 +18,11 @@ from runstate.config import load_env_file_into_environ
 def dev(port: int, no_services: bool) -> None:
     """Start `dagster dev` (webserver + daemon); stops cleanly on SIGINT or SIGTERM."""
     from runstate import services as svc  # here, not at import: the other verbs need no Postgres driver
-    from runstate.cli.services import set_spark_pool_limit
+    from runstate.commands.instance import limit_spark_pool_at
     from runstate.services.dev import run_dagster_dev
 
     if not no_services:
         report = svc.up(log=click.echo)
-        click.echo(set_spark_pool_limit(report.env["DAGSTER_PG_URL"]))
+        click.echo(limit_spark_pool_at(report.env["DAGSTER_PG_URL"]))
     load_env_file_into_environ()
     sys.exit(run_dagster_dev(port, os.environ))

@@ -15,7 +15,6 @@ import click
 if TYPE_CHECKING:
     from runstate.maintenance.store import MaintenanceStore
 
-SENSOR_NAME = "maintenance_queue_sensor"
 MAX_OPTION_CHARS = 1000
 
 
@@ -152,15 +151,9 @@ def delete(job_id: str) -> None:
 @maintenance.command()
 def tick() -> None:
     """Evaluate maintenance_queue_sensor once and execute the worker runs it requests, in-process."""
-    import dagster as dg
+    from runstate.commands.maintenance import tick_maintenance
 
-    from runstate.defs.maintenance import build_defs
-    from runstate.defs.shared import shared_definitions
-    from runstate.defs.ticking import tick_sensor
-
-    # Built now, not at import, so the resources follow the current settings (RUNSTATE_* variables).
-    defs = dg.Definitions.merge(shared_definitions(), build_defs())
-    result = tick_sensor(SENSOR_NAME, defs=defs)
+    result = tick_maintenance()
     click.echo(
         f"requested {result.requested}, succeeded {result.succeeded}, failed {result.failed}"
         + (f", skipped: {result.skip_reason}" if result.skip_reason else "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -52,22 +51,10 @@ def up(
         spark_workers=spark_workers,
         log=click.echo,
     )
+    from runstate.commands.instance import limit_spark_pool_at
+
     click.echo(f"endpoints written to {report.env_path}")
-    click.echo(set_spark_pool_limit(report.env["DAGSTER_PG_URL"]))
-
-
-def set_spark_pool_limit(dagster_pg_url: str) -> str:
-    """After `up` (and `runstate dev`'s): the pool runstate_spark's limit (RUNSTATE_SPARK_SESSIONS) in the
-    instance, whose storage is the database `up` chose (the caller's own DAGSTER_PG_URL when set)."""
-    from runstate.config import Settings
-    from runstate.defs.instance.pools import apply_spark_sessions
-    from runstate.services.state import ServiceError
-
-    os.environ["DAGSTER_PG_URL"] = dagster_pg_url
-    try:
-        return apply_spark_sessions(Settings.from_env().spark_sessions)
-    except Exception as exc:  # the instance's storage driver's error, whatever it is: one line, exit 1
-        raise ServiceError(f"Dagster instance (DAGSTER_HOME): {type(exc).__name__}: {exc}") from exc
+    click.echo(limit_spark_pool_at(report.env["DAGSTER_PG_URL"]))
 
 
 def _within_the_machine(workers: int | None) -> int | None:

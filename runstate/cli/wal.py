@@ -1,7 +1,8 @@
 """`runstate wal append|tick|read|status`: the dataset WAL from the command line.
 
 append, read and status build the core objects from the settings and never import dagster, so they
-answer fast; tick evaluates the Dagster sensor. Errors are WalErrors, which the CLI's one error mapper
+answer fast; tick, flush and merge are commands (`runstate.commands`): they evaluate the Dagster sensors
+or execute runs in-process. Errors are WalErrors, which the CLI's one error mapper
 prints as one line.
 """
 
@@ -14,8 +15,6 @@ from typing import Any
 import click
 
 from runstate import wiring
-
-SENSOR_NAME = "wal_sensor"
 
 
 def echo_json(document: Any) -> None:
@@ -57,16 +56,9 @@ def append(
 @wal.command()
 def tick() -> None:
     """Evaluate wal_sensor once and execute the flush runs it requests, in-process."""
-    from runstate.defs.ticking import tick_sensor
+    from runstate.commands.flush import tick_wal
 
-    try:
-        result = tick_sensor(SENSOR_NAME)
-    except Exception as error:
-        # Dagster wraps what a sensor raises: let the WalError inside reach the CLI's error mapper.
-        cause = _wal_cause(error)
-        if cause is None:
-            raise
-        raise cause from None
+    result = tick_wal()
     if result.skip_reason and not result.requested:
         click.echo(f"skipped: {result.skip_reason}")
     click.echo(
@@ -78,17 +70,6 @@ def tick() -> None:
             click.echo(f"  run {run.run_id} FAILED", err=True)
     if result.failed:
         raise SystemExit(1)
-
-
-def _wal_cause(error: BaseException) -> BaseException | None:
-    from runstate.wal import WalError
-
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, WalError):
-            return seen
-        seen = getattr(seen, "user_exception", None) or seen.__cause__
-    return None
 
 
 @wal.command()

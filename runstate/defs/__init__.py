@@ -1,1 +1,1 @@
-"""The Dagster shell: one folder per domain, merged in runstate/definitions.py."""
+"""The Dagster shell: one folder per domain, merged by build_definitions in runstate/defs/location.py."""

@@ -19,10 +19,10 @@ import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
+from runstate.commands.ticking import CURSOR_KEY
 from runstate.config import settings
 from runstate.defs.runs.beats import beat, beat_ages
 from runstate.defs.tags import SPARK_TAG
-from runstate.defs.ticking import CURSOR_KEY
 from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate_tests.devserver import poll
 

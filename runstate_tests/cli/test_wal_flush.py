@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
-from runstate.cli.wal_flush import ShardFences
+from runstate.commands.flush import ShardFences
+from runstate.commands.ticking import default_defs
 from runstate.defs.runs.beats import beat
 from runstate.defs.tags import WAL_SHARD_TAG
-from runstate.defs.ticking import default_defs
 from runstate.wal.shards import shard_of
 from runstate_tests.wal.shell import WalWorld
 

@@ -9,9 +9,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from runstate.commands.ticking import tick_sensor
 from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
 from runstate.defs.eventstore.sensors import run_snapshots_sensor
-from runstate.defs.ticking import tick_sensor
 from runstate.eventstore import NewEvent
 
 TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

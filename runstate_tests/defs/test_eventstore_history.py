@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
+from runstate.commands.ticking import tick_sensor
 from runstate.config import Settings
 from runstate.defs.eventstore.history import EXPORT_JOB, build_history_defs
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_TAG
-from runstate.defs.ticking import tick_sensor
 from runstate.eventstore.lake import HistoryConfig
 from runstate_tests.defs.conftest import started_run
 from runstate_tests.eventstore.lake import conftest as lake

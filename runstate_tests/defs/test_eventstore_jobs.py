@@ -135,7 +135,7 @@ def test_archive_schedule_requests_one_run_per_day_with_valid_config():
 
 
 def test_archive_schedule_tick_archives_once_per_day(resource, store):
-    from runstate.defs.ticking import tick_schedule
+    from runstate.commands.ticking import tick_schedule
 
     long_ago = NOW - timedelta(days=400)
     store.append_batch(

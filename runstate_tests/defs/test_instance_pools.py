@@ -18,10 +18,10 @@ import dagster as dg
 import pytest
 from dagster._core.execution.plan.instance_concurrency_context import InstanceConcurrencyContext
 
+from runstate.commands.ticking import execute_run
 from runstate.config import settings
 from runstate.defs.instance.pools import spark_pool_limit, spark_pool_sensor, sweep_spark_pool
 from runstate.defs.tags import SPARK_POOL
-from runstate.defs.ticking import execute_run
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 
 BIN = Path(sys.executable).parent
@@ -127,7 +127,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     import dagster as dg
     from runstate.defs.tags import SPARK_POOL
-    from runstate.defs.ticking import execute_run
+    from runstate.commands.ticking import execute_run
 
     @dg.op(pool=SPARK_POOL)
     def hold_a_slot() -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from runstate.commands.ticking import tick_schedule, tick_sensor
 from runstate.defs.maintenance import build_defs
 from runstate.defs.maintenance.assets import table_health, table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
-from runstate.defs.ticking import tick_schedule, tick_sensor
 from runstate.maintenance.identifiers import TableRef
 from runstate_tests.maintenance.conftest import make_table as shared_make_table
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from runstate.commands.ticking import tick_sensor
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.sensors import run_recorder
-from runstate.defs.ticking import tick_sensor
 from runstate.wal import DatasetReader
 from runstate_tests.devserver import poll
 from runstate_tests.wal.shell import WalWorld

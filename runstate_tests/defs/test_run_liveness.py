@@ -275,8 +275,8 @@ def test_a_bad_dead_bound_is_one_error_line_on_wal_status(raw, tmp_path):
 
 def test_the_liveness_sensor_fails_a_dead_run_of_any_job_of_the_code_location_and_only_those(instance):
     """Issue 39.1: a killed table_inventory_job stayed STARTED for good: no shard sensor looks at it."""
+    from runstate.commands.ticking import tick_sensor
     from runstate.definitions import defs
-    from runstate.defs.ticking import tick_sensor
 
     inventory = started_run(instance, defs.resolve_job_def("table_inventory_job"))
     elsewhere = started_run(instance, tiny)  # a job of another code location, with the same instance

@@ -6,9 +6,9 @@ import dagster as dg
 import pytest
 from dagster._core.events import StepSuccessData
 
+from runstate.commands.ticking import tick_sensor
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.sensors import run_recorder
-from runstate.defs.ticking import tick_sensor
 
 _attempts = {"flaky": 0}
 

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import pytest
 
+from runstate.commands.ticking import CURSOR_KEY, tick_schedule, tick_sensor
 from runstate.config import settings
 from runstate.defs.resources import wal_resource
 from runstate.defs.tags import WAL_BATCH_TAG, WAL_SHARD_TAG
-from runstate.defs.ticking import CURSOR_KEY, tick_schedule, tick_sensor
 from runstate.defs.wal import defs as wal_defs
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.jobs import FLUSH_RETRY_POLICY, MAX_RETRY_WAIT_S, flush_retry_policy

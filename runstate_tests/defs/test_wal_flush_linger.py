@@ -6,10 +6,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
+from runstate.commands.ticking import tick_sensor
 from runstate.config import settings
-from runstate.definitions import build_definitions
+from runstate.defs.location import build_definitions
 from runstate.defs.resources import wal_resource
-from runstate.defs.ticking import tick_sensor
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Change, DatasetReader, WalProducer
 from runstate.wal.shards import shard_of

@@ -14,9 +14,9 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
+from runstate.commands.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.runs.beats import beat
 from runstate.defs.tags import WAL_SHARD_TAG
-from runstate.defs.ticking import CURSOR_KEY, tick_sensor
 from runstate.defs.wal.sensors import SENSOR_INTERVAL_S, wal_sensor
 from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold

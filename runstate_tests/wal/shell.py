@@ -190,7 +190,7 @@ class HangingWalResource(WalResource):
 
 def crash_child_main(argv: list[str]) -> None:
     """Child process: open the shared instance and tick wal_sensor with a hanging client."""
-    from runstate.defs.ticking import tick_sensor
+    from runstate.commands.ticking import tick_sensor
 
     spec = json.loads(argv[0])
     resource = HangingWalResource(**spec["resource"], **TEST_RESOURCE)

@@ -28,7 +28,7 @@ from runstate.defs.runs.liveness import HOLDING_STATUSES, RunLiveness, check_run
 from runstate.defs.tags import MERGE_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import last_applied_seqs
-from runstate.wal.shards import shard_of
+from runstate.wal.planning import plan_merges
 
 MERGE_SHARDS = 4
 CURSOR_VERSION = 1
@@ -108,11 +108,15 @@ def _run_datasets(run: Any) -> list[str]:
     return list(config.get("dataset_ids", []))
 
 
-def merge_run_request(shard: int, dataset_ids: list[str], tick: int) -> dg.RunRequest:
+def merge_run_request(shard: int, dataset_ids: list[str], tick: int, rebuild: bool = False) -> dg.RunRequest:
+    """The run of one merge shard (`rebuild`: `runstate wal merge --rebuild`'s, never the sensor's)."""
+    config: dict[str, object] = {"dataset_ids": sorted(dataset_ids)}
+    if rebuild:
+        config["rebuild"] = True
     return dg.RunRequest(
         job_name=MERGE_JOB,
         run_key=f"merge-s{shard}-t{tick}",
-        run_config={"ops": {MERGE_OP: {"config": {"dataset_ids": sorted(dataset_ids)}}}},
+        run_config={"ops": {MERGE_OP: {"config": config}}},
         tags={MERGE_SHARD_TAG: str(shard)},
     )
 
@@ -130,16 +134,9 @@ def evaluate_merge_tick(
         for run in runs.dead:
             for dataset_id in _run_datasets(run):
                 requested.pop(dataset_id, None)
-    applied = last_applied_seqs(wal.wal_table())
-    due: dict[int, dict[str, int]] = {}
-    for dataset_id, version in applied.items():
-        shard = shard_of(dataset_id, shards)
-        # LastAppliedSeq only grows, unless the WAL started over (moto keeps it in memory): a dataset
-        # behind its last request is due too, and its merge reports the table ahead of its blobs.
-        if version != requested.get(dataset_id, 0) and shard not in holders:
-            due.setdefault(shard, {})[dataset_id] = version
+    due = plan_merges(last_applied_seqs(wal.wal_table()), requested, shards, held=holders)
     tick = cursor.ticks + 1
-    requests = [merge_run_request(shard, list(versions), tick) for shard, versions in sorted(due.items())]
+    requests = [merge_run_request(shard, list(versions), tick) for shard, versions in due.items()]
     for versions in due.values():
         requested.update(versions)
     return MergeTick(requests, MergeCursor(requested, tick), holders)

@@ -3,7 +3,7 @@
 A Dagster pool is bounded only once the instance has a limit for it: with none (and no `concurrency:
 pools: default_limit` in dagster.yaml) Dagster lets every step of the pool run at once. So
 `runstate db upgrade` and `runstate services up` set the limit to RUNSTATE_SPARK_SESSIONS through the
-instance API, and `spark_pool_sensor` sets it in an instance where neither ran.
+instance API (`runstate.commands.instance`), and `spark_pool_sensor` sets it in an instance where neither ran.
 
 A slot is freed when its step ends, but a run whose process was killed holds its slots until someone
 frees them: Dagster's run monitoring does that only when `free_slots_after_run_end_seconds` is set, and a
@@ -14,7 +14,6 @@ queue places of every run that has ended, so a killed Spark run never blocks the
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import dagster as dg
@@ -116,17 +115,3 @@ def spark_pool_sensor(context: dg.SensorEvaluationContext) -> dg.SkipReason:
     if sweep.limit_set or sweep.freed_runs:
         context.log.warning(sweep.describe())
     return dg.SkipReason(sweep.describe())
-
-
-def apply_spark_sessions(sessions: int) -> str:
-    """What `runstate db upgrade` and `services up` do: the deployment's instance (DAGSTER_HOME, else the
-    checkout's dagster.yaml) gets the pool limit RUNSTATE_SPARK_SESSIONS. Where there is no instance (no
-    DAGSTER_HOME and no dagster.yaml), nothing is written: Dagster would make a scratch one in the folder."""
-    from runstate.defs.ticking import default_instance
-    from runstate.services.dev import dagster_home
-
-    home = dagster_home(os.environ)
-    if not os.environ.get("DAGSTER_HOME") and not (home / "dagster.yaml").exists():
-        return f"Dagster pool {SPARK_POOL}: no Dagster instance here (set DAGSTER_HOME to set its limit)"
-    with default_instance() as instance:
-        return set_spark_pool_limit(instance, sessions)

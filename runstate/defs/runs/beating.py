@@ -10,7 +10,7 @@
   daemon's monitoring (every `poll_interval_seconds`) fails such a run within seconds too. Under
   `runstate dev` it also launches nothing once the deployment has begun to stop.
 
-CLI in-process runs beat through `runstate.defs.ticking` (execute_in_process replaces the executor).
+CLI in-process runs beat through `runstate.commands.ticking` (execute_in_process replaces the executor).
 """
 
 from __future__ import annotations

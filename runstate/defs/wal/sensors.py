@@ -33,8 +33,9 @@ from runstate.defs.runs.liveness import HOLDING_STATUSES, RunLiveness, check_run
 from runstate.defs.tags import MAX_RUNTIME_TAG, WAL_BATCH_TAG, WAL_SHARD_TAG
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
-from runstate.wal import WalKey, plan_batches, read_stream
-from runstate.wal.shards import ShardPlan, plan_shards
+from runstate.wal import read_stream
+from runstate.wal.planning import plan_flush
+from runstate.wal.shards import ShardPlan
 
 SENSOR_INTERVAL_S = 5
 FLUSH_JOB = "flush_wal"
@@ -158,22 +159,16 @@ class TickPlan:
 def evaluate_wal_tick(
     instance: dg.DagsterInstance, cursor: WalSensorCursor, wal: WalResource, now: float | None = None
 ) -> TickPlan:
-    """Read stream + sweep, plan batches, and turn each shard with work into at most one run request."""
+    """Read the stream, plan (runstate.wal.planning: the sweep, batches, shards), and turn each shard with
+    work into at most one run request."""
     table = wal.wal_table()
     streamed, stream_cursor = read_stream(wal.streams_client(), table, cursor.stream)
-    # The sweep is what makes a lost cursor, a trimmed stream or a failed run harmless.
-    swept = [WalKey(row.dataset_id, row.seq) for row in table.pending()]
-    # One query of the meta rows: every dataset's LastAppliedSeq, and the full list of datasets. Old stream
-    # records of rows applied since are dropped; swept rows are kept even below LastAppliedSeq (a crash
-    # leftover that a flush repairs).
-    applied = {dataset_id: meta.last_applied_seq for dataset_id, meta in table.metas().items()}
-    fresh = [key for key in streamed if key.seq_no > applied.get(key.dataset_id, 0)]
-    batches = plan_batches([*fresh, *swept], max_batch_size=wal.max_batch_size)
+    planned = plan_flush(table, max_batch_size=wal.max_batch_size, shards=wal.flush_shards, streamed=streamed)
     now = time.time() if now is None else now
     requests: list[dg.RunRequest] = []
     holders: dict[int, RunLiveness] = {}
     waiting: dict[int, float] = {}
-    for plan in plan_shards(batches, wal.flush_shards):
+    for plan in planned.shards:
         shard = shard_runs(instance, plan.shard)
         if shard.holder is not None:  # it (or the daemon's retry of it) flushes; new rows wait for the next
             holders[plan.shard] = shard.holder
@@ -183,14 +178,19 @@ def evaluate_wal_tick(
             runs = batch_runs(instance, plan.key)
             requests.append(flush_run_request(plan, runs.dead + runs.succeeded, wal))
     known = set(instance.get_dynamic_partitions(datasets_partitions.name))
-    new_datasets = sorted(({batch.dataset_id for batch in batches} | set(applied)) - known)
+    new_datasets = sorted((planned.datasets | set(planned.applied)) - known)
     next_cursor = WalSensorCursor(
         stream=stream_cursor,
         ticks=cursor.ticks + 1,
-        planned_rows=cursor.planned_rows + sum(len(batch.seqs) for batch in batches),
+        planned_rows=cursor.planned_rows + planned.rows,
     )
     return TickPlan(
-        requests, new_datasets, next_cursor, batches=len(batches), holders=holders, waiting=waiting
+        requests,
+        new_datasets,
+        next_cursor,
+        batches=len(planned.batches),
+        holders=holders,
+        waiting=waiting,
     )
 
 

@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from runstate.cli import main
+from runstate.commands.ticking import tick_sensor
 from runstate.defs import dataset_tables as dataset_tables_defs
 from runstate.defs.dataset_tables.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import MERGE_SHARD_TAG
-from runstate.defs.ticking import tick_sensor
 from runstate.defs.wal import build_defs as wal_defs
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource

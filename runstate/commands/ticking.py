@@ -1,4 +1,4 @@
-"""Drive one sensor or schedule tick in-process, as the daemon would, for the CLI and tests.
+"""Tick a sensor or a schedule now: one tick in-process, as the daemon would, for the CLI, the demo and tests.
 
 A tick evaluates the sensor once with its stored cursor, stores the new cursor, skips run requests
 whose run_key already has a run (the daemon's rule) and executes the rest in-process. The cursor is
@@ -56,7 +56,7 @@ class TickResult:
 
 def default_defs() -> dg.Definitions:
     """The code location for in-process runs, built now so its resources follow the current settings."""
-    from runstate.definitions import build_definitions
+    from runstate.defs.location import build_definitions  # the whole code location: only when asked
 
     return build_definitions(in_process_runs=True)
 
