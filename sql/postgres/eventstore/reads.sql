@@ -24,9 +24,10 @@ ORDER BY run_seq LIMIT %(limit)s;
 SELECT run_id FROM run_streams WHERE run_id > %s ORDER BY run_id LIMIT %s;
 
 -- name: max_seq
--- Live or archived: the migration between stores resumes after it.
-SELECT GREATEST((SELECT max(run_seq) FROM run_events WHERE run_id = %s),
-                (SELECT max(run_seq) FROM run_events_archive WHERE run_id = %s));
+-- Live or archived (in Postgres or in the lake): the migration between stores resumes after it.
+SELECT GREATEST((SELECT max(run_seq) FROM run_events WHERE run_id = %(run_id)s),
+                (SELECT max(run_seq) FROM run_events_archive WHERE run_id = %(run_id)s),
+                (SELECT lake_upto FROM run_streams WHERE run_id = %(run_id)s));
 
 -- name: stale_runs
 -- An archived run is left out until it is restored or appended to again.
