@@ -266,6 +266,12 @@ class StoreBackend(ABC):
         """What the lake keeps of the run, or None when nothing."""
         return None
 
+    def fetch_with_lake(
+        self, tx: Tx, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> tuple[list[StoredEvent], LakeRecord | None]:
+        """fetch and lake_record together (a backend may answer both in one round trip)."""
+        return self.fetch(tx, run_id, after_seq, limit, upto), self.lake_record(tx, run_id)
+
     def archive_runs_to_lake(self, tx: Tx, cutoff: datetime, limit: int, position: int) -> tuple[int, int]:
         """archive_runs for up to `limit` runs whose every event is at or below feed `position` (the lake
         has them): their events leave both tables, their snapshots go, and each records its LakeRecord."""

@@ -90,17 +90,17 @@ class LakeArchive:
         self, tx: Tx, run_id: str, after_seq: int, limit: int, upto: int | None = None
     ) -> list[StoredEvent]:
         """A page of the run's events, as the backend's fetch gives them: from the lake up to the run's
-        lake_upto, then from Postgres."""
-        record = self.record(tx, run_id)
-        if record is None or after_seq >= record.upto:
+        lake_upto, then from the database (whose events of the run all come after lake_upto)."""
+        if not self.backend.lake_archives:
             return self.backend.fetch(tx, run_id, after_seq, limit, upto)
+        stored, record = self.backend.fetch_with_lake(tx, run_id, after_seq, limit, upto)
+        if record is None or after_seq >= record.upto:
+            return stored
         top = record.upto if upto is None else min(upto, record.upto)
         page = [e for e in self.reader(run_id).read_run(run_id, after_seq, limit) if e.run_seq <= top]
         if after_seq == 0 and top == record.upto and len(page) < min(limit, record.events):
             raise self._missing(run_id, len(page), record)
-        if len(page) < limit and (upto is None or upto > record.upto):
-            page += self.backend.fetch(tx, run_id, record.upto, limit - len(page), upto)
-        return page
+        return page + stored[: limit - len(page)]
 
     def whole_run(self, tx: Tx, run_id: str, record: LakeRecord) -> list[StoredEvent]:
         """Every event the lake keeps of the run (seq <= upto); refused when it holds fewer than recorded."""

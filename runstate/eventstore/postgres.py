@@ -277,6 +277,20 @@ class PostgresBackend(StoreBackend):
             stored_event(row) for row in conn.execute(_reads("fetch_run"), params, binary=True).fetchall()
         ]
 
+    def fetch_with_lake(
+        self, conn: psycopg.Connection, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> tuple[list[StoredEvent], LakeRecord | None]:
+        """One statement (reads.sql's fetch_run_with_lake): each row leads with the run's lake record."""
+        params = {
+            "run_id": run_id,
+            "after": after_seq,
+            "limit": limit,
+            "upto": _NO_UPPER_BOUND if upto is None else upto,
+        }
+        rows = conn.execute(_reads("fetch_run_with_lake"), params, binary=True).fetchall()
+        record = LakeRecord(int(rows[0][0]), int(rows[0][1])) if rows and rows[0][0] is not None else None
+        return [stored_event(row[2:]) for row in rows if row[2] is not None], record
+
     def feed(self, conn: psycopg.Connection, after_position: int, limit: int) -> list[StoredEvent]:
         """Only what no later commit can precede (pg_feed.py says how)."""
         other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
