@@ -22,6 +22,7 @@ imports pyiceberg.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
@@ -61,8 +62,13 @@ class LakeArchive:
         self.backend = backend
         self._factory = reader
         self._reader: LakeReader | None = None
+        self._building = threading.Lock()  # the store is thread-safe: one reader, one catalog engine
 
     def reader(self, run_id: str | None = None) -> LakeReader:
+        with self._building:
+            return self._reader_locked(run_id)
+
+    def _reader_locked(self, run_id: str | None) -> LakeReader:
         if self._reader is None:
             if self._factory is None:
                 whose = f"run {run_id!r} is archived in the lake, and " if run_id else ""
