@@ -87,6 +87,9 @@ LINGER_MAX_S = 3600.0
 # A run is dead after this long without a heartbeat; it beats every 2 s, so at least three beats fit.
 RUN_DEAD_AFTER_MIN_S, RUN_DEAD_AFTER_MAX_S = 6.0, 3600.0
 ICEBERG_CATALOGS = ("jdbc", "hadoop")
+# Where `archive` moves old runs' events: Postgres's run_events_archive, or (dropped from Postgres once the
+# export has them) the run history in the lake, `lake.<RUNSTATE_HISTORY_NAMESPACE>.run_events`.
+ARCHIVE_TARGETS = ("postgres", "lake")
 # The run history's knobs (runstate.eventstore.lake): one Iceberg commit holds at most a batch (the
 # exporter keeps a batch in memory), and the lag check reads up to its bound of events from the feed.
 HISTORY_BATCH_EVENTS_MAX = 1_000_000
@@ -112,6 +115,7 @@ class Settings:
     blob_bucket: str = "runstate-blobs"
     blob_prefix: str = "datasets/"
     eventstore: str = "postgres"
+    archive_to: str = "postgres"
     snowflake: Mapping[str, str] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
@@ -158,6 +162,7 @@ class Settings:
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", cls.blob_bucket),
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", cls.blob_prefix),
             eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names(), cls.eventstore),
+            archive_to=_archive_to(env, cls.archive_to, cls.iceberg_catalog),
             snowflake={
                 k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
             },
@@ -232,6 +237,16 @@ def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default
     raw = env.get(name) or default
     if raw not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {_shown(raw)}")
+    return raw
+
+
+def _archive_to(env: Mapping[str, str], default: str, default_catalog: str) -> str:
+    raw = _choice(env, "RUNSTATE_ARCHIVE_TO", ARCHIVE_TARGETS, default)
+    # Archived runs are read back without a JVM (pyiceberg), which knows only the JDBC catalog's tables.
+    if raw == "lake" and (env.get("RUNSTATE_ICEBERG_CATALOG") or default_catalog) != "jdbc":
+        raise ConfigError(
+            "RUNSTATE_ARCHIVE_TO=lake needs RUNSTATE_ICEBERG_CATALOG=jdbc (pyiceberg reads it back)"
+        )
     return raw
 
 

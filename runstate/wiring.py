@@ -11,6 +11,7 @@ name is `runstate.backends`' to say (its entries name postgres_datastore and sno
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from runstate.config import settings
@@ -72,7 +73,8 @@ def event_store(
     config: EventStoreConfig | None = None, backend: str | None = None, **options: Any
 ) -> EventStore:
     """The run state store of the config's backend (or `backend`) on its datastore, which it closes with
-    itself; options: those of the store (the snapshot interval is the config's)."""
+    itself; options: those of the store (the snapshot interval, where archive() moves runs and the lake
+    runs archived there are read back from are the config's)."""
     from runstate import backends
     from runstate.eventstore import EventStoreError
 
@@ -81,7 +83,22 @@ def event_store(
     datastore = entry.build_datastore(config)
     if datastore is None:
         raise EventStoreError(f"event store backend {entry.name!r} needs {entry.needs}")
-    return entry.open_event_store(datastore, **{"snapshot_interval": config.snapshot_interval, **options})
+    defaults = {
+        "snapshot_interval": config.snapshot_interval,
+        "archive_to": config.archive_to,
+        "lake": lake_reader(config),
+    }
+    return entry.open_event_store(datastore, **{**defaults, **options})
+
+
+def lake_reader(config: EventStoreConfig) -> Callable[[], Any]:
+    """A factory of the reader of runs archived to the lake (pyiceberg on the JDBC catalog in the config's
+    Postgres database, `lake.<lake_namespace>.run_events`); nothing is imported or opened until it is called."""
+    from runstate.config import default_warehouse_dir
+    from runstate.eventstore.lake_archive import lake_reader_factory
+
+    warehouse = config.lake_warehouse or default_warehouse_dir()
+    return lake_reader_factory(config.pg_url, warehouse, config.lake_namespace)
 
 
 def maintenance_store(config: MaintenanceConfig | None = None) -> MaintenanceStore:

@@ -183,9 +183,10 @@ def _status_of(code: object) -> int:
 
 
 def _python_shutdown() -> None:
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # The interpreter's own order: threading's exit hooks first (concurrent.futures' tells idle pool
+    # workers to stop; pyiceberg keeps such a pool, and joining its workers before that hung the
+    # command for ever after a correct answer), then the non-daemon threads joined, then atexit.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -293,16 +293,20 @@ def resume(run_id: str) -> None:
     help="Archive runs completed before.",
 )
 def archive(older_than_days: int) -> None:
-    """Move the events of completed runs older than N days to the archive table (still readable)."""
+    """Move the events of completed runs older than N days to the archive (still readable).
+
+    RUNSTATE_ARCHIVE_TO says where: the archive table in Postgres (default), or the run history in the
+    lake, where a run's events leave Postgres only once the lake has every one of them."""
     with open_store() as store:
         moved = store.archive(older_than_days)
-    click.echo(f"archived {moved} event(s) of runs completed more than {older_than_days} day(s) ago")
+        where = " to the lake" if store.archive_to == "lake" else ""
+    click.echo(f"archived {moved} event(s){where} of runs completed more than {older_than_days} day(s) ago")
 
 
 @events.command()
 @click.argument("run_id")
 def restore(run_id: str) -> None:
-    """Move an archived run's events back to the live table."""
+    """Move an archived run's events back to the live table (from the archive table or the lake)."""
     with open_store() as store:
         moved = store.restore(run_id)
     click.echo(f"run {run_id!r}: restored {moved} event(s)" if moved else f"run {run_id!r}: nothing archived")

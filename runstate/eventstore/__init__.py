@@ -22,6 +22,7 @@ from runstate.eventstore.contract import (
     StoredEvent,
     idempotency_key,
 )
+from runstate.eventstore.lake_archive import ArchiveHeldBack
 from runstate.eventstore.migrate import migrate_events, verify_migration
 from runstate.eventstore.postgres import PostgresEventStore
 from runstate.eventstore.projection import fold
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "TERMINAL_EVENT_TYPES",
     "AppendResult",
+    "ArchiveHeldBack",
     "ConcurrencyConflict",
     "EventStore",
     "EventStoreError",

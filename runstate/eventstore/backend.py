@@ -50,6 +50,13 @@ class Stream:
     archived: bool
 
 
+class LakeRecord(NamedTuple):
+    """A run archived to the lake (lake_archive.py): its events up to seq `upto` are there, `events` of them."""
+
+    upto: int
+    events: int
+
+
 class Guess(NamedTuple):
     """What a one-flight append assumes of the run: the statement checks each assumption and refuses
     the append (GuessRefused, nothing written) when one is wrong."""
@@ -78,6 +85,8 @@ class StoreBackend(ABC):
     confirms_commits: bool = False
     guesses: bool = False
     archive_batch_runs: int = 500  # runs archived per transaction
+    # The backend can drop archived runs from its tables once the lake has them (lake_archive.py).
+    lake_archives: bool = False
 
     def __init__(self, datastore: Any, *, owns_datastore: bool = False):
         self.datastore = datastore
@@ -250,3 +259,29 @@ class StoreBackend(ABC):
     ) -> None:
         """Insert events with their own seqs (and their persisted_at, where the backend keeps it) and
         advance the stream row past them."""
+
+    # -- runs archived to the lake (backends that `lake_archives`; lake_archive.py) ------------------
+
+    def lake_record(self, tx: Tx, run_id: str) -> LakeRecord | None:
+        """What the lake keeps of the run, or None when nothing."""
+        return None
+
+    def fetch_with_lake(
+        self, tx: Tx, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> tuple[list[StoredEvent], LakeRecord | None]:
+        """fetch and lake_record together (a backend may answer both in one round trip)."""
+        return self.fetch(tx, run_id, after_seq, limit, upto), self.lake_record(tx, run_id)
+
+    def archive_runs_to_lake(self, tx: Tx, cutoff: datetime, limit: int, position: int) -> tuple[int, int]:
+        """archive_runs for up to `limit` runs whose every event is at or below feed `position` (the lake
+        has them): their events leave both tables, their snapshots go, and each records its LakeRecord."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
+
+    def lake_held_back(self, tx: Tx, cutoff: datetime, position: int) -> list[tuple[str, int]]:
+        """(run_id, highest position) of the runs old enough to archive with events above `position`."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
+
+    def restore_from_lake(self, tx: Tx, run_id: str, events: Sequence[StoredEvent]) -> int:
+        """Insert the locked run's events read back from the lake exactly as they were (rows already there
+        stay) and clear its LakeRecord, marking it restored; how many rows were inserted."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate.config import Settings
+from runstate.config import ARCHIVE_TARGETS, LAKE_NAMESPACE, Settings
 from runstate.eventstore.snapshots import DEFAULT_SNAPSHOT_INTERVAL
 
 # A wrong host or port should fail in seconds, not after the connector's default of two minutes.
@@ -66,8 +66,13 @@ class SnowflakeConfig:
 
 @dataclass(frozen=True)
 class EventStoreConfig:
-    """The backend behind the store (RUNSTATE_EVENTSTORE), each backend's connection and schema, and the
-    snapshot interval. `snowflake` is None when no Snowflake account is configured."""
+    """The backend behind the store (RUNSTATE_EVENTSTORE), each backend's connection and schema, the
+    snapshot interval, and where `archive` moves old runs (RUNSTATE_ARCHIVE_TO). `snowflake` is None when
+    no Snowflake account is configured.
+
+    `lake_namespace` and `lake_warehouse` say where runs archived to the lake are read back from: the run
+    history's namespace (RUNSTATE_HISTORY_NAMESPACE) in the JDBC catalog of `pg_url`'s database, whose
+    warehouse is `lake_warehouse` (None: RUNSTATE_WAREHOUSE's default)."""
 
     backend: str = Settings.eventstore
     pg_url: str = Settings.pg_url
@@ -75,6 +80,19 @@ class EventStoreConfig:
     snowflake: SnowflakeConfig | None = None
     snowflake_schema: str = SNOWFLAKE_SCHEMA
     snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
+    archive_to: str = Settings.archive_to
+    lake_namespace: str = Settings.history_namespace
+    lake_warehouse: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.archive_to not in ARCHIVE_TARGETS:
+            raise ValueError(
+                f"RUNSTATE_ARCHIVE_TO must be one of {', '.join(ARCHIVE_TARGETS)}, got {self.archive_to!r}"
+            )
+        if not isinstance(self.lake_namespace, str) or not LAKE_NAMESPACE.match(self.lake_namespace):
+            raise ValueError(
+                f"RUNSTATE_HISTORY_NAMESPACE must be a lower-case identifier, got {self.lake_namespace!r}"
+            )
 
     @classmethod
     def from_settings(cls, s: Settings) -> EventStoreConfig:
@@ -85,4 +103,7 @@ class EventStoreConfig:
             snowflake=SnowflakeConfig.from_settings(s.snowflake),
             # SNOWFLAKE_SCHEMA: the schema of the Snowflake event store and its migrations.
             snowflake_schema=(s.snowflake.get("schema") or cls.snowflake_schema).upper(),
+            archive_to=s.archive_to,
+            lake_namespace=s.history_namespace,
+            lake_warehouse=str(s.warehouse_dir),
         )

@@ -5,6 +5,7 @@ The statements themselves are named queries in sql/postgres/eventstore/, run by 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
@@ -141,3 +142,33 @@ def _first(events: Iterable[ValidEvent], types: frozenset[str]) -> datetime | No
         if event.event_type in types:
             return event.emitted_at
     return None
+
+
+def restored_params(run_id: str, events: Sequence[StoredEvent]) -> dict[str, Any]:
+    """The parameters of archive.sql's restore_from_lake: stored events, every column as it was."""
+
+    def text(values: Iterable[str | None]) -> bytes | None:
+        return _column(tuple(values))
+
+    def as_json(value: Any) -> str | None:
+        return None if value is None else json.dumps(value)
+
+    return {
+        "run_id": run_id,
+        "seq": [e.run_seq for e in events],
+        "event_id": text(e.event_id for e in events),
+        "step_id": text(e.step_id for e in events),
+        "engine_attempt_id": text(e.engine_attempt_id for e in events),
+        "logical_attempt_id": text(e.logical_attempt_id for e in events),
+        "plan_version": text(e.plan_version for e in events),
+        "event_type": text(e.event_type for e in events),
+        "data": text(as_json(e.data) for e in events),
+        "key": bytea_array([key_bytes(e.idempotency_key) for e in events]),
+        "caused_by": text(e.caused_by_signal_id for e in events),
+        "parent": text(e.parent_event_id for e in events),
+        "emitted_at": timestamptz_array([e.emitted_at for e in events]),
+        "persisted_at": timestamptz_array([e.persisted_at for e in events]),
+        "adapter_version": text(e.adapter_version for e in events),
+        "ref": text(as_json(e.engine_run_ref) for e in events),
+        "position": [e.position for e in events],
+    }

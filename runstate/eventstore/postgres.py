@@ -36,7 +36,15 @@ from psycopg import errors
 
 from runstate import migrations, sqlfiles
 from runstate.datastore import PostgresDatastore, check_schema_name, pipelined_transaction
-from runstate.eventstore.backend import Guess, GuessRefused, KeyTaken, Rows, StoreBackend, Stream
+from runstate.eventstore.backend import (
+    Guess,
+    GuessRefused,
+    KeyTaken,
+    LakeRecord,
+    Rows,
+    StoreBackend,
+    Stream,
+)
 from runstate.eventstore.contract import (
     DEFAULT_MAX_EVENT_BYTES,
     ConcurrencyConflict,
@@ -55,6 +63,7 @@ from runstate.eventstore.pg_sql import (
     head_params,
     key_bytes,
     key_text,
+    restored_params,
     snapshot_row_params,
     stored_event,
 )
@@ -83,6 +92,7 @@ class PostgresBackend(StoreBackend):
     enforces_keys = True
     confirms_commits = False
     guesses = True
+    lake_archives = True
 
     def __init__(self, datastore: PostgresDatastore, *, partitions: int = 0, owns_datastore: bool = False):
         if int(partitions) < 0 or int(partitions) > 1024:
@@ -267,6 +277,20 @@ class PostgresBackend(StoreBackend):
             stored_event(row) for row in conn.execute(_reads("fetch_run"), params, binary=True).fetchall()
         ]
 
+    def fetch_with_lake(
+        self, conn: psycopg.Connection, run_id: str, after_seq: int, limit: int, upto: int | None = None
+    ) -> tuple[list[StoredEvent], LakeRecord | None]:
+        """One statement (reads.sql's fetch_run_with_lake): each row leads with the run's lake record."""
+        params = {
+            "run_id": run_id,
+            "after": after_seq,
+            "limit": limit,
+            "upto": _NO_UPPER_BOUND if upto is None else upto,
+        }
+        rows = conn.execute(_reads("fetch_run_with_lake"), params, binary=True).fetchall()
+        record = LakeRecord(int(rows[0][0]), int(rows[0][1])) if rows and rows[0][0] is not None else None
+        return [stored_event(row[2:]) for row in rows if row[2] is not None], record
+
     def feed(self, conn: psycopg.Connection, after_position: int, limit: int) -> list[StoredEvent]:
         """Only what no later commit can precede (pg_feed.py says how)."""
         other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
@@ -280,7 +304,7 @@ class PostgresBackend(StoreBackend):
         return [r[0] for r in conn.execute(_reads("run_ids"), (after, limit)).fetchall()]
 
     def max_seq(self, conn: psycopg.Connection, run_id: str) -> int:
-        return conn.execute(_reads("max_seq"), (run_id, run_id)).fetchone()[0] or 0
+        return conn.execute(_reads("max_seq"), {"run_id": run_id}).fetchone()[0] or 0
 
     def stale_runs(self, conn: psycopg.Connection, limit: int) -> list[tuple[str, datetime | None, int]]:
         return [(r[0], r[1], r[2]) for r in conn.execute(_reads("stale_runs"), (limit,)).fetchall()]
@@ -305,6 +329,36 @@ class PostgresBackend(StoreBackend):
         if moved:
             conn.execute(_archive("mark_restored"), (run_id,))
         return moved
+
+    def lake_record(self, conn: psycopg.Connection, run_id: str) -> LakeRecord | None:
+        row = conn.execute(_archive("lake_record"), (run_id,)).fetchone()
+        return LakeRecord(int(row[0]), int(row[1])) if row and row[0] is not None else None
+
+    def archive_runs_to_lake(
+        self, conn: psycopg.Connection, cutoff: datetime, limit: int, position: int
+    ) -> tuple[int, int]:
+        params = {"cutoff": cutoff, "limit": limit, "position": position}
+        runs = [r[0] for r in conn.execute(_archive("lake_archivable_runs"), params).fetchall()]
+        if not runs:
+            return 0, 0
+        moved = conn.execute(_archive("drop_into_lake"), {"runs": runs}).fetchone()[0]
+        conn.execute(_archive("delete_snapshots_of_runs"), (runs,))
+        return len(runs), int(moved)
+
+    def lake_held_back(
+        self, conn: psycopg.Connection, cutoff: datetime, position: int
+    ) -> list[tuple[str, int]]:
+        rows = conn.execute(_archive("lake_held_back_runs"), {"cutoff": cutoff, "position": position})
+        return [(r[0], int(r[1])) for r in rows.fetchall()]
+
+    def restore_from_lake(self, conn: psycopg.Connection, run_id: str, events: Sequence[StoredEvent]) -> int:
+        inserted = 0
+        if events:
+            inserted = conn.execute(
+                _archive("restore_from_lake"), restored_params(run_id, events)
+            ).fetchone()[0]
+        conn.execute(_archive("mark_restored_from_lake"), (run_id,))
+        return inserted
 
     def taken_seqs(self, conn: psycopg.Connection, run_id: str, seqs: Sequence[int]) -> set[int]:
         return {r[0] for r in conn.execute(_archive("taken_seqs"), (run_id, list(seqs))).fetchall()}
@@ -338,6 +392,8 @@ class PostgresEventStore(EventStore):
         partitions: int = 0,
         pool_size: int = 8,
         large_snapshot_bytes: int = 100 * 1024,
+        archive_to: str = "postgres",
+        lake: Callable[[], Any] | None = None,
         connect_timeout: float = 10.0,
         datastore: PostgresDatastore | None = None,
     ):
@@ -355,6 +411,8 @@ class PostgresEventStore(EventStore):
             keep_snapshots=keep_snapshots,
             max_event_bytes=max_event_bytes,
             large_snapshot_bytes=large_snapshot_bytes,
+            archive_to=archive_to,
+            lake=lake,
         )
         self.partitions = self.backend.partitions
 

@@ -37,16 +37,25 @@ _Projected = tuple[RunSnapshot, bool, int]
 
 
 class Projector:
-    def __init__(self, backend: StoreBackend, metrics: SnapshotMetrics, policy: SnapshotPolicy):
+    def __init__(
+        self,
+        backend: StoreBackend,
+        metrics: SnapshotMetrics,
+        policy: SnapshotPolicy,
+        fetch: Callable[..., list[StoredEvent]] | None = None,
+    ):
         self.backend = backend
         self.metrics = metrics
         self.policy = policy
+        # A page of a run's events (tx, run_id, after_seq, limit, upto): the store's, which reads a run
+        # archived to the lake from there (lake_archive.py); the backend's fetch by default.
+        self.fetch = fetch or backend.fetch
 
     def fetch_run(self, tx: Tx, run_id: str, after_seq: int, upto: int | None = None) -> list[StoredEvent]:
         """Every event of the run with after_seq < run_seq <= upto, page by page."""
         events: list[StoredEvent] = []
         while True:
-            page = self.backend.fetch(tx, run_id, after_seq, _PAGE, upto)
+            page = self.fetch(tx, run_id, after_seq, _PAGE, upto)
             events.extend(page)
             if len(page) < _PAGE:
                 return events

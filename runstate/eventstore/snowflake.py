@@ -395,6 +395,8 @@ class SnowflakeEventStore(EventStore):
         connect_kwargs: Mapping[str, Any] | None = None,
         pool_size: int = 8,
         large_snapshot_bytes: int = 100 * 1024,
+        archive_to: str = "postgres",
+        lake: Callable[[], Any] | None = None,
         merge_in_transactions: bool | None = None,
         datastore: SnowflakeDatastore | None = None,
     ):
@@ -415,6 +417,8 @@ class SnowflakeEventStore(EventStore):
             keep_snapshots=keep_snapshots,
             max_event_bytes=max_event_bytes,
             large_snapshot_bytes=large_snapshot_bytes,
+            archive_to=archive_to,
+            lake=lake,
         )
 
 

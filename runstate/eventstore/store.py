@@ -30,6 +30,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Self, TypeVar
 
+from runstate.config import ARCHIVE_TARGETS
 from runstate.eventstore import archive as archival
 from runstate.eventstore.backend import Guess, GuessRefused, KeyTaken, StoreBackend, Stream, Tx
 from runstate.eventstore.contract import (
@@ -44,6 +45,7 @@ from runstate.eventstore.contract import (
 )
 from runstate.eventstore.feed import check_poll_seconds, check_position, follow
 from runstate.eventstore.hints import RunHint, RunHints, fold_new
+from runstate.eventstore.lake_archive import LakeArchive, LakeReader
 from runstate.eventstore.projector import Projector
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.sequencing import Batch, assign_seqs, check_expected
@@ -83,9 +85,13 @@ class EventStore:
         keep_snapshots: int = 3,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         large_snapshot_bytes: int = 100 * 1024,
+        archive_to: str = "postgres",
+        lake: Callable[[], LakeReader] | None = None,
     ):
         if int(max_event_bytes) < 1:
             raise ValueError(f"max_event_bytes must be positive, got {max_event_bytes!r}")
+        if archive_to not in ARCHIVE_TARGETS:
+            raise ValueError(f"archive_to must be one of {', '.join(ARCHIVE_TARGETS)}, got {archive_to!r}")
         self.backend = backend
         self.max_event_bytes = int(max_event_bytes)
         self.policy = SnapshotPolicy.of(snapshot_interval, keep_snapshots, large_snapshot_bytes)
@@ -94,7 +100,11 @@ class EventStore:
         # Where each run this store wrote stands, and its projection: the one-flight append's guesses,
         # and the base of the next snapshot's fold.
         self.hints = RunHints()
-        self.projector = Projector(backend, self.metrics, self.policy)
+        # Where archive() moves old runs (RUNSTATE_ARCHIVE_TO); runs archived to the lake are read back
+        # through `lake` (built on first use) whatever it says.
+        self.archive_to = archive_to
+        self.lake = LakeArchive(backend, lake)
+        self.projector = Projector(backend, self.metrics, self.policy, fetch=self.lake.events)
 
     @property
     def schema(self) -> str:
@@ -109,6 +119,7 @@ class EventStore:
         self.backend.ensure_schema()
 
     def close(self) -> None:
+        self.lake.close()
         self.backend.close()
 
     def owning_datastore(self) -> Self:
@@ -296,6 +307,8 @@ class EventStore:
         if (probe or stream.archived or stale) and (stream.event_count or stream.archived):
             keys = sorted({v.idempotency_key for v in valid})
             known = self.backend.existing_keys(tx, run_id, keys, archived=stream.archived)
+            if stream.archived:  # archived to the lake: its keys are known there only
+                known.update(self.lake.keys(tx, run_id, keys))
         check_expected(run_id, valid, known, stream.last_seq, expected)
         results, new, next_seq = assign_seqs(valid, known, stream.last_seq)
         if not new:
@@ -358,7 +371,7 @@ class EventStore:
         if int(limit) < 1:
             raise InvalidEvent("limit", f"must be >= 1, got {limit!r}")
         return self._read(
-            f"fetch run {run_id!r}", lambda tx: self.backend.fetch(tx, run_id, int(after_seq), int(limit))
+            f"fetch run {run_id!r}", lambda tx: self.lake.events(tx, run_id, int(after_seq), int(limit))
         )
 
     def fetch_all(self, after_position: int = 0, limit: int = 1000) -> list[StoredEvent]:
@@ -428,18 +441,24 @@ class EventStore:
         self, older_than_days: int, now: datetime | None = None, *, batch_runs: int | None = None
     ) -> int:
         """Move the events of runs finished more than `older_than_days` ago to the archive, a transaction
-        per `batch_runs` runs (archive.py); fetch, project and resume still read them."""
+        per `batch_runs` runs (archive.py); fetch, project and resume still read them. With archive_to
+        "lake", drop from the database the runs the lake has whole instead (lake_archive.py), and raise
+        ArchiveHeldBack naming the others once these are done."""
         return archival.archive(
-            self.backend, older_than_days, now, batch_runs or self.backend.archive_batch_runs
+            self.backend,
+            older_than_days,
+            now,
+            batch_runs or self.backend.archive_batch_runs,
+            self.lake if self.archive_to == "lake" else None,
         )
 
     def restore(self, run_id: str) -> int:
-        """Bring an archived run's events back; returns how many."""
-        return archival.restore(self.backend, run_id)
+        """Bring an archived run's events back (from the archive table, or the lake); returns how many."""
+        return archival.restore(self.backend, run_id, self.lake)
 
     def import_events(self, events: Iterable[StoredEvent]) -> int:
         """Store events with their seqs (a migration's target side); idempotent per key."""
-        return archival.import_events(self.backend, events, self.max_event_bytes)
+        return archival.import_events(self.backend, events, self.max_event_bytes, self.lake)
 
 
 @dataclass(frozen=True)

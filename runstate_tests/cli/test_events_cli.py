@@ -381,3 +381,16 @@ def test_project_needs_a_run_or_all(store):
     result = run("project")
 
     assert result.exit_code == 2 and "RUN_ID or --all" in result.output
+
+
+@pytest.mark.parametrize("verb", [("archive",), ("restore", "r1"), ("show", "r1")])
+def test_a_bad_archive_target_is_one_error_line_naming_the_variable(cli_env, monkeypatch, verb):
+    monkeypatch.setenv("RUNSTATE_ARCHIVE_TO", "s3")
+    settings.cache_clear()
+
+    answer = run(*verb)
+
+    assert answer.exit_code == 1
+    assert answer.output.strip().splitlines() == [
+        "Error: RUNSTATE_ARCHIVE_TO must be one of postgres, lake, got 's3'"
+    ]

@@ -121,3 +121,20 @@ def test_the_console_script_skips_the_interpreters_finalization(tmp_path: Path, 
 
     assert done.returncode == status
     assert not marker.exists(), "the interpreter was finalized: native destructors ran"
+
+
+def test_the_console_script_ends_with_an_idle_thread_pool_alive():
+    """A verb that read a run archived to the lake used pyiceberg, whose thread pool keeps idle workers:
+    the exit joined them before concurrent.futures told them to stop, and hung after the answer."""
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "pool = ThreadPoolExecutor(2)\n"
+        "assert pool.submit(lambda: 1).result() == 1\n"
+        "from runstate.cli import _python_shutdown\n"
+        "_python_shutdown()\n"
+        "print('ended')\n"
+    )
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0 and done.stdout.strip() == "ended", done.stderr

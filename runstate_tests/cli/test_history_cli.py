@@ -18,11 +18,13 @@ from click.testing import CliRunner, Result
 
 from runstate.cli import main
 from runstate.config import settings
+from runstate.eventstore import EventType
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
 from runstate_tests.eventstore import conftest as eventstore_fixtures
+from runstate_tests.eventstore.conftest import ev
 from runstate_tests.eventstore.lake import conftest as lake
-from runstate_tests.eventstore.lake.conftest import append_randomly, feed_from_start
+from runstate_tests.eventstore.lake.conftest import append_randomly, exported_to_the_end, feed_from_start
 from runstate_tests.wal import conftest as wal_fixtures
 from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
@@ -196,3 +198,81 @@ def _readme_commands(block: str, namespace: str) -> list[list[str]]:
         else:
             commands[-1].append(word)
     return commands
+
+
+def _archivable_runs(store) -> None:
+    """Two runs finished long ago (their events at the fixtures' T0, in 2026's first days)."""
+    for run_id in ("old-a", "old-b"):
+        store.append_batch(
+            run_id,
+            [
+                ev(run_id, EventType.RUN_STARTED, data={"by": run_id}),
+                ev(run_id, EventType.STEP_STARTED, 1, step_id="extract"),
+                ev(run_id, EventType.STEP_COMPLETED, 2, step_id="extract", data={"rows": 7}),
+                ev(run_id, EventType.RUN_COMPLETED, 60),
+            ],
+        )
+
+
+@pytest.mark.parametrize("target", ["postgres", "lake"])
+def test_archive_then_show_project_resume_then_restore_through_the_cli(
+    spark, cli, store, history, monkeypatch, target
+):
+    monkeypatch.setenv("RUNSTATE_ARCHIVE_TO", target)
+    settings.cache_clear()
+    _archivable_runs(store)
+    exported = run(cli, "events", "export")
+    exported_to_the_end(spark, store, history)  # the feed of the worker's database may have held back
+    shown = run(cli, "events", "show", "old-a", "--json")
+    projected = run(cli, "events", "project", "old-a")
+
+    archived = run(cli, "events", "archive", "--older-than-days", "30")
+    kept = _rows_of(store, "old-a")
+    shown_archived = run(cli, "events", "show", "old-a", "--json")
+    projected_archived = run(cli, "events", "project", "old-a")
+    resumed = run(cli, "events", "resume", "old-a")
+    restored = run(cli, "events", "restore", "old-a")
+    again = run(cli, "events", "restore", "old-a")
+    shown_restored = run(cli, "events", "show", "old-a", "--json")
+
+    where = " to the lake" if target == "lake" else ""
+    assert exported.exit_code == 0, exported.output
+    assert archived.exit_code == 0 and archived.output.startswith(f"archived 8 event(s){where} of runs"), (
+        archived.output
+    )
+    assert len(shown.output.splitlines()) == 4
+    assert shown_archived.output == shown.output and shown_restored.output == shown.output
+    assert projected_archived.output == projected.output and '"status": "COMPLETED"' in projected.output
+    assert "4 event(s) to replay" in resumed.output and "status COMPLETED" in resumed.output, resumed.output
+    assert restored.output.strip() == "run 'old-a': restored 4 event(s)"
+    assert again.output.strip() == "run 'old-a': nothing archived"
+    # (run_events, run_events_archive): the lake's runs leave Postgres; all come back to run_events
+    assert kept == ((0, 0) if target == "lake" else (0, 4))
+    assert _rows_of(store, "old-a") == (4, 0)
+
+
+def _rows_of(store, run_id: str) -> tuple[int, int]:
+    with store.datastore.connection() as conn:
+        return conn.execute(
+            "SELECT (SELECT count(*) FROM run_events WHERE run_id = %(r)s),"
+            " (SELECT count(*) FROM run_events_archive WHERE run_id = %(r)s)",
+            {"r": run_id},
+        ).fetchone()
+
+
+def test_archive_to_the_lake_from_a_snowflake_store_is_refused(cli, sf_store, snowflake_schema, monkeypatch):
+    conn_kwargs, schema = snowflake_schema
+    for key in ("account", "user", "password", "database", "host", "port", "protocol", "network_timeout"):
+        monkeypatch.setenv(f"SNOWFLAKE_{key.upper()}", str(conn_kwargs[key]))
+    monkeypatch.setenv("SNOWFLAKE_SCHEMA", schema)
+    monkeypatch.setenv("RUNSTATE_EVENTSTORE", "snowflake")
+    monkeypatch.setenv("RUNSTATE_ARCHIVE_TO", "lake")
+    settings.cache_clear()
+
+    answer = run(cli, "events", "archive")
+
+    assert answer.exit_code == 1
+    [line] = answer.output.strip().splitlines()
+    assert line.startswith(
+        "Error: RUNSTATE_ARCHIVE_TO=lake: the snowflake event store cannot archive to the lake"
+    )

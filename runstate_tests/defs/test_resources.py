@@ -50,6 +50,12 @@ def test_a_resource_of_defaults_holds_the_default_config():
     assert EventStoreResource().config() == EventStoreConfig()
 
 
+def test_the_event_store_resource_refuses_a_bad_archive_target():
+    with pytest.raises(ValueError, match="archive_to must be one of postgres, lake, got 's3'"):
+        EventStoreResource(archive_to="s3")
+    assert EventStoreResource(archive_to="lake").config().archive_to == "lake"
+
+
 def test_the_built_resources_hold_the_configs_of_the_settings(monkeypatch: pytest.MonkeyPatch):
     for name in SECRETS:  # set, they are passed as EnvVars: the same values, not in the run config
         monkeypatch.delenv(name, raising=False)
@@ -65,6 +71,8 @@ def test_the_built_resources_hold_the_configs_of_the_settings(monkeypatch: pytes
             "SNOWFLAKE_PASSWORD": "pw",
             "SNOWFLAKE_PORT": "8123",
             "SNOWFLAKE_SCHEMA": "runs",
+            "RUNSTATE_ARCHIVE_TO": "lake",
+            "RUNSTATE_HISTORY_NAMESPACE": "audit",
         }
     )
 

@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
 
 from runstate import backends, wiring
+from runstate.config import ARCHIVE_TARGETS
 from runstate.defs.resources import config_of
 from runstate.eventstore import EventStore
 from runstate.eventstore.config import EventStoreConfig, SnowflakeConfig
@@ -67,6 +68,19 @@ class EventStoreResource(dg.ConfigurableResource):
         default=EventStoreConfig.snapshot_interval,
         description="Write a state snapshot every N events of a run.",
     )
+    archive_to: str = Field(
+        default=EventStoreConfig.archive_to,
+        description="Where `archive` moves old runs: `postgres` (run_events_archive) or `lake` (dropped "
+        "from Postgres once the run history in the lake has them; read back from there).",
+    )
+    lake_namespace: str = Field(
+        default=EventStoreConfig.lake_namespace,
+        description="The run history's namespace: runs archived to the lake are in lake.<namespace>.run_events.",
+    )
+    lake_warehouse: str | None = Field(
+        default=EventStoreConfig.lake_warehouse,
+        description="The Iceberg warehouse folder of the lake catalog (default: RUNSTATE_WAREHOUSE's default).",
+    )
     ensure_schema: bool = Field(
         default=True, description="Apply pending migrations when the store is first opened."
     )
@@ -77,6 +91,13 @@ class EventStoreResource(dg.ConfigurableResource):
     @classmethod
     def _known_backend(cls, value: str) -> str:
         backends.get(value)  # an UnknownBackend (a ValueError) lists the known ones
+        return value
+
+    @field_validator("archive_to")
+    @classmethod
+    def _known_archive_target(cls, value: str) -> str:
+        if value not in ARCHIVE_TARGETS:
+            raise ValueError(f"archive_to must be one of {', '.join(ARCHIVE_TARGETS)}, got {value!r}")
         return value
 
     def config(self) -> EventStoreConfig:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from runstate.config import ConfigError, Settings
+from runstate.eventstore.config import EventStoreConfig
 from runstate.eventstore.lake import HistoryConfig
 
 
@@ -49,3 +52,36 @@ def test_a_value_out_of_bounds_is_an_error_naming_the_variable(name, value):
 def test_a_namespace_that_is_not_an_identifier_is_refused_before_any_sql():
     with pytest.raises(ValueError, match="lower-case identifier"):
         HistoryConfig(namespace="lake.evil")
+
+
+def test_archive_to_is_postgres_unless_set_to_lake_and_reaches_the_store_config():
+    lake = Settings.from_env({"RUNSTATE_ARCHIVE_TO": "lake", "RUNSTATE_HISTORY_NAMESPACE": "audit"})
+
+    assert Settings.from_env({}).archive_to == "postgres" == EventStoreConfig().archive_to
+    config = EventStoreConfig.from_settings(lake)
+    assert (config.archive_to, config.lake_namespace, config.lake_warehouse) == (
+        "lake",
+        "audit",
+        str(lake.warehouse_dir),
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RUNSTATE_ARCHIVE_TO": "s3"}, "RUNSTATE_ARCHIVE_TO must be one of postgres, lake, got 's3'"),
+        ({"RUNSTATE_ARCHIVE_TO": "Lake"}, "RUNSTATE_ARCHIVE_TO must be one of postgres, lake, got 'Lake'"),
+        (
+            {"RUNSTATE_ARCHIVE_TO": "lake", "RUNSTATE_ICEBERG_CATALOG": "hadoop"},
+            "RUNSTATE_ARCHIVE_TO=lake needs RUNSTATE_ICEBERG_CATALOG=jdbc",
+        ),
+    ],
+)
+def test_a_bad_archive_target_is_a_config_error_naming_the_variable(env, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Settings.from_env(env)
+
+
+def test_the_store_config_refuses_a_bad_archive_target():
+    with pytest.raises(ValueError, match="RUNSTATE_ARCHIVE_TO must be one of postgres, lake, got 'ftp'"):
+        EventStoreConfig(archive_to="ftp")

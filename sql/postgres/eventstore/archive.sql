@@ -95,3 +95,82 @@ UPDATE run_streams
        updated_at = now()
  WHERE run_id = %(run_id)s
 RETURNING event_count, (SELECT count(*) FROM inserted);
+
+-- name: lake_archivable_runs
+-- archivable_runs for RUNSTATE_ARCHIVE_TO=lake: only runs whose every event in Postgres is at or below the
+-- position the lake has reached (the export has them all; the feed never adds an event below a position
+-- it returned, so none can come later). The stream row lock keeps appends out until the transaction ends.
+SELECT s.run_id FROM run_streams s
+ WHERE s.completed_at < %(cutoff)s
+   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)
+   AND (s.restored_at IS NULL OR s.restored_at < %(cutoff)s)
+   AND NOT EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = s.run_id AND e.position > %(position)s)
+   AND NOT EXISTS (SELECT 1 FROM run_events_archive a WHERE a.run_id = s.run_id AND a.position > %(position)s)
+ ORDER BY s.run_id LIMIT %(limit)s FOR UPDATE OF s;
+
+-- name: lake_held_back_runs
+-- The runs old enough to archive that the lake does not have whole yet: (run_id, its highest position).
+SELECT s.run_id, GREATEST((SELECT max(position) FROM run_events e WHERE e.run_id = s.run_id),
+                          (SELECT max(position) FROM run_events_archive a WHERE a.run_id = s.run_id))
+  FROM run_streams s
+ WHERE s.completed_at < %(cutoff)s
+   AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)
+   AND (s.restored_at IS NULL OR s.restored_at < %(cutoff)s)
+   AND (EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = s.run_id AND e.position > %(position)s)
+        OR EXISTS (SELECT 1 FROM run_events_archive a WHERE a.run_id = s.run_id AND a.position > %(position)s))
+ ORDER BY s.run_id;
+
+-- name: drop_into_lake
+-- The events of runs the lake has whole leave Postgres (both tables), and each stream records how far
+-- the lake keeps the run and how many events that is, in the same statement: all of it, or none.
+WITH live AS (
+  DELETE FROM run_events WHERE run_id = ANY(%(runs)s) RETURNING run_id
+), kept AS (
+  DELETE FROM run_events_archive WHERE run_id = ANY(%(runs)s) RETURNING run_id
+), gone AS (
+  SELECT run_id, count(*) AS n FROM (SELECT run_id FROM live UNION ALL SELECT run_id FROM kept) g
+  GROUP BY run_id
+), marked AS (
+  UPDATE run_streams s
+     SET archived_at = now(), lake_upto = s.last_seq,
+         lake_events = COALESCE(s.lake_events, 0) + COALESCE(gone.n, 0)
+    FROM unnest(%(runs)s::text[]) AS r(run_id) LEFT JOIN gone ON gone.run_id = r.run_id
+   WHERE s.run_id = r.run_id
+  RETURNING 1
+)
+SELECT COALESCE(sum(n), 0)::bigint, (SELECT count(*) FROM marked) FROM gone;
+
+-- name: lake_record
+-- (lake_upto, lake_events) of a run archived to the lake; no row, or NULLs, when it is not.
+SELECT lake_upto, lake_events FROM run_streams WHERE run_id = %s;
+
+-- name: restore_from_lake
+-- The run's events read back from the lake, inserted exactly as they were (seq, id, persisted_at and
+-- feed position too: the lake has them already, and the export never reads below its position again).
+-- ON CONFLICT DO NOTHING: a row already there (a late event kept live) stays as it is.
+WITH rows AS (
+  SELECT * FROM unnest(
+    %(seq)b::bigint[], %(event_id)b::uuid[], %(step_id)b::text[], %(engine_attempt_id)b::text[],
+    %(logical_attempt_id)b::text[], %(plan_version)b::text[], %(event_type)b::text[], %(data)b::text[],
+    %(key)b::bytea[], %(caused_by)b::uuid[], %(parent)b::uuid[], %(emitted_at)b::timestamptz[],
+    %(persisted_at)b::timestamptz[], %(adapter_version)b::text[], %(ref)b::text[], %(position)b::bigint[]
+  ) AS u(seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version, event_type, data,
+         key, caused_by, parent, emitted_at, persisted_at, adapter_version, ref, position)
+), inserted AS (
+  INSERT INTO run_events (run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id,
+                          plan_version, event_type, event_data, idempotency_key, caused_by_signal_id,
+                          parent_event_id, emitted_at, persisted_at, adapter_version, engine_run_ref,
+                          position)
+  SELECT %(run_id)s, seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+         event_type, data::jsonb, key, caused_by, parent, emitted_at, persisted_at, adapter_version,
+         ref::jsonb, position
+  FROM rows
+  ON CONFLICT DO NOTHING
+  RETURNING 1
+)
+SELECT count(*) FROM inserted;
+
+-- name: mark_restored_from_lake
+UPDATE run_streams
+   SET archived_at = NULL, restored_at = now(), lake_upto = NULL, lake_events = NULL
+ WHERE run_id = %s;
