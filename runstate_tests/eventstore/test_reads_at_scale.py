@@ -133,12 +133,14 @@ def test_a_feed_page_reads_about_one_page_of_rows_at_a_million_events(million, c
     assert read <= len(page) + 2  # each table's scan stops one row past the page (or at its end)
 
 
+# fetch_run serves the projector; fetch_run_with_lake serves fetch (the run's lake record rides along).
+@pytest.mark.parametrize("query", ["fetch_run", "fetch_run_with_lake"])
 @pytest.mark.parametrize("after", [0, LONG_RUN // 2, LONG_RUN - PAGE // 2])
-def test_a_page_of_a_100000_event_run_reads_about_one_page_of_rows(million, conn, after):
+def test_a_page_of_a_100000_event_run_reads_about_one_page_of_rows(million, conn, after, query):
     store, _ = million
     params = {"run_id": "long", "after": after, "limit": PAGE, "upto": 2**62}
 
-    read = rows_read(conn, reads_sql("fetch_run"), params)
+    read = rows_read(conn, reads_sql(query), params)
     page = store.fetch("long", after_seq=after, limit=PAGE)
 
     assert [e.run_seq for e in page] == list(range(after + 1, min(after + PAGE, LONG_RUN) + 1))
