@@ -46,7 +46,6 @@ from runstate.eventstore.backend import (
     Stream,
 )
 from runstate.eventstore.contract import (
-    DEFAULT_MAX_EVENT_BYTES,
     ConcurrencyConflict,
     EventStoreError,
     RunSnapshot,
@@ -379,23 +378,21 @@ class PostgresBackend(StoreBackend):
 
 
 class PostgresEventStore(EventStore):
-    """The event store on Postgres; thread-safe (the datastore's pool of `pool_size` connections)."""
+    """The event store on Postgres; thread-safe (the datastore's pool of `pool_size` connections).
+
+    `store_options` are EventStore's (snapshot_interval, keep_snapshots, max_event_bytes,
+    large_snapshot_bytes, archive_to, lake)."""
 
     def __init__(
         self,
         dsn: str | None = None,
         *,
         schema: str = "runstate",
-        snapshot_interval: int = 100,
-        keep_snapshots: int = 3,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         partitions: int = 0,
         pool_size: int = 8,
-        large_snapshot_bytes: int = 100 * 1024,
-        archive_to: str = "postgres",
-        lake: Callable[[], Any] | None = None,
         connect_timeout: float = 10.0,
         datastore: PostgresDatastore | None = None,
+        **store_options: Any,
     ):
         if (datastore is None) == (dsn is None):
             raise ValueError("give a dsn or a datastore, not both")
@@ -407,12 +404,7 @@ class PostgresEventStore(EventStore):
         )
         super().__init__(
             PostgresBackend(datastore, partitions=partitions, owns_datastore=owned),
-            snapshot_interval=snapshot_interval,
-            keep_snapshots=keep_snapshots,
-            max_event_bytes=max_event_bytes,
-            large_snapshot_bytes=large_snapshot_bytes,
-            archive_to=archive_to,
-            lake=lake,
+            **store_options,
         )
         self.partitions = self.backend.partitions
 

@@ -50,7 +50,6 @@ from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.datastore.snowflake import rollback_quietly
 from runstate.eventstore.backend import Rows, StoreBackend, Stream
 from runstate.eventstore.contract import (
-    DEFAULT_MAX_EVENT_BYTES,
     TERMINAL_EVENT_TYPES,
     ConcurrencyConflict,
     EventStoreError,
@@ -382,23 +381,21 @@ class SnowflakeBackend(StoreBackend):
 
 
 class SnowflakeEventStore(EventStore):
-    """The event store on Snowflake through snowflake-connector-python; thread-safe."""
+    """The event store on Snowflake through snowflake-connector-python; thread-safe.
+
+    `store_options` are EventStore's (snapshot_interval, keep_snapshots, max_event_bytes,
+    large_snapshot_bytes, archive_to, lake)."""
 
     def __init__(
         self,
         connection_factory: Callable[[], Any] | None = None,
         *,
         schema: str = "RUNSTATE",
-        snapshot_interval: int = 100,
-        keep_snapshots: int = 3,
-        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         connect_kwargs: Mapping[str, Any] | None = None,
         pool_size: int = 8,
-        large_snapshot_bytes: int = 100 * 1024,
-        archive_to: str = "postgres",
-        lake: Callable[[], Any] | None = None,
         merge_in_transactions: bool | None = None,
         datastore: SnowflakeDatastore | None = None,
+        **store_options: Any,
     ):
         schema = check_schema_name(schema).upper()
         if datastore is not None and (
@@ -413,12 +410,7 @@ class SnowflakeEventStore(EventStore):
         )
         super().__init__(
             SnowflakeBackend(datastore, merge_in_transactions=merge_in_transactions, owns_datastore=owned),
-            snapshot_interval=snapshot_interval,
-            keep_snapshots=keep_snapshots,
-            max_event_bytes=max_event_bytes,
-            large_snapshot_bytes=large_snapshot_bytes,
-            archive_to=archive_to,
-            lake=lake,
+            **store_options,
         )
 
 
