@@ -28,14 +28,21 @@ GROUP BY t.key, t.value
 
 def spark_jvms(root: int) -> set[int]:
     """The Spark drivers under `root`, one JVM per run with a Spark session: PySpark's gateway, `java ...
-    org.apache.spark.deploy.SparkSubmit ... pyspark-shell`. Not the `spark-class` shell script that starts
-    it, nor the launcher JVM that script runs first to build the command line
-    (`org.apache.spark.launcher.Main`): both name SparkSubmit too, so a session starting counted three."""
-    found = set()
+    org.apache.spark.deploy.SparkSubmit ... pyspark-shell`.
+
+    Not counted, though they name SparkSubmit too:
+    - the `spark-class` shell script that starts the driver, and the launcher JVM that the script runs
+      first to build the command line (`org.apache.spark.launcher.Main`). Counting them, one starting
+      session counted three;
+    - a child of a driver. When the JVM starts a process (posix_spawn of jspawnhelper, for a shell command
+      of Hadoop's local file system), the child shows the JVM's command line until its exec. A loaded
+      machine keeps it there long enough for a sample to see it: one driver sampled as two."""
+    drivers: dict[int, int] = {}  # pid -> parent pid
     for pid in descendants(root):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if (
             argv
@@ -43,8 +50,8 @@ def spark_jvms(root: int) -> set[int]:
             and b"org.apache.spark.deploy.SparkSubmit" in argv
             and b"org.apache.spark.launcher.Main" not in argv
         ):
-            found.add(pid)
-    return found
+            drivers[pid] = parent
+    return {pid for pid, parent in drivers.items() if parent not in drivers}
 
 
 @dataclass
