@@ -24,16 +24,16 @@ WITH horizon AS MATERIALIZED (
     WHERE NOT x::text::bigint %% 4294967296 = ANY(%(other_xids)s::bigint[])))::text::bigint << 20 AS below
   FROM pg_current_snapshot() AS s
 )
-(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-        persisted_at, adapter_version, engine_run_ref, position
+(SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
    FROM run_events
   WHERE position > %(after)s AND position < (SELECT below FROM horizon)
   ORDER BY position LIMIT %(limit)s)
 UNION ALL
-(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-        persisted_at, adapter_version, engine_run_ref, position
+(SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
    FROM run_events_archive
   WHERE position > %(after)s AND position < (SELECT below FROM horizon)
   ORDER BY position LIMIT %(limit)s)

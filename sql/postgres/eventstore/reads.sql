@@ -5,16 +5,16 @@
 -- An archived run is read from run_events_archive, and events appended after the archive are in
 -- run_events (an event is in exactly one of the two). Each table is read in run_seq order through its
 -- primary key and stops at `limit`: a page of a long run costs the page, not the rest of the run.
-(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-        persisted_at, adapter_version, engine_run_ref, position
+(SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
    FROM run_events
   WHERE run_id = %(run_id)s AND run_seq > %(after)s AND run_seq <= %(upto)s
   ORDER BY run_seq LIMIT %(limit)s)
 UNION ALL
-(SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-        event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-        persisted_at, adapter_version, engine_run_ref, position
+(SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+        event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+        persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
    FROM run_events_archive
   WHERE run_id = %(run_id)s AND run_seq > %(after)s AND run_seq <= %(upto)s
   ORDER BY run_seq LIMIT %(limit)s)
@@ -26,16 +26,16 @@ ORDER BY run_seq LIMIT %(limit)s;
 -- fetch_run's, each table read in run_seq order and stopping at `limit`; a page without events is one row
 -- whose event columns are NULL, so the run's record comes back either way.
 WITH page AS (
-  (SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-          event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-          persisted_at, adapter_version, engine_run_ref, position
+  (SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+          event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+          persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
      FROM run_events
     WHERE run_id = %(run_id)s AND run_seq > %(after)s AND run_seq <= %(upto)s
     ORDER BY run_seq LIMIT %(limit)s)
   UNION ALL
-  (SELECT run_id, run_seq, event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
-          event_type, event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
-          persisted_at, adapter_version, engine_run_ref, position
+  (SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id, plan_version,
+          event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id, parent_event_id, emitted_at,
+          persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref, position
      FROM run_events_archive
     WHERE run_id = %(run_id)s AND run_seq > %(after)s AND run_seq <= %(upto)s
     ORDER BY run_seq LIMIT %(limit)s)
