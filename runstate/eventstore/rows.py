@@ -38,6 +38,19 @@ def as_stored(
     )
 
 
+_new_object = object.__new__
+_set_attribute = object.__setattr__
+
+
+def stored_from_fields(fields: dict[str, Any]) -> StoredEvent:
+    """`StoredEvent(**fields)` for a dict of every one of its fields: an equal object, without the frozen
+    dataclass's __init__, which sets each of the 17 fields through object.__setattr__ (5 us of the 20 us a
+    feed row cost). StoredEvent has no __post_init__ and no slots; a test holds both."""
+    event = _new_object(StoredEvent)
+    _set_attribute(event, "__dict__", fields)
+    return event
+
+
 def row_to_event(
     row: Sequence[Any],
     decode_json: Callable[[Any], Any] = lambda value: value,
@@ -65,24 +78,26 @@ def row_to_event(
         ref,
         position,
     ) = row
-    return StoredEvent(
-        run_id=run_id,
-        run_seq=int(run_seq),
-        event_type=event_type,
-        emitted_at=emitted_at,
-        persisted_at=persisted_at,
-        idempotency_key=decode_key(key),
-        event_id=str(event_id),
-        data=decode_json(data) if data is not None else None,
-        step_id=step_id,
-        engine_attempt_id=engine_attempt_id,
-        logical_attempt_id=logical_attempt_id,
-        plan_version=plan_version,
-        caused_by_signal_id=str(caused_by) if caused_by else None,  # Postgres returns UUIDs
-        parent_event_id=str(parent) if parent else None,
-        adapter_version=adapter_version,
-        engine_run_ref=decode_json(ref) if ref is not None else None,
-        position=int(position) if position is not None else None,
+    return stored_from_fields(
+        {
+            "run_id": run_id,
+            "run_seq": int(run_seq),
+            "event_type": event_type,
+            "emitted_at": emitted_at,
+            "persisted_at": persisted_at,
+            "idempotency_key": decode_key(key),
+            "event_id": str(event_id),
+            "data": decode_json(data) if data is not None else None,
+            "step_id": step_id,
+            "engine_attempt_id": engine_attempt_id,
+            "logical_attempt_id": logical_attempt_id,
+            "plan_version": plan_version,
+            "caused_by_signal_id": str(caused_by) if caused_by else None,  # Postgres returns UUIDs
+            "parent_event_id": str(parent) if parent else None,
+            "adapter_version": adapter_version,
+            "engine_run_ref": decode_json(ref) if ref is not None else None,
+            "position": int(position) if position is not None else None,
+        }
     )
 
 
