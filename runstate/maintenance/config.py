@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from runstate.config import Settings
 from runstate.maintenance.health import MB, HealthThresholds
+from runstate.maintenance.models import DEFAULT_MAX_ATTEMPTS
 from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import OrchestratorSettings
 
@@ -16,7 +17,7 @@ from runstate.maintenance.orchestrator import OrchestratorSettings
 class MaintenanceConfig:
     dsn: str = Settings.pg_url
     pg_schema: str = Settings.schema
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     lease_seconds: float = 900.0
     lock_ttl_seconds: float | None = None  # None: the lease
     max_worker_runs: int = Settings.maintenance_workers

@@ -19,6 +19,8 @@ JOB_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 ACTIVE_STATUSES = ("pending", "running")
 COMPLETION_STATUSES = ("completed", "failed", "cancelled")
 DEFAULT_LEASE_SECONDS = 300.0
+# Claims of one job before it fails for good (a claim whose lease ran out counts as one).
+DEFAULT_MAX_ATTEMPTS = 3
 
 
 class _OnTable:
@@ -162,6 +164,7 @@ __all__ = [
     "ACTIVE_STATUSES",
     "COMPLETION_STATUSES",
     "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_MAX_ATTEMPTS",
     "JOB_STATUSES",
     "ActionPlan",
     "ActionRecord",

@@ -36,6 +36,7 @@ from runstate.maintenance.models import (
     ACTIVE_STATUSES,
     COMPLETION_STATUSES,
     DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_ATTEMPTS,
     JOB_STATUSES,
     ActionRecord,
     Claim,
@@ -56,7 +57,7 @@ class JobQueue:
     Tables come as TableRef and jobs as ActionPlan, both validated where the request entered.
     """
 
-    def __init__(self, db: Database, *, max_attempts: int = 3) -> None:
+    def __init__(self, db: Database, *, max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> None:
         self.db = db
         self.max_attempts = max_attempts
 

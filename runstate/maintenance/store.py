@@ -28,7 +28,7 @@ from runstate.maintenance.errors import InvalidInput
 from runstate.maintenance.history import History
 from runstate.maintenance.identifiers import TableRef, parse_table_ref
 from runstate.maintenance.locks import TableLocks
-from runstate.maintenance.models import DEFAULT_LEASE_SECONDS, Claim
+from runstate.maintenance.models import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS, Claim
 from runstate.maintenance.plan import ActionPlan
 from runstate.maintenance.queue import JobQueue
 
@@ -46,7 +46,7 @@ class MaintenanceStore:
         dsn: str | None = None,
         *,
         schema: str = "runstate",
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         datastore: PostgresDatastore | None = None,
     ) -> None:
         if datastore is None and dsn is None:
