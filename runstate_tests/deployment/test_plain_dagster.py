@@ -29,7 +29,7 @@ from runstate.services.env_file import write_env_file
 from runstate.wal import Change, DatasetReader, WalProducer, WalTable
 from runstate.wal import layout as t
 from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
-from runstate_tests.deployment.conftest import deployment_env
+from runstate_tests.deployment.conftest import RESTART_BOUND_S, check_flush_after_restart, deployment_env
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
@@ -152,12 +152,7 @@ STORAGE_ONLY = (
 )
 DATASETS = [f"plain{i:03d}" for i in range(100)]
 WAL_TABLE, BUCKET, PREFIX = "runstate_wal", "runstate-blobs", "datasets/"
-# Issue 39: a killed deployment's runs stop holding their shards within 60 s. After the restart, the new
-# row's flush run is launched within it, and applies the row within it of its start. The worker's own
-# start between the two (a fresh process loading the code location) is reported, not bounded: in CI, on 2
-# cores beside three test workers, a run worker once took 50 s to start (test_restart.py).
-VISIBLE_AFTER_RESTART_S = 60
-FLUSH_AFTER_RESTART_S = 300
+FLUSH_AFTER_RESTART_S = 300  # the wait for the row; what it may cost is RESTART_BOUND_S
 # RUNSTATE_SPARK_SESSIONS' default: the `runstate_spark` pool's limit, which spark_pool_sensor sets in an
 # instance that has none.
 SPARK_CAP = 2
@@ -334,7 +329,7 @@ def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end
         plain.env["RUNSTATE_DATASET_MERGE_INTERVAL_S"] = "3600"
         restarting = time.time()
         plain.start()
-        restarted, appended = time.monotonic(), time.time()
+        appended = time.time()
         seq = producer.append(target, [Change.upsert("k", "after the restart")])
         poll(
             lambda: _visible(plain, target, seq),
@@ -342,28 +337,20 @@ def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end
             every=0.5,
             what=f"row {seq} of {target} visible after the restart",
         )
-        visible_after = time.monotonic() - restarted
+        visible_after = time.time() - appended
         flush = _first_flush_after(plain, restarting)
-        launched_after, started_after = (
-            flush.create_timestamp.timestamp() - appended,
-            flush.start_time - appended,
+        check_flush_after_restart(
+            "after the restart", appended, flush.create_timestamp.timestamp(), flush.start_time, visible_after
         )
-        figures = (
-            f"after the restart: flush run launched {launched_after:.1f} s, started {started_after:.1f} s, "
-            f"row visible {visible_after:.1f} s after the append"
-        )
-        print(figures)
-        assert max(0.0, launched_after) <= VISIBLE_AFTER_RESTART_S, figures
-        assert visible_after - started_after <= VISIBLE_AFTER_RESTART_S, figures
+        killed_ids = [run.run_id for run in killed]
         poll(
-            lambda: not _runs(plain, run_ids=[run.run_id for run in killed], statuses=LAUNCHED_RUNS),
-            timeout=max(1.0, VISIBLE_AFTER_RESTART_S - (time.monotonic() - restarted)),
+            lambda: not _runs(plain, run_ids=killed_ids, statuses=LAUNCHED_RUNS),
+            timeout=max(1.0, RESTART_BOUND_S - (time.time() - appended)),
             every=0.5,
             what="every run the kill left in progress failed",
         )
-        killed_ids = [run.run_id for run in killed]
         ended = [r.end_time for r in plain.instance.get_run_records(dg.RunsFilter(run_ids=killed_ids))]
-        assert all(end is not None and end - appended <= VISIBLE_AFTER_RESTART_S for end in ended), (
+        assert all(end is not None and end - appended <= RESTART_BOUND_S for end in ended), (
             f"the killed runs ended {[None if end is None else round(end - appended, 1) for end in ended]} s "
             "after the restart"
         )
