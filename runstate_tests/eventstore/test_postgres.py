@@ -37,6 +37,31 @@ def test_hash_partitioned_run_events(pg_database, pg_schema):
     store.close()
 
 
+def index_names(dsn: str, table: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = %s::regclass", (table,)
+        )
+        return {name.rsplit(".", 1)[-1] for (name,) in rows}
+
+
+@pytest.mark.parametrize("partitions", [0, 4])
+def test_run_events_keeps_the_keys_the_feed_and_event_type_indexes_and_no_gin(
+    pg_database, pg_schema, partitions
+):
+    """Migration 009 drops the seed's GIN on event_data (no query of runstate searches payloads), on a
+    plain and on a hash-partitioned table alike; the unique keys, the feed's position and event_type stay."""
+    store = PostgresEventStore(pg_database, schema=pg_schema, partitions=partitions)
+    store.ensure_schema()
+    store.close()
+    assert index_names(pg_database, f"{pg_schema}.run_events") == {
+        "run_events_pkey",
+        "run_events_run_id_idempotency_key_key",
+        "idx_run_events_event_type",
+        "idx_run_events_position",
+    }
+
+
 def test_partitioning_cannot_be_switched_on_an_existing_table(pg_store, pg_database, pg_schema):
     with pytest.raises(EventStoreError, match="already exists with 0 hash partitions"):
         PostgresEventStore(pg_database, schema=pg_schema, partitions=4).ensure_schema()

@@ -1,0 +1,12 @@
+-- The GIN on event_data (seed 001 §6.2, added by 003_event_indexes.sql) goes: no runstate query uses it,
+-- and it was the costliest part of a stored event after the row itself.
+-- - Size: 87.8 bytes an event of the 571 that the event tables and their indexes took at 1M events (the
+--   peer library, eventsourcing's recorder, stores the same events in 225 in all).
+-- - Appends: every event's keys go through the GIN's pending list (221 bytes of WAL an event); without
+--   the seed's two §6.2 indexes the batched append ran 8 to 18 % faster.
+-- The §6.2 suggestion was for ad-hoc containment searches (`event_data @> '{"error": ...}'`). Those now
+-- belong to the run history in the lake (`runstate sql`), off the table that takes the appends. An operator
+-- who still wants them on Postgres creates the index again (docs/OPERATIONS.md: "Searching event data");
+-- this file is applied once, so it does not drop it a second time.
+-- On a hash-partitioned run_events the index is a partitioned index: dropping it drops its partitions'.
+DROP INDEX IF EXISTS idx_run_events_event_data;
