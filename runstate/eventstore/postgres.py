@@ -4,7 +4,7 @@
   writers to one run serialise on that row only, writers to other runs never wait.
 - A unique index refuses a second (run_id, idempotency_key), so an append looks keys up only when it
   has to (an archived run, a stale `expected_last_seq`, a key found taken).
-- It appends in one round trip in the common case (`guesses`, see store.py): insert_guessed is ONE
+- It appends in one round trip in the common case (`guesses`, see appender.py): insert_guessed is ONE
   statement (sql/postgres/eventstore/005_one_statement_append.sql) that upserts the stream row, inserts
   every event (`unnest` of binary arrays, pg_arrays.py) and checks the store's guesses; `flight` sends
   it, the head sent ahead and the snapshot in one pipelined transaction.

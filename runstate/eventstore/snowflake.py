@@ -3,7 +3,7 @@ tested on fakesnow's server.
 
 Snowflake enforces neither PRIMARY KEY nor UNIQUE and fakesnow cannot run the design's stored
 procedure (shipped untested as sql/snowflake/eventstore/procedures/append_event.sql), so the append
-authority is the store's locked append (store.py), application-side, inside one explicit transaction per
+authority is the store's locked append (appender.py), application-side, inside one explicit transaction per
 batch, with this backend's statements:
 
 1. Before the transaction (`open_stream`): make sure the run's RUN_STREAMS row exists, in a statement of

@@ -67,7 +67,9 @@ def _raw_append(store: Any, conn: psycopg.Connection, run_id: str, events: list)
     from runstate.eventstore.validation import validate_batch
 
     valid = validate_batch(run_id, events)
-    store._append_tx(conn, run_id=run_id, valid=valid, state=None, expected=None, ticket=None, probe=False)
+    store.appender._append_tx(
+        conn, run_id=run_id, valid=valid, state=None, expected=None, ticket=None, probe=False
+    )
 
 
 def follow_until_caught_up(

@@ -18,7 +18,7 @@ from runstate.eventstore import (
     RunSnapshot,
     fold,
 )
-from runstate.eventstore import store as store_module
+from runstate.eventstore import appender as appender_module
 from runstate.eventstore.snapshots import decode_snapshot
 from runstate_tests.eventstore.conftest import ev
 
@@ -111,7 +111,7 @@ def test_a_failure_between_the_insert_and_its_snapshot_writes_neither(pg_databas
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store_module, "encode_snapshot", interrupted)
+    monkeypatch.setattr(appender_module, "encode_snapshot", interrupted)
     with pytest.raises(KeyboardInterrupt):
         store.append_batch("r", batch)
     monkeypatch.undo()
@@ -142,7 +142,7 @@ def test_a_retried_batch_that_crosses_a_snapshot_point_is_refused_whole_then_fou
 
 
 # A batch of HEAD_AHEAD_FROM events or more sends its first third before the rest is validated.
-LARGE = store_module.HEAD_AHEAD_FROM + 8
+LARGE = appender_module.HEAD_AHEAD_FROM + 8
 
 
 def _large(run_id: str, start: int = 0) -> list:
