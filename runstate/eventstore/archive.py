@@ -8,6 +8,7 @@ restore brings them back from there (lake_archive.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,8 @@ from runstate.eventstore.lake_archive import LakeArchive
 from runstate.eventstore.rows import validate_imported
 from runstate.eventstore.sequencing import by_run, fresh_imports
 from runstate.eventstore.validation import check_run_id
+
+log = logging.getLogger("runstate.eventstore")
 
 
 def archive(
@@ -35,8 +38,20 @@ def archive(
     if now.tzinfo is None:
         raise InvalidEvent("now", "must be timezone-aware")
     cutoff = now - timedelta(days=older_than_days)
-    if lake is not None:
-        return lake.archive(cutoff, batch_runs)
+    total = (
+        lake.archive(cutoff, batch_runs)
+        if lake is not None
+        else _archive_batches(backend, cutoff, batch_runs)
+    )
+    # The daily archive is the store's housekeeping: pack the indexes that appends leave sparse, when due.
+    for rebuilt in backend.compact_indexes():
+        log.info(
+            "archive: rebuilt %s (%d to %d bytes)", rebuilt.index, rebuilt.bytes_before, rebuilt.bytes_after
+        )
+    return total
+
+
+def _archive_batches(backend: StoreBackend, cutoff: datetime, batch_runs: int) -> int:
     total = 0
     while True:
         runs, moved = backend.run("archive", lambda tx: backend.archive_runs(tx, cutoff, batch_runs))

@@ -57,6 +57,16 @@ class LakeRecord(NamedTuple):
     events: int
 
 
+@dataclass(frozen=True)
+class IndexRebuild:
+    """One index rebuilt by `compact_indexes`: the table's rows then, and the index's size before and after."""
+
+    index: str
+    rows: int
+    bytes_before: int
+    bytes_after: int
+
+
 class Guess(NamedTuple):
     """What a one-flight append assumes of the run: the statement checks each assumption and refuses
     the append (GuessRefused, nothing written) when one is wrong."""
@@ -244,6 +254,11 @@ class StoreBackend(ABC):
     def archive_runs(self, tx: Tx, cutoff: datetime, limit: int) -> tuple[int, int]:
         """Move the events of up to `limit` runs completed before `cutoff` to the archive, drop their
         snapshots and mark their streams archived: (runs, events moved)."""
+
+    def compact_indexes(self) -> list[IndexRebuild]:
+        """Pack the backend's own indexes again where appends left them sparse, when due (after the
+        archive); what was rebuilt. A backend that keeps no indexes of its own has nothing to do."""
+        return []
 
     @abstractmethod
     def unarchive(self, tx: Tx, run_id: str) -> int:

@@ -39,6 +39,7 @@ from runstate.datastore import PostgresDatastore, check_schema_name, pipelined_t
 from runstate.eventstore.backend import (
     Guess,
     GuessRefused,
+    IndexRebuild,
     KeyTaken,
     LakeRecord,
     Rows,
@@ -54,6 +55,7 @@ from runstate.eventstore.contract import (
 )
 from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_feed import listening
+from runstate.eventstore.pg_indexes import compact_run_keyed_indexes
 from runstate.eventstore.pg_sql import (
     GUESSED_WRONG_SQLSTATE,
     KEY_TAKEN_SQLSTATE,
@@ -322,6 +324,12 @@ class PostgresBackend(StoreBackend):
         conn.execute(_archive("delete_snapshots_of_runs"), (runs,))
         conn.execute(_archive("mark_archived"), (runs,))
         return len(runs), moved
+
+    def compact_indexes(self) -> list[IndexRebuild]:
+        try:
+            return compact_run_keyed_indexes(self.datastore)
+        except psycopg.Error as exc:
+            raise EventStoreError(f"compact the run-keyed indexes: {one_line(exc)}") from exc
 
     def unarchive(self, conn: psycopg.Connection, run_id: str) -> int:
         moved = conn.execute(_archive("restore_events"), ([run_id],)).fetchone()[0]

@@ -209,7 +209,8 @@ class EventStore:
         """Move the events of runs finished more than `older_than_days` ago to the archive, a transaction
         per `batch_runs` runs (archive.py); fetch, project and resume still read them. With archive_to
         "lake", drop from the database the runs the lake has whole instead (lake_archive.py), and raise
-        ArchiveHeldBack naming the others once these are done."""
+        ArchiveHeldBack naming the others once these are done. Then the backend packs the indexes that
+        appends leave sparse, when they are due (Postgres: pg_indexes.py)."""
         return archival.archive(
             self.backend,
             older_than_days,
