@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
-from tqdm import tqdm
 
-from runstate import services as svc
 from runstate.config import load_env_file_into_environ, settings
 
 
@@ -19,6 +18,11 @@ from runstate.config import load_env_file_into_environ, settings
 @click.option("--files", type=int, default=60, show_default=True, help="Small data files per Iceberg table.")
 def demo(no_services: bool, rows: int, files: int) -> None:
     """Seed runs, WAL changes and Iceberg tables; drive the sensors and schedules; print a summary."""
+    # Imported here, not at the top: `runstate --help` lists this verb without loading the services.
+    from tqdm import tqdm
+
+    from runstate import services as svc
+
     try:
         if not no_services:
             svc.up(log=click.echo)
@@ -32,7 +36,7 @@ def demo(no_services: bool, rows: int, files: int) -> None:
 
     defs = default_defs()  # after the services wrote .env, so the resources follow it
 
-    bars: dict[str, tqdm] = {}
+    bars: dict[str, Any] = {}
     totals = {"workflow runs": 3, "WAL changes": 3 * rows, "Iceberg tables": 2}
 
     def progress(label: str, n: int) -> None:

@@ -3,6 +3,9 @@
 from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from runstate.config import DEFAULT_ARCHIVE_AFTER_DAYS
 from runstate.eventstore.contract import (
     CANONICAL_EVENT_TYPES,
@@ -23,12 +26,9 @@ from runstate.eventstore.contract import (
     idempotency_key,
 )
 from runstate.eventstore.lake_archive import ArchiveHeldBack
-from runstate.eventstore.migrate import migrate_events, verify_migration
-from runstate.eventstore.postgres import PostgresEventStore
 from runstate.eventstore.projection import fold
 from runstate.eventstore.resume import Resume
 from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
-from runstate.eventstore.snowflake import SnowflakeEventStore
 from runstate.eventstore.store import EventStore
 from runstate.eventstore.validation import (
     MAX_JSON_DEPTH,
@@ -36,6 +36,29 @@ from runstate.eventstore.validation import (
     validate_batch,
     validate_event,
 )
+
+if TYPE_CHECKING:
+    from runstate.eventstore.migrate import migrate_events, verify_migration
+    from runstate.eventstore.postgres import PostgresEventStore
+    from runstate.eventstore.snowflake import SnowflakeEventStore
+
+# The backends load their drivers (psycopg, the Snowflake connector): imported on first use, so that a
+# module under runstate.eventstore (the CLI's `--help` reads feed.py) does not pay for them.
+_LAZY = {
+    "PostgresEventStore": "runstate.eventstore.postgres",
+    "SnowflakeEventStore": "runstate.eventstore.snowflake",
+    "migrate_events": "runstate.eventstore.migrate",
+    "verify_migration": "runstate.eventstore.migrate",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CANONICAL_EVENT_TYPES",
