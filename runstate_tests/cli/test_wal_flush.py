@@ -130,8 +130,12 @@ def test_six_racing_flushes_make_one_run_per_shard_and_each_says_what_it_did(
         runs = instance.get_runs(filters=dg.RunsFilter(job_name="flush_wal"))
 
     assert [racer.returncode for racer in racers] == [0] * 6, outputs
-    assert sorted(run.tags[WAL_SHARD_TAG] for run in runs) == [str(shard) for shard in range(shards)]
-    assert {run.status for run in runs} == {dg.DagsterRunStatus.SUCCESS}
+    seen = [(run.run_id, run.tags.get(WAL_SHARD_TAG), run.status.value) for run in runs]
+    assert sorted(run.tags[WAL_SHARD_TAG] for run in runs) == [str(shard) for shard in range(shards)], (
+        seen,
+        outputs,
+    )
+    assert {run.status for run in runs} == {dg.DagsterRunStatus.SUCCESS}, (seen, outputs)
     for out, _ in outputs:  # each flushed a shard, found it flushed meanwhile, or found nothing to flush
         said = out.strip() == "nothing to flush: no Pending rows" or all(
             f"shard {shard}: " in out for shard in range(shards)
