@@ -41,13 +41,18 @@ def test_appended_events_reach_the_lake_within_the_bound(deployment: Deployment)
     events = deployment.event_store().fetch(run_id)
     catalog = HistoryCatalog(deployment.pg_url, deployment.home / ".runstate" / "warehouse")
     reader = LakeRunReader(catalog)
+
+    def caught_up() -> dict | None:
+        """The run's row of `runs` once both tables have every event. An export commits the events, then
+        merges `runs` in a second commit: between the two, run_events can be whole while `runs` still
+        holds the run as an earlier export left it."""
+        if len(reader.read_run(run_id)) != len(events):
+            return None
+        row = runs_row(catalog, run_id)
+        return row if row is not None and row["last_seq"] == events[-1].run_seq else None
+
     try:
-        row = poll(
-            lambda: runs_row(catalog, run_id) if len(reader.read_run(run_id)) == len(events) else None,
-            timeout=HISTORY_DEADLINE_S,
-            every=3,
-            what=f"run {run_id} in the lake",
-        )
+        row = poll(caught_up, timeout=HISTORY_DEADLINE_S, every=3, what=f"run {run_id} in the lake")
         lake_events = reader.read_run(run_id)
     finally:
         catalog.close()
