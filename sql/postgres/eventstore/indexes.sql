@@ -22,16 +22,11 @@ SELECT COALESCE(sum(GREATEST(s.n_live_tup, c.reltuples::bigint, 0)), 0)::bigint
 -- name: leftovers
 -- The invalid copies that a killed REINDEX INDEX CONCURRENTLY leaves on run_events or its partitions
 -- (`<index>_ccnew`, or `<index>_ccold` when it was killed after the swap): every write still maintains
--- them, so they go before anything else.
-WITH leaves AS (
-  SELECT relid FROM pg_partition_tree(to_regclass('run_events')) WHERE isleaf
-  UNION SELECT oid FROM pg_class WHERE oid = to_regclass('run_events') AND relkind = 'r'
-)
+-- them, so they go before anything else. Their names start with their index's, and so with run_events.
 SELECT c.relname
-  FROM leaves l
-  JOIN pg_index i ON i.indrelid = l.relid
-  JOIN pg_class c ON c.oid = i.indexrelid
- WHERE NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$';
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE c.relnamespace = current_schema()::regnamespace AND NOT i.indisvalid
+   AND c.relname ~ '^run_events.*_cc(new|old)[0-9]*$';
 
 -- name: rows_at_build
 SELECT rows_at_build FROM index_builds WHERE index_name = %s;
