@@ -3,10 +3,12 @@ bare Spark INSERT INTO of the same rows in the same session; with --lag, the lag
 event being in the lake, through `runstate dev` (its sensor, queue, run worker and export).
 
 Prints ONE JSON line:
-- export mode: export_events_per_s (`export_history` from the Postgres feed: feed pages, the conditional
-  Iceberg commits of --batch-events each, and the runs merges, with the seconds of each part),
-  insert_events_per_s (the same rows, cached in Spark, written by `INSERT INTO` into a table of the same
-  schema and partitioning: the floor of any write of them), and export_over_insert (goal: at least 0.7);
+- export mode: export_events_per_s (`export_history` from the Postgres feed: the conditional Iceberg
+  commits of --batch-events each, read by Spark's JDBC source, and the runs merge, with the seconds of
+  each part), insert_events_per_s (the same rows, cached in Spark, written by `INSERT INTO` into a table
+  of the same schema and partitioning: the floor of any write of them), export_over_insert (goal: at
+  least 0.7), commits_over_insert (run_events alone), and commits_over_jdbc_copy (beside a CREATE TABLE AS
+  SELECT of run_events as Spark's JDBC source reads it: the raw floor of a copy out of Postgres);
 - --lag: lag_p50_s, lag_p99_s and lag_max_s of --lag-appends events appended --lag-every seconds apart,
   each from its append until pyiceberg reads the lake at or past its feed position, beside
   goal_p99_s = 2 x RUNSTATE_HISTORY_EXPORT_INTERVAL_S (--interval).
@@ -80,17 +82,21 @@ def export_vs_insert(args: argparse.Namespace) -> dict[str, Any]:
         )
         spark.sparkContext.setLogLevel("ERROR")
         # Warm the JVM on both paths (a first Spark job pays for class loading and the JIT).
-        warm = HistoryConfig(namespace="bench_warm", batch_events=min(args.batch_events, 1000))
+        warm = HistoryConfig(namespace="bench_warm", batch_events=1000)
         list(export_history(spark, store, warm, once=True))
         _insert(spark, warm.events_table, "lake.bench_warm.copy", EVENT_DDL)
+        _jdbc_copy(spark, dsn, "lake.bench_warm.raw_copy")
 
-        history = HistoryConfig(namespace="bench", batch_events=args.batch_events)
+        history = HistoryConfig(
+            namespace="bench", batch_events=args.batch_events or HistoryConfig.batch_events
+        )
         began = time.perf_counter()
         steps = list(export_history(spark, store, history))
         export_s = time.perf_counter() - began
         commits = [step for step in steps if isinstance(step, EventsCommitted)]
         exported = sum(step.events for step in commits)
         insert_s = _insert(spark, history.events_table, "lake.bench.bare_insert", EVENT_DDL)
+        jdbc_s = _jdbc_copy(spark, dsn, "lake.bench.raw_copy")
         spark.stop()
     finally:
         store.close()
@@ -102,18 +108,24 @@ def export_vs_insert(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "events": exported,
         "runs": args.runs,
-        "batch_events": args.batch_events,
+        "batch_events": history.batch_events,
         "commits": len(commits),
         "export_s": round(export_s, 2),
         "events_commit_s": round(commit_s, 2),
         "runs_merge_s": round(merge_s, 2),
-        # The rest: the feed's pages (fetch_all) and the tables' positions.
-        "feed_and_positions_s": round(export_s - commit_s - merge_s, 2),
+        # The rest: the feed's bounds and the tables' positions.
+        "bounds_and_positions_s": round(export_s - commit_s - merge_s, 2),
         "export_events_per_s": round(export_eps),
         "insert_s": round(insert_s, 2),
         "insert_events_per_s": round(insert_eps),
         "export_over_insert": round(export_eps / insert_eps, 3),
         "goal": 0.7,
+        # run_events alone (the commits, without the runs merge) against the same insert.
+        "commits_over_insert": round(insert_s / commit_s, 3),
+        # The raw floor of any copy from Postgres: Spark's JDBC source on run_events as it is (key bytes,
+        # no conversion), written by CREATE TABLE AS SELECT.
+        "jdbc_copy_s": round(jdbc_s, 2),
+        "commits_over_jdbc_copy": round(jdbc_s / commit_s, 3),
     }
 
 
@@ -131,6 +143,34 @@ def _insert(spark: Any, source: str, target: str, ddl: str) -> float:
     seconds = time.perf_counter() - began
     rows.unpersist()
     return seconds
+
+
+def _jdbc_copy(spark: Any, dsn: str, target: str) -> float:
+    """Seconds of a CREATE TABLE AS SELECT of run_events as Spark's JDBC source reads it, in one
+    partition per core over the positions."""
+    from runstate.spark import jdbc_url
+
+    url, user, _ = jdbc_url(dsn)
+    bounds = (
+        spark.read.format("jdbc")
+        .options(driver="org.postgresql.Driver", url=url, user=user or "postgres")
+        .option("query", "SELECT min(position) AS lo, max(position) AS hi FROM runstate.run_events")
+        .load()
+        .first()
+    )
+    rows = (
+        spark.read.format("jdbc")
+        .options(driver="org.postgresql.Driver", url=url, user=user or "postgres", fetchsize="10000")
+        .options(dbtable="runstate.run_events", partitionColumn="position", numPartitions="2")
+        .options(lowerBound=str(bounds.lo), upperBound=str(bounds.hi + 1))
+        .load()
+    )
+    rows.createOrReplaceTempView("bench_raw_rows")
+    began = time.perf_counter()
+    spark.sql(
+        f"CREATE TABLE {target} USING iceberg PARTITIONED BY (days(emitted_at)) AS SELECT * FROM bench_raw_rows"
+    )
+    return time.perf_counter() - began
 
 
 def lag_through_dev(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,7 +225,12 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--runs", type=int, default=2_000)
-    parser.add_argument("--batch-events", type=int, default=50_000)
+    parser.add_argument(
+        "--batch-events",
+        type=int,
+        default=None,
+        help="Events per commit (default: RUNSTATE_HISTORY_BATCH_EVENTS')s).",
+    )
     parser.add_argument("--lag", action="store_true", help="Measure the lag through runstate dev instead.")
     parser.add_argument("--interval", type=int, default=60, help="--lag: RUNSTATE_HISTORY_EXPORT_INTERVAL_S.")
     parser.add_argument("--lag-appends", type=int, default=20)

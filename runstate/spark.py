@@ -56,10 +56,21 @@ def postgres_jdbc_jar() -> Path | None:
 
 
 def jdbc_url(pg_url: str) -> tuple[str, str | None, str | None]:
-    """postgresql://user:pw@host:port/db -> (jdbc:postgresql://host:port/db, user, password)."""
-    parts = urlsplit(pg_url.replace("+psycopg2", ""))
-    port = parts.port or 5432
-    return f"jdbc:postgresql://{parts.hostname}:{port}{parts.path}", parts.username, parts.password
+    """A libpq DSN (a URL or key=value pairs) -> (jdbc:postgresql://host:port/db[?sslmode=..], user, password)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(pg_url.replace("+psycopg2", "", 1))
+    host = str(params.get("host") or "localhost")
+    if host.startswith("/"):
+        raise SparkSetupError(
+            f"Spark's JDBC driver reaches Postgres over TCP, not through the socket directory {host!r}: "
+            "give the DSN a host name or address"
+        )
+    user = params.get("user")
+    database = params.get("dbname") or user or "postgres"
+    query = f"?sslmode={params['sslmode']}" if params.get("sslmode") else ""
+    url = f"jdbc:postgresql://{host}:{params.get('port') or 5432}/{database}{query}"
+    return url, user, params.get("password")
 
 
 def default_driver_host(master: str) -> str | None:

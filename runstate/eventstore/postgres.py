@@ -53,6 +53,7 @@ from runstate.eventstore.contract import (
     StoredEvent,
     one_line,
 )
+from runstate.eventstore.feed import check_position
 from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_feed import listening
 from runstate.eventstore.pg_indexes import compact_run_keyed_indexes
@@ -298,6 +299,13 @@ class PostgresBackend(StoreBackend):
         params = {"after": after_position, "limit": limit, "other_xids": other_xids}
         return [stored_event(row) for row in conn.execute(_feed("feed"), params, binary=True).fetchall()]
 
+    def feed_bound(self, conn: psycopg.Connection, after_position: int, limit: int) -> tuple[int, int]:
+        """(how many events the feed's next page of `limit` holds, its last position): no row is read."""
+        other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
+        params = {"after": after_position, "limit": limit, "other_xids": other_xids}
+        count, last = conn.execute(_feed("feed_bound"), params).fetchone()
+        return int(count), int(last)
+
     def feed_waiter(self) -> AbstractContextManager[Callable[[float], None]]:
         return listening(self.datastore.conninfo, self.schema)
 
@@ -415,6 +423,18 @@ class PostgresEventStore(EventStore):
             **store_options,
         )
         self.partitions = self.backend.partitions
+
+    def feed_bound(self, after_position: int = 0, limit: int = 1000) -> tuple[int, int]:
+        """How many events `fetch_all(after_position, limit)` would return, and the position of its last
+        (`after_position` when none), without reading them: the run history's export bounds a batch so,
+        then reads its rows through Spark's JDBC source (every one of them has committed)."""
+        check_position(after_position, limit)
+        return self._read("bound the feed", lambda tx: self.backend.feed_bound(tx, after_position, limit))
+
+    def export_query(self) -> str:
+        """The query whose rows Spark's JDBC source reads for the run history (feed.sql's export_rows):
+        every event, with its columns as the lake keeps them, to be bounded by `position`."""
+        return _feed("export_rows")
 
 
 def open_store(datastore: PostgresDatastore, **options: Any) -> PostgresEventStore:

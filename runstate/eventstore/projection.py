@@ -10,9 +10,25 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from runstate.eventstore.contract import EventType, RunSnapshot, StepState, StoredEvent
+from runstate.eventstore.contract import EventType, RunSnapshot, StepState
+
+
+class FoldedEvent(Protocol):
+    """What the fold reads of an event: a StoredEvent, or a row of the run history holding these alone."""
+
+    @property
+    def run_seq(self) -> int: ...
+    @property
+    def event_type(self) -> str: ...
+    @property
+    def step_id(self) -> str | None: ...
+    @property
+    def emitted_at(self) -> datetime: ...
+    @property
+    def data(self) -> Any: ...
+
 
 _TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 # A step being folded is a list [status, attempts, started_at, completed_at, error] until the fold
@@ -20,7 +36,7 @@ _TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
 _STATUS, _ATTEMPTS, _STARTED, _COMPLETED, _ERROR = range(5)
 
 
-def fold(snapshot: RunSnapshot, events: Iterable[StoredEvent]) -> RunSnapshot:
+def fold(snapshot: RunSnapshot, events: Iterable[FoldedEvent]) -> RunSnapshot:
     """Apply `events` (run_seq ascending) to `snapshot`; returns a new snapshot."""
     state = _Mutable(snapshot)
     for event in events:
@@ -90,28 +106,28 @@ def _error_of(data: Any) -> Any:
     return data
 
 
-def _run_started(s: _Mutable, e: StoredEvent) -> None:
+def _run_started(s: _Mutable, e: FoldedEvent) -> None:
     s.set_run_status("RUNNING")
     if s.started_at is None:
         s.started_at = _utc(e.emitted_at)
 
 
-def _step_started(s: _Mutable, e: StoredEvent) -> None:
+def _step_started(s: _Mutable, e: FoldedEvent) -> None:
     step = s.step(e.step_id)
     step[:] = ["RUNNING", step[_ATTEMPTS] + 1, _utc(e.emitted_at), None, None]
     if s.status == "PENDING":
         s.set_run_status("RUNNING")
 
 
-def _step_completed(s: _Mutable, e: StoredEvent) -> None:
+def _step_completed(s: _Mutable, e: FoldedEvent) -> None:
     _finish_step(s, e, "SUCCESS", error=None)
 
 
-def _step_failed(s: _Mutable, e: StoredEvent) -> None:
+def _step_failed(s: _Mutable, e: FoldedEvent) -> None:
     _finish_step(s, e, "FAILED", error=_error_of(e.data))
 
 
-def _finish_step(s: _Mutable, e: StoredEvent, status: str, error: Any) -> None:
+def _finish_step(s: _Mutable, e: FoldedEvent, status: str, error: Any) -> None:
     step = s.step(e.step_id)
     step[_STATUS] = status
     step[_ATTEMPTS] = max(step[_ATTEMPTS], 1)
@@ -119,7 +135,7 @@ def _finish_step(s: _Mutable, e: StoredEvent, status: str, error: Any) -> None:
     step[_ERROR] = error
 
 
-def _step_retrying(s: _Mutable, e: StoredEvent) -> None:
+def _step_retrying(s: _Mutable, e: FoldedEvent) -> None:
     step = s.step(e.step_id)
     step[_STATUS] = "RETRYING"
     step[_ATTEMPTS] = max(step[_ATTEMPTS], 1)
@@ -127,21 +143,21 @@ def _step_retrying(s: _Mutable, e: StoredEvent) -> None:
         step[_ERROR] = _error_of(e.data)
 
 
-def _signal_waiting(s: _Mutable, e: StoredEvent) -> None:
+def _signal_waiting(s: _Mutable, e: FoldedEvent) -> None:
     s.set_run_status("WAITING")
 
 
-def _signal_received(s: _Mutable, e: StoredEvent) -> None:
+def _signal_received(s: _Mutable, e: FoldedEvent) -> None:
     if s.status == "WAITING":
         s.status = "RUNNING"
 
 
-def _artifact_emitted(s: _Mutable, e: StoredEvent) -> None:
+def _artifact_emitted(s: _Mutable, e: FoldedEvent) -> None:
     s.artifacts.append({"runSeq": e.run_seq, "stepId": e.step_id, "data": e.data})
 
 
-def _finisher(status: str) -> Callable[[_Mutable, StoredEvent], None]:
-    def finish(s: _Mutable, e: StoredEvent) -> None:
+def _finisher(status: str) -> Callable[[_Mutable, FoldedEvent], None]:
+    def finish(s: _Mutable, e: FoldedEvent) -> None:
         if s.status in _TERMINAL_STATUSES:
             return
         s.status = status
@@ -156,7 +172,7 @@ def _finisher(status: str) -> Callable[[_Mutable, StoredEvent], None]:
 # may skip decoding it (the append path's inline snapshot does).
 READS_DATA = frozenset({EventType.STEP_FAILED, EventType.STEP_RETRYING, EventType.ARTIFACT_EMITTED})
 
-_HANDLERS: dict[str, Callable[[_Mutable, StoredEvent], None]] = {
+_HANDLERS: dict[str, Callable[[_Mutable, FoldedEvent], None]] = {
     EventType.RUN_STARTED: _run_started,
     EventType.STEP_STARTED: _step_started,
     EventType.STEP_COMPLETED: _step_completed,

@@ -1,20 +1,24 @@
-"""Events and run rows as Arrow, and Arrow as Spark DataFrames: the one conversion both sides use.
+"""The history's columns, and its rows between Spark, Arrow and Python.
 
 Timestamps travel as Arrow `timestamp[us, UTC]` end to end (never through pandas, whose nanoseconds
-stop at 1677..2262 while the store keeps 0001..9999), JSON payloads as their text. A DataFrame is
-made from Arrow IPC payloads decoded inside the tasks (`mapInArrow`): the rows pass the driver once,
-as bytes, and the same code runs on a cluster (the payloads travel with the tasks).
+stop at 1677..2262 while the store keeps 0001..9999), JSON payloads as their text. Rows come back from
+Spark in Arrow batches (`collect_arrow`) and become Python values a column at a time. Rows made in
+Python (the runs table's) become a DataFrame from Arrow IPC payloads decoded inside the tasks
+(`mapInArrow`): they pass the driver once, as bytes, and the same code runs on a cluster.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from runstate.eventstore.contract import StoredEvent
+from runstate.eventstore.rows import row_to_event
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,21 +67,9 @@ def ddl(columns: Sequence[tuple[str, str]]) -> str:
 
 EVENT_DDL = ddl(EVENT_COLUMNS)
 RUNS_DDL = ddl(RUNS_COLUMNS)
-# StoredEvent's name of a column, where it differs.
-_EVENT_FIELD = {"event_data": "data"}
-_JSON_COLUMNS = ("event_data", "engine_run_ref")
-_TIMESTAMP_COLUMNS = ("emitted_at", "persisted_at")
-_INT_COLUMNS = ("run_seq", "position")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # One IPC payload (a task's share of a batch) stays under this size, so no task grows large.
 PAYLOAD_BYTES = 4 << 20
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def json_text(value: Any) -> str | None:
-    """A payload as the lake keeps it: canonical JSON text (None stays NULL)."""
-    if value is None:
-        return None
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _arrow_type(kind: str) -> pa.DataType:
@@ -103,52 +95,54 @@ def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
     return pa.schema([pa.field(name, _arrow_type(kind), "NOT NULL" not in kind) for name, kind in columns])
 
 
-def events_to_arrow(events: Sequence[StoredEvent]) -> pa.Table:
-    """The events as one Arrow table of EVENT_COLUMNS."""
+def events_from_arrow(table: pa.Table) -> list[StoredEvent]:
+    """StoredEvents from an Arrow table of EVENT_COLUMNS, built a column at a time."""
+    with collector_paused():
+        columns = [python_values(table.column(name)) for name, _ in EVENT_COLUMNS]
+        return [row_to_event(row, decode_json=json.loads) for row in zip(*columns, strict=True)]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while many acyclic objects are made: each full young generation
+    would scan them all again (about 40 % of the time of 200,000 rows' values)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def rows_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
+    """The rows of an Arrow table as dicts."""
+    columns = {name: python_values(table.column(name)) for name in table.column_names}
+    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
+
+
+def python_values(column: pa.ChunkedArray) -> list[Any]:
+    """A column's Python values; timestamps as UTC datetimes, whatever zone the reader gave them, made
+    from their epoch microseconds (six times faster than pyarrow's own conversion of zoned ones)."""
     import pyarrow as pa
 
-    values: dict[str, list[Any]] = {}
-    for name, _ in EVENT_COLUMNS:
-        field = _EVENT_FIELD.get(name, name)
-        column = [getattr(event, field) for event in events]
-        values[name] = [json_text(value) for value in column] if name in _JSON_COLUMNS else column
-    return pa.Table.from_pydict(values, schema=arrow_schema(EVENT_COLUMNS))
+    if not pa.types.is_timestamp(column.type):
+        return column.to_pylist()
+    micros = column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64()).to_pylist()
+    return [None if value is None else EPOCH + timedelta(microseconds=value) for value in micros]
 
 
-def event_from_mapping(row: dict[str, Any]) -> StoredEvent:
-    """A StoredEvent from a row of EVENT_COLUMNS (timestamps as datetimes or epoch microseconds)."""
-    fields = {_EVENT_FIELD.get(name, name): row[name] for name, _ in EVENT_COLUMNS}
-    for name in _JSON_COLUMNS:
-        field = _EVENT_FIELD.get(name, name)
-        fields[field] = json.loads(fields[field]) if fields[field] is not None else None
-    for name in _TIMESTAMP_COLUMNS:
-        fields[name] = utc(fields[name])
-    for name in _INT_COLUMNS:
-        fields[name] = int(fields[name])
-    return StoredEvent(**fields)
+def collect_arrow(frame: Any) -> pa.Table:
+    """A DataFrame's rows as one Arrow table, sent by the JVM in Arrow batches (no Row per row).
+    PySpark 3.5 names this private; 4.0 calls it `DataFrame.toArrow()`."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches(frame._collect_as_arrow(), schema=None) if frame.columns else pa.table({})
 
 
-def events_from_arrow(table: pa.Table) -> list[StoredEvent]:
-    return [event_from_mapping(row) for row in table.to_pylist()]
-
-
-def utc(value: datetime | int | None) -> datetime | None:
-    """A UTC datetime from an aware datetime or from epoch microseconds (how Spark rows carry them, since
-    PySpark turns a timestamp into a naive local time); None stays None."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.astimezone(UTC)
-    return EPOCH + timedelta(microseconds=int(value))
-
-
-def spark_select_list(columns: Sequence[tuple[str, str]], alias: str = "") -> str:
-    """The columns for a Spark SELECT whose rows are collected: timestamps as epoch microseconds."""
-    prefix = f"{alias}." if alias else ""
-    return ", ".join(
-        f"unix_micros({prefix}{name}) AS {name}" if kind.startswith("TIMESTAMP") else f"{prefix}{name}"
-        for name, kind in columns
-    )
+def utc(value: datetime | None) -> datetime | None:
+    """A UTC datetime from an aware datetime; None stays None."""
+    return value.astimezone(UTC) if value is not None else None
 
 
 def ipc_payloads(table: pa.Table, slices: int) -> list[bytes]:

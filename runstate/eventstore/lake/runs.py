@@ -3,7 +3,9 @@
 A row is the run as of its last exported event: the projection's status, start and completion, its
 first and last event time, how many events it has, the steps whose last attempt failed, its last seq,
 the position of its last event (`last_position`) and the projection itself (`snapshot`, the JSON that
-`RunSnapshot.to_dict()` gives). Rows are computed in the driver and MERGEd in one commit.
+`RunSnapshot.to_dict()` gives). A merge reads its range of run_events back in Arrow batches, folds each
+run's new events onto its stored row in the driver (the store's own projection), and MERGEs the rows
+in one commit.
 
 Why a merge is exactly-once even when it is killed, repeated or raced by another export:
 - a merge covers one range of the feed, (the table's position, end], read from run_events: a run's row
@@ -27,17 +29,18 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from runstate.eventstore.contract import RunSnapshot, StoredEvent
+from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.lake.arrow import (
-    EVENT_COLUMNS,
     RUNS_COLUMNS,
     RUNS_DDL,
     arrow_frame,
     arrow_schema,
-    event_from_mapping,
-    spark_select_list,
+    collect_arrow,
+    collector_paused,
+    python_values,
+    rows_from_arrow,
     utc,
 )
 from runstate.eventstore.lake.config import HistoryConfig
@@ -48,7 +51,44 @@ from runstate.eventstore.lake.tables import (
     runs_position,
     spark_errors,
 )
-from runstate.eventstore.projection import fold
+from runstate.eventstore.projection import FoldedEvent, fold
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+class FoldedRunEvent(FoldedEvent, Protocol):
+    """An event a run's row is folded from: the fold's fields, its run and its feed position."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def position(self) -> int | None: ...
+
+
+class RunEvent(NamedTuple):
+    """What a run's row is folded from: the columns of run_events that the projection and the row read
+    (a StoredEvent has them too)."""
+
+    run_id: str
+    run_seq: int
+    event_type: str
+    step_id: str | None
+    emitted_at: datetime
+    data: Any
+    position: int
+
+
+# The columns a merge reads back, in RunEvent's order (the lake names the payload `event_data`).
+_RUN_EVENT_SELECT = "run_id, run_seq, event_type, step_id, emitted_at, event_data, position"
+
+
+def run_events_from_arrow(table: pa.Table) -> list[RunEvent]:
+    """RunEvents from an Arrow table of _RUN_EVENT_SELECT's columns."""
+    with collector_paused():
+        columns = [python_values(column) for column in table.columns]
+        columns[5] = [None if text is None else json.loads(text) for text in columns[5]]
+        return list(map(RunEvent._make, zip(*columns, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -97,12 +137,12 @@ class RunRow:
         )
 
     @classmethod
-    def of(cls, run_id: str, events: Sequence[StoredEvent]) -> RunRow:
+    def of(cls, run_id: str, events: Sequence[FoldedRunEvent]) -> RunRow:
         """The row of a run from all its events (in seq order)."""
         return cls.fold_onto(None, run_id, events)
 
     @classmethod
-    def fold_onto(cls, row: RunRow | None, run_id: str, events: Sequence[StoredEvent]) -> RunRow:
+    def fold_onto(cls, row: RunRow | None, run_id: str, events: Sequence[FoldedRunEvent]) -> RunRow:
         """`row` advanced by `events` (seq order, every seq above the row's last seq)."""
         times = [utc(event.emitted_at) for event in events]
         base = row.snapshot if row else RunSnapshot.empty(run_id)
@@ -115,15 +155,17 @@ class RunRow:
         )
 
 
-def by_run(events: Iterable[StoredEvent]) -> dict[str, list[StoredEvent]]:
+def by_run(events: Iterable[FoldedRunEvent]) -> dict[str, list[FoldedRunEvent]]:
     """Each run's events in seq order."""
-    runs: dict[str, list[StoredEvent]] = defaultdict(list)
+    runs: dict[str, list[FoldedRunEvent]] = defaultdict(list)
     for event in events:
         runs[event.run_id].append(event)
     return {run_id: sorted(run, key=lambda e: e.run_seq) for run_id, run in runs.items()}
 
 
-def plan_rows(stored: dict[str, RunRow], new: dict[str, list[StoredEvent]]) -> tuple[list[RunRow], list[str]]:
+def plan_rows(
+    stored: dict[str, RunRow], new: dict[str, list[FoldedRunEvent]]
+) -> tuple[list[RunRow], list[str]]:
     """The rows folded from the stored ones, and the runs to fold again from all their events: those
     whose new events do not all come after their stored last seq."""
     rows, again = [], []
@@ -155,47 +197,53 @@ class RunsMerged:
         )
 
 
-def merge_runs(
-    spark: Any, config: HistoryConfig, batch: tuple[int, Sequence[StoredEvent]] | None = None
-) -> RunsMerged | None:
-    """Merge the next range of run_events into runs (None when runs has reached run_events).
+def merge_runs(spark: Any, config: HistoryConfig) -> RunsMerged | None:
+    """Merge run_events after the runs table's position into runs, in one commit; None when runs has
+    reached run_events.
 
-    `batch` is (after, events) of the export's own commit: when the range starts where it does, its
-    events are used as they are instead of being read back from the table."""
+    The range is read `batch_events` events at a time, each run's new events folded onto its row (the
+    stored one, read once, or the one this merge has folded so far), so an export that committed several
+    batches merges them in one MERGE. A merge stops early once it holds `batch_events` runs' rows."""
     started = time.perf_counter()
     snapshot_id, reached = events_position(spark, config)
-    position = runs_position(spark, config)
+    start = position = runs_position(spark, config)
     if position >= reached:
         return None
-    if batch is not None and batch[0] == position and batch[1]:
-        events = list(batch[1])
-    else:
+    folded: dict[str, RunRow] = {}
+    folded_again = 0
+    while position < reached and len(folded) < config.batch_events:
         events = _events_after(spark, config, snapshot_id, position)
-    if not events:
-        raise HistoryError(
-            f"{config.events_table} records position {reached} but holds no event after {position}: "
-            "its rows or its snapshot summaries were changed outside the export"
-        )
-    end = events[-1].position
-    new = by_run(events)
-    stored = _stored_rows(spark, config, list(new)) if position else {}
-    rows, again = plan_rows(stored, new)
-    if again:
-        full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
-        rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
-    merge_rows(spark, config, rows)
-    record_runs_position(spark, config, end)
-    return RunsMerged(config.runs_table, position, end, len(rows), len(again), time.perf_counter() - started)
+        if not events:
+            raise HistoryError(
+                f"{config.events_table} records position {reached} but holds no event after {position}: "
+                "its rows or its snapshot summaries were changed outside the export"
+            )
+        position = events[-1].position
+        new = by_run(events)
+        unseen = [run_id for run_id in new if run_id not in folded]
+        if start and unseen:
+            folded.update(_stored_rows(spark, config, unseen))
+        rows, again = plan_rows(folded, new)
+        if again:
+            full = by_run(_events_of_runs(spark, config, snapshot_id, again, position))
+            rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
+            folded_again += len(again)
+        folded.update((row.run_id, row) for row in rows)
+    merge_rows(spark, config, list(folded.values()))
+    record_runs_position(spark, config, position)
+    return RunsMerged(
+        config.runs_table, start, position, len(folded), folded_again, time.perf_counter() - started
+    )
 
 
-def _events_after(spark: Any, config: HistoryConfig, snapshot_id: int, position: int) -> list[StoredEvent]:
-    """The next batch of exported events after `position` (an earlier export's, whose merge never ran)."""
+def _events_after(spark: Any, config: HistoryConfig, snapshot_id: int, position: int) -> list[RunEvent]:
+    """The next `batch_events` exported events after `position`, in position order."""
     query = (
-        f"SELECT {spark_select_list(EVENT_COLUMNS)} FROM {config.events_table} VERSION AS OF {snapshot_id} "
+        f"SELECT {_RUN_EVENT_SELECT} FROM {config.events_table} VERSION AS OF {snapshot_id} "
         f"WHERE position > {int(position)} ORDER BY position LIMIT {int(config.batch_events)}"
     )
     with spark_errors(config.events_table, "read"):
-        return [event_from_mapping(row.asDict()) for row in spark.sql(query).collect()]
+        return run_events_from_arrow(collect_arrow(spark.sql(query)))
 
 
 def _ids_view(spark: Any, run_ids: list[str]) -> str:
@@ -206,29 +254,26 @@ def _ids_view(spark: Any, run_ids: list[str]) -> str:
 
 def _stored_rows(spark: Any, config: HistoryConfig, run_ids: list[str]) -> dict[str, RunRow]:
     view = _ids_view(spark, run_ids)
-    query = (
-        f"SELECT {spark_select_list(RUNS_COLUMNS, 'r')} FROM {config.runs_table} r "
-        f"LEFT SEMI JOIN {view} i ON r.run_id = i.run_id"
-    )
+    query = f"SELECT r.* FROM {config.runs_table} r LEFT SEMI JOIN {view} i ON r.run_id = i.run_id"
     try:
         with spark_errors(config.runs_table, "read"):
-            return {row.run_id: RunRow.from_columns(row.asDict()) for row in spark.sql(query).collect()}
+            rows = rows_from_arrow(collect_arrow(spark.sql(query)))
+        return {row["run_id"]: RunRow.from_columns(row) for row in rows}
     finally:
         spark.catalog.dropTempView(view)
 
 
 def _events_of_runs(
     spark: Any, config: HistoryConfig, snapshot_id: int, run_ids: list[str], end: int
-) -> list[StoredEvent]:
+) -> list[RunEvent]:
     view = _ids_view(spark, run_ids)
     query = (
-        f"SELECT {spark_select_list(EVENT_COLUMNS, 'e')} FROM {config.events_table} "
-        f"VERSION AS OF {snapshot_id} e LEFT SEMI JOIN {view} i ON e.run_id = i.run_id "
-        f"WHERE e.position <= {int(end)}"
+        f"SELECT {_RUN_EVENT_SELECT} FROM {config.events_table} VERSION AS OF {snapshot_id} e "
+        f"LEFT SEMI JOIN {view} i ON e.run_id = i.run_id WHERE position <= {int(end)}"
     )
     try:
         with spark_errors(config.events_table, "read"):
-            return [event_from_mapping(row.asDict()) for row in spark.sql(query).collect()]
+            return run_events_from_arrow(collect_arrow(spark.sql(query)))
     finally:
         spark.catalog.dropTempView(view)
 

@@ -16,13 +16,7 @@ import pytest
 
 from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, PostgresEventStore, StoredEvent
 from runstate.eventstore.lake import HistoryConfig, export_history
-from runstate.eventstore.lake.arrow import (
-    EVENT_COLUMNS,
-    RUNS_COLUMNS,
-    event_from_mapping,
-    spark_select_list,
-    utc,
-)
+from runstate.eventstore.lake.arrow import collect_arrow, events_from_arrow, rows_from_arrow
 from runstate.eventstore.lake.tables import events_position
 from runstate_tests.conftest import drop_iceberg_table
 
@@ -89,23 +83,18 @@ def feed_from_start(store: Any, page: int = 1000) -> list[StoredEvent]:
 
 
 def lake_events(spark: Any, config: HistoryConfig) -> list[StoredEvent]:
-    rows = spark.sql(
-        f"SELECT {spark_select_list(EVENT_COLUMNS)} FROM {config.events_table} ORDER BY position"
-    ).collect()
-    return [event_from_mapping(row.asDict()) for row in rows]
+    return events_from_arrow(
+        collect_arrow(spark.sql(f"SELECT * FROM {config.events_table} ORDER BY position"))
+    )
 
 
 def lake_runs(spark: Any, config: HistoryConfig) -> dict[str, dict[str, Any]]:
     """The runs table as stored, column for column (timestamps as UTC datetimes, the snapshot decoded)."""
-    rows = spark.sql(f"SELECT {spark_select_list(RUNS_COLUMNS)} FROM {config.runs_table}").collect()
+    rows = rows_from_arrow(collect_arrow(spark.sql(f"SELECT * FROM {config.runs_table}")))
     runs = {}
-    for row in rows:
-        columns = row.asDict()
-        for name, kind in RUNS_COLUMNS:
-            if kind.startswith("TIMESTAMP"):
-                columns[name] = utc(columns[name])
+    for columns in rows:
         columns["snapshot"] = json.loads(columns["snapshot"])
-        runs[row.run_id] = columns
+        runs[columns["run_id"]] = columns
     assert len(runs) == len(rows), "one row per run"
     return runs
 

@@ -13,6 +13,7 @@ from runstate.eventstore import NewEvent
 from runstate.eventstore.lake import FeedRefused, HistoryConflict, export_history
 from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.reader import HistoryCatalog, table_position
+from runstate.eventstore.lake.source import next_range
 from runstate.eventstore.lake.tables import ensure_tables, events_position
 from runstate.eventstore.validation import EARLIEST_EMITTED_AT, LATEST_EMITTED_AT
 
@@ -65,13 +66,13 @@ def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_s
     append_randomly(own_store, random.Random(9), runs=3, appends=5)
     ensure_tables(spark, history)
     snapshot_id, after = events_position(spark, history)
-    events = own_store.fetch_all(after, 1000)
-    commit_events(spark, history, snapshot_id, after, events)  # the export that won
+    batch = next_range(own_store, after, 1000)
+    commit_events(spark, own_store, history, snapshot_id, batch)  # the export that won
 
     with pytest.raises(HistoryConflict, match="another export committed while this one ran"):
-        commit_events(spark, history, snapshot_id, after, events)  # one that read the same position
+        commit_events(spark, own_store, history, snapshot_id, batch)  # one that read the same position
 
-    assert lake_events(spark, history) == events
+    assert lake_events(spark, history) == own_store.fetch_all(after, 1000)
 
 
 def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
@@ -80,11 +81,11 @@ def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, 
     snapshot_id, after = events_position(spark, history)
     spark.sql(
         f"CALL lake.system.rewrite_data_files(table => '{history.namespace}.run_events', "
-        "options => map('min-input-files', '1'))"
+        "options => map('min-input-files', '1', 'rewrite-all', 'true'))"
     ).collect()
     append_randomly(own_store, random.Random(11), runs=3, appends=3)
 
-    commit_events(spark, history, snapshot_id, after, own_store.fetch_all(after, 1000))
+    commit_events(spark, own_store, history, snapshot_id, next_range(own_store, after, 1000))
 
     assert lake_events(spark, history) == feed_from_start(own_store)
 
@@ -97,7 +98,7 @@ def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
     reached = feed_from_start(own_store)[-1].position
     table = f"{history.namespace}.run_events"
     spark.sql(
-        f"CALL lake.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '1'))"
+        f"CALL lake.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '1', 'rewrite-all', 'true'))"
     )
     now = datetime.now(UTC) + timedelta(seconds=1)
     spark.sql(
@@ -126,6 +127,39 @@ def test_timestamps_at_both_ends_of_what_the_store_keeps_round_trip(spark, own_s
     exported_to_the_end(spark, own_store, history)
 
     assert_lake_equals_feed(spark, own_store, history)
+
+
+def test_every_kind_of_key_payload_and_archived_event_round_trips(spark, own_store, history):
+    """The JDBC read converts on the server: the key bytes back to the API's text (a hex key, a text key
+    of exactly 32 bytes, which carries a marker byte, any other text), jsonb to its text, UUIDs to text;
+    and it reads archived events as well as live ones."""
+    keys = ("ab" * 32, "k" * 32, "é-ключ-" + "x" * 20, "short")
+    for index, key in enumerate(keys):
+        own_store.append(
+            NewEvent(
+                run_id="keys",
+                event_type="StepFailed",
+                step_id="s",
+                emitted_at=datetime(2026, 3, 1, tzinfo=UTC) + timedelta(seconds=index),
+                data={"error": {"text": "naïve ✓", "n": [1, 2.5, None, True]}, "k": index},
+                idempotency_key=key,
+                engine_run_ref={"dagster_run": "abc"},
+                caused_by_signal_id=None if index else "00000000-0000-4000-8000-000000000001",
+            )
+        )
+    own_store.append(
+        NewEvent(run_id="old", event_type="RunStarted", emitted_at=datetime(2020, 1, 1, tzinfo=UTC))
+    )
+    own_store.append(
+        NewEvent(run_id="old", event_type="RunCompleted", emitted_at=datetime(2020, 1, 2, tzinfo=UTC))
+    )
+    assert own_store.archive(0, now=datetime.now(UTC) + timedelta(days=1)) == 2  # the events of "old"
+
+    exported_to_the_end(spark, own_store, history)
+
+    lake = assert_lake_equals_feed(spark, own_store, history)
+    assert [event.idempotency_key for event in lake if event.run_id == "keys"] == list(keys)
+    assert {event.run_id for event in lake} == {"keys", "old"}
 
 
 def test_a_snowflake_store_is_refused_before_anything_is_created(spark, sf_store, history):
