@@ -137,10 +137,10 @@ class Settings:
     # At most this many Spark sessions at once across all runs: the Dagster pool `runstate_spark`'s limit.
     spark_sessions: int = 2
     # The run history in the lake: its namespace (`lake.<namespace>.run_events` and `.runs`), the most
-    # events one Iceberg commit takes, how often run_history_sensor looks at the feed, and the lag
-    # (events, minutes) beyond which the run_history_lag check fails.
+    # events one Iceberg commit (and one read of a runs merge) takes, how often run_history_sensor looks
+    # at the feed, and the lag (events, minutes) beyond which the run_history_lag check fails.
     history_namespace: str = "runstate"
-    history_batch_events: int = 50_000
+    history_batch_events: int = 100_000
     history_export_interval_s: int = 60
     history_max_lag_events: int = 10_000
     history_max_lag_minutes: int = 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -165,6 +166,36 @@ def test_a_transaction_open_in_another_database_does_not_hold_the_feed_back(pg_s
         pg_store.append(ev("r2", "B"))
 
         assert [e.run_id for e in pg_store.fetch_all()] == ["r1", "r2"]
+
+
+def test_feed_bound_counts_the_page_fetch_all_returns_without_reading_it(pg_store):
+    """The run history's export bounds a batch with feed_bound, then reads it through Spark: the count and
+    the last position must be fetch_all's, archived events included, and an open transaction that wrote
+    events holds both back alike (its events and every later one)."""
+    for i in range(4):
+        pg_store.append_batch(
+            f"run-{i}", [ev(f"run-{i}", "RunStarted", key=f"s{i}"), ev(f"run-{i}", "RunCompleted", 1)]
+        )
+    assert pg_store.archive(0, now=datetime.now(UTC) + timedelta(days=1)) == 8  # all in run_events_archive
+    pg_store.append(ev("live", "RunStarted"))
+
+    def agrees(after: int, limit: int) -> tuple[int, int]:
+        page = pg_store.fetch_all(after, limit)
+        bound = pg_store.feed_bound(after, limit)
+        assert bound == (len(page), page[-1].position if page else after)
+        return bound
+
+    assert agrees(0, 100)[0] == 9
+    three = agrees(0, 3)
+    assert three[0] == 3 and agrees(three[1], 100)[0] == 6
+    with psycopg.connect(pg_store.datastore.conninfo, autocommit=True) as conn, conn.transaction():
+        _raw_append(pg_store, conn, "open", [ev("open", "RunStarted", key="open-0")])
+        pg_store.append(ev("after-open", "RunStarted"))
+        assert agrees(0, 100)[0] == 9  # neither the open one's event nor the later one
+    assert agrees(0, 100)[0] == 11
+    assert agrees(agrees(0, 100)[1], 10) == (0, agrees(0, 100)[1])
+    with pytest.raises(InvalidEvent):
+        pg_store.feed_bound(-1, 10)
 
 
 def test_a_lost_notification_only_delays_the_subscriber(pg_store, pg_database, pg_schema):

@@ -101,12 +101,14 @@ def export_history(
     (`once`: one batch), then merge runs up to the position reached; yields each commit as it lands."""
     check_feed(feed)
     ensure_tables(spark, config)
+    committed: list[tuple[int, int]] = []
     while True:
         snapshot_id, after = events_position(spark, config)
         batch = next_range(feed, after, config.batch_events)
         if batch is not None:
             yield commit_events(spark, feed, config, snapshot_id, batch)
+            committed.append((batch.after, batch.upto))
         if once or batch is None or batch.events < config.batch_events:
             break
-    while (merged := merge_runs(spark, config)) is not None:
+    while (merged := merge_runs(spark, config, committed)) is not None:
         yield merged

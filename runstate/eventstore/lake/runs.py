@@ -51,7 +51,7 @@ from runstate.eventstore.lake.tables import (
     runs_position,
     spark_errors,
 )
-from runstate.eventstore.projection import FoldedEvent, fold
+from runstate.eventstore.projection import READS_DATA, FoldedEvent, fold
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,7 +68,8 @@ class FoldedRunEvent(FoldedEvent, Protocol):
 
 class RunEvent(NamedTuple):
     """What a run's row is folded from: the columns of run_events that the projection and the row read
-    (a StoredEvent has them too)."""
+    (a StoredEvent has them too). `data` is decoded only for the event types whose fold reads it
+    (projection.READS_DATA), None for the rest, as the append path's hints do."""
 
     run_id: str
     run_seq: int
@@ -79,8 +80,13 @@ class RunEvent(NamedTuple):
     position: int
 
 
-# The columns a merge reads back, in RunEvent's order (the lake names the payload `event_data`).
-_RUN_EVENT_SELECT = "run_id, run_seq, event_type, step_id, emitted_at, event_data, position"
+# The columns a merge reads back, in RunEvent's order; the payload only where the fold reads it (the
+# event types are the projection's constants).
+_READS_DATA_SQL = ", ".join(f"'{event_type}'" for event_type in sorted(READS_DATA))
+_RUN_EVENT_SELECT = (
+    "run_id, run_seq, event_type, step_id, emitted_at, "
+    f"CASE WHEN event_type IN ({_READS_DATA_SQL}) THEN event_data END AS event_data, position"
+)
 
 
 def run_events_from_arrow(table: pa.Table) -> list[RunEvent]:
@@ -197,38 +203,38 @@ class RunsMerged:
         )
 
 
-def merge_runs(spark: Any, config: HistoryConfig) -> RunsMerged | None:
+def merge_runs(
+    spark: Any, config: HistoryConfig, committed: Sequence[tuple[int, int]] = ()
+) -> RunsMerged | None:
     """Merge run_events after the runs table's position into runs, in one commit; None when runs has
     reached run_events.
 
-    The range is read `batch_events` events at a time, each run's new events folded onto its row (the
-    stored one, read once, or the one this merge has folded so far), so an export that committed several
-    batches merges them in one MERGE. A merge stops early once it holds `batch_events` runs' rows."""
+    The range is read a chunk of at most `batch_events` events at a time, each run's new events folded
+    onto its row (the stored one, read once, or the one this merge has folded so far), so an export that
+    committed several batches merges them in one MERGE. `committed` holds the (after, upto) positions of
+    those batches: a chunk that is one of them is read by its bounds, without a sort. A merge stops early
+    once it holds `batch_events` runs' rows."""
     started = time.perf_counter()
     snapshot_id, reached = events_position(spark, config)
     start = position = runs_position(spark, config)
     if position >= reached:
         return None
+    bounds = dict(committed)
     folded: dict[str, RunRow] = {}
     folded_again = 0
     while position < reached and len(folded) < config.batch_events:
-        events = _events_after(spark, config, snapshot_id, position)
-        if not events:
-            raise HistoryError(
-                f"{config.events_table} records position {reached} but holds no event after {position}: "
-                "its rows or its snapshot summaries were changed outside the export"
-            )
-        position = events[-1].position
+        events, end = _next_chunk(spark, config, snapshot_id, position, bounds.get(position))
         new = by_run(events)
         unseen = [run_id for run_id in new if run_id not in folded]
         if start and unseen:
             folded.update(_stored_rows(spark, config, unseen))
         rows, again = plan_rows(folded, new)
         if again:
-            full = by_run(_events_of_runs(spark, config, snapshot_id, again, position))
+            full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
             rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
             folded_again += len(again)
         folded.update((row.run_id, row) for row in rows)
+        position = end
     merge_rows(spark, config, list(folded.values()))
     record_runs_position(spark, config, position)
     return RunsMerged(
@@ -236,14 +242,24 @@ def merge_runs(spark: Any, config: HistoryConfig) -> RunsMerged | None:
     )
 
 
-def _events_after(spark: Any, config: HistoryConfig, snapshot_id: int, position: int) -> list[RunEvent]:
-    """The next `batch_events` exported events after `position`, in position order."""
-    query = (
-        f"SELECT {_RUN_EVENT_SELECT} FROM {config.events_table} VERSION AS OF {snapshot_id} "
-        f"WHERE position > {int(position)} ORDER BY position LIMIT {int(config.batch_events)}"
-    )
+def _next_chunk(
+    spark: Any, config: HistoryConfig, snapshot_id: int, position: int, upto: int | None
+) -> tuple[list[RunEvent], int]:
+    """The exported events after `position` up to `upto` when that is known, else the next
+    `batch_events` of them in position order; and the position they reach."""
+    if upto is not None:
+        where = f"position > {int(position)} AND position <= {int(upto)}"
+    else:
+        where = f"position > {int(position)} ORDER BY position LIMIT {int(config.batch_events)}"
+    query = f"SELECT {_RUN_EVENT_SELECT} FROM {config.events_table} VERSION AS OF {snapshot_id} WHERE {where}"
     with spark_errors(config.events_table, "read"):
-        return run_events_from_arrow(collect_arrow(spark.sql(query)))
+        events = run_events_from_arrow(collect_arrow(spark.sql(query)))
+    if not events:
+        raise HistoryError(
+            f"{config.events_table} records a position above {position} but holds no event after it: "
+            "its rows or its snapshot summaries were changed outside the export"
+        )
+    return events, upto if upto is not None else events[-1].position
 
 
 def _ids_view(spark: Any, run_ids: list[str]) -> str:

@@ -98,7 +98,8 @@ def test_the_position_outlives_compaction_and_expiry_of_the_export_snapshots(
     reached = feed_from_start(own_store)[-1].position
     table = f"{history.namespace}.run_events"
     spark.sql(
-        f"CALL lake.system.rewrite_data_files(table => '{table}', options => map('min-input-files', '1', 'rewrite-all', 'true'))"
+        f"CALL lake.system.rewrite_data_files(table => '{table}', "
+        "options => map('min-input-files', '1', 'rewrite-all', 'true'))"
     )
     now = datetime.now(UTC) + timedelta(seconds=1)
     spark.sql(
