@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from runstate.config import Settings
-from runstate.spark import CATALOG, SparkSettings, spark_config
+from runstate.spark import CATALOG, SparkSettings, SparkSetupError, jdbc_url, spark_config
 
 
 @pytest.mark.spark
@@ -147,3 +147,32 @@ def test_a_driver_host_that_is_a_url_is_refused():
 
     with pytest.raises(ConfigError, match="RUNSTATE_SPARK_DRIVER_HOST must be a host name or address"):
         Settings.from_env({"RUNSTATE_SPARK_DRIVER_HOST": "http://10.1.2.3"})
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        (
+            "postgresql://app:s3cret@db.internal:6432/runstate",
+            ("jdbc:postgresql://db.internal:6432/runstate", "app", "s3cret"),
+        ),
+        (
+            "postgresql+psycopg2://u@h/d?sslmode=require",
+            ("jdbc:postgresql://h:5432/d?sslmode=require", "u", None),
+        ),
+        (
+            "host=10.0.0.5 port=5433 dbname=events user=ops password=p%40ss",
+            ("jdbc:postgresql://10.0.0.5:5433/events", "ops", "p%40ss"),
+        ),
+        ("postgresql://ops@localhost", ("jdbc:postgresql://localhost:5432/ops", "ops", None)),
+    ],
+)
+def test_a_dsn_in_either_libpq_form_becomes_the_jdbc_url_spark_reads_postgres_with(dsn, expected):
+    assert jdbc_url(dsn) == expected
+
+
+def test_a_dsn_through_a_unix_socket_is_refused_for_spark_with_a_clear_error():
+    with pytest.raises(
+        SparkSetupError, match="over TCP, not through the socket directory '/var/run/postgresql'"
+    ):
+        jdbc_url("host=/var/run/postgresql dbname=runstate")
