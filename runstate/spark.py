@@ -140,6 +140,8 @@ class SparkSettings:
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "4",
             "spark.sql.session.timeZone": "UTC",
+            # createDataFrame(pandas) sends Arrow batches to the JVM rather than a Row per row.
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
             **self.catalog_conf(),
         }
         conf.update(self.extra_conf)

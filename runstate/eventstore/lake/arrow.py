@@ -2,16 +2,14 @@
 
 Timestamps travel as Arrow `timestamp[us, UTC]` end to end (never through pandas, whose nanoseconds
 stop at 1677..2262 while the store keeps 0001..9999), JSON payloads as their text. Rows come back from
-Spark in Arrow batches (`collect_arrow`) and become Python values a column at a time. Rows made in
-Python (the runs table's) become a DataFrame from Arrow IPC payloads decoded inside the tasks
-(`mapInArrow`): they pass the driver once, as bytes, and the same code runs on a cluster.
+Spark in Arrow batches (`collect_arrow`) and become Python values a column at a time; rows made in
+Python (the runs table's) go to Spark in Arrow batches too (`arrow_frame`).
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -68,8 +66,8 @@ def ddl(columns: Sequence[tuple[str, str]]) -> str:
 EVENT_DDL = ddl(EVENT_COLUMNS)
 RUNS_DDL = ddl(RUNS_COLUMNS)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# One IPC payload (a task's share of a batch) stays under this size, so no task grows large.
-PAYLOAD_BYTES = 4 << 20
+# The suffix of a timestamp column sent to Spark as epoch microseconds.
+_MICROS = "_us"
 
 
 def _arrow_type(kind: str) -> pa.DataType:
@@ -145,33 +143,23 @@ def utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC) if value is not None else None
 
 
-def ipc_payloads(table: pa.Table, slices: int) -> list[bytes]:
-    """The table cut into at least `slices` Arrow IPC streams of at most about PAYLOAD_BYTES each."""
+def arrow_frame(spark: Any, table: pa.Table, columns: Sequence[tuple[str, str]]) -> Any:
+    """A DataFrame of `columns` holding the Arrow table's rows, sent to the JVM in Arrow batches (Spark's
+    pandas bridge): the source of a MERGE is then in the JVM, read again at no cost. Timestamps cross as
+    epoch microseconds (pandas would cut them to 1677..2262) and integers as objects (a NULL would make a
+    column of floats)."""
     import pyarrow as pa
 
-    count = max(slices, math.ceil(table.nbytes / PAYLOAD_BYTES), 1)
-    rows = max(1, math.ceil(table.num_rows / count))
-    payloads = []
-    for offset in range(0, table.num_rows, rows):
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table.slice(offset, rows))
-        payloads.append(sink.getvalue().to_pybytes())
-    return payloads
-
-
-def decode_payloads(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The `mapInArrow` function: rows of IPC payloads in, the record batches they hold out."""
-    import pyarrow as pa
-
-    for batch in batches:
-        for payload in batch.column(0).to_pylist():
-            with pa.ipc.open_stream(payload) as reader:
-                yield from reader
-
-
-def arrow_frame(spark: Any, table: pa.Table, ddl: str) -> Any:
-    """A DataFrame of `ddl` holding the Arrow table's rows, one slice per core (or per PAYLOAD_BYTES)."""
-    payloads = ipc_payloads(table, spark.sparkContext.defaultParallelism)
-    source = spark.createDataFrame([(bytearray(payload),) for payload in payloads], "payload BINARY")
-    return source.mapInArrow(decode_payloads, ddl)
+    sent, ddl, select = {}, [], []
+    for name, kind in columns:
+        column, kind = table.column(name), kind.replace(" NOT NULL", "")
+        if kind == "TIMESTAMP":
+            sent[name + _MICROS] = column.cast(pa.int64())
+            ddl.append(f"{name}{_MICROS} BIGINT")
+            select.append(f"timestamp_micros({name}{_MICROS}) AS {name}")
+        else:
+            sent[name] = column
+            ddl.append(f"{name} {kind}")
+            select.append(name)
+    rows = pa.table(sent).to_pandas(integer_object_nulls=True)
+    return spark.createDataFrame(rows, ", ".join(ddl)).selectExpr(*select)

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.lake.arrow import (
     RUNS_COLUMNS,
-    RUNS_DDL,
     arrow_frame,
     arrow_schema,
     collect_arrow,
@@ -300,7 +299,7 @@ def merge_rows(spark: Any, config: HistoryConfig, rows: list[RunRow]) -> None:
 
     table = pa.Table.from_pylist([row.columns() for row in rows], schema=arrow_schema(RUNS_COLUMNS))
     view = f"runstate_runs_{uuid.uuid4().hex}"
-    arrow_frame(spark, table, RUNS_DDL).createOrReplaceTempView(view)
+    arrow_frame(spark, table, RUNS_COLUMNS).createOrReplaceTempView(view)
     try:
         with spark_errors(config.runs_table, "merge into"):
             spark.sql(
