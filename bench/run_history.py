@@ -8,13 +8,14 @@ Prints ONE JSON line:
   each part), insert_events_per_s (the same rows, cached in Spark, written by `INSERT INTO` into a table
   of the same schema and partitioning: the floor of any write of them), export_over_insert (goal: at
   least 0.7), commits_over_insert (run_events alone), and commits_over_jdbc_copy (beside a CREATE TABLE AS
-  SELECT of run_events as Spark's JDBC source reads it: the raw floor of a copy out of Postgres);
+  SELECT of run_events as Spark's JDBC source reads it: the raw floor of a copy out of Postgres); each
+  the median of --rounds exports of the whole feed, each into tables of its own, beside its baselines;
 - --lag: lag_p50_s, lag_p99_s and lag_max_s of --lag-appends events appended --lag-every seconds apart,
   each from its append until pyiceberg reads the lake at or past its feed position, beside
   goal_p99_s = 2 x RUNSTATE_HISTORY_EXPORT_INTERVAL_S (--interval).
 Both record the 1-minute load at start and end; "quiet" is false when it was above 1.0 at the start.
 
-Usage: python bench/run_history.py [--events N --runs N --batch-events N]
+Usage: python bench/run_history.py [--events N --runs N --batch-events N --rounds N]
        python bench/run_history.py --lag [--interval S --lag-appends N --lag-every S]
 """
 
@@ -25,6 +26,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -67,13 +69,14 @@ def load_events(store: Any, events: int, runs: int, seed: int = 7) -> None:
 
 def export_vs_insert(args: argparse.Namespace) -> dict[str, Any]:
     from runstate.eventstore import PostgresEventStore
-    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, export_history
+    from runstate.eventstore.lake import HistoryConfig, export_history
     from runstate.eventstore.lake.arrow import EVENT_DDL
     from runstate.spark import SparkSettings, build_session
 
     name, dsn = create_database(ADMIN_URL)
     warehouse = Path(tempfile.mkdtemp(prefix="runstate-bench-lake-"))
     store = PostgresEventStore(dsn, schema="runstate")
+    batch_events = args.batch_events or HistoryConfig.batch_events
     try:
         store.ensure_schema()
         load_events(store, args.events, args.runs)
@@ -81,51 +84,62 @@ def export_vs_insert(args: argparse.Namespace) -> dict[str, Any]:
             SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="bench-run-history")
         )
         spark.sparkContext.setLogLevel("ERROR")
-        # Warm the JVM on both paths (a first Spark job pays for class loading and the JIT).
+        # Warm the JVM on every path (a first Spark job pays for class loading and the JIT).
         warm = HistoryConfig(namespace="bench_warm", batch_events=1000)
         list(export_history(spark, store, warm, once=True))
         _insert(spark, warm.events_table, "lake.bench_warm.copy", EVENT_DDL)
         _jdbc_copy(spark, dsn, "lake.bench_warm.raw_copy")
-
-        history = HistoryConfig(
-            namespace="bench", batch_events=args.batch_events or HistoryConfig.batch_events
-        )
-        began = time.perf_counter()
-        steps = list(export_history(spark, store, history))
-        export_s = time.perf_counter() - began
-        commits = [step for step in steps if isinstance(step, EventsCommitted)]
-        exported = sum(step.events for step in commits)
-        insert_s = _insert(spark, history.events_table, "lake.bench.bare_insert", EVENT_DDL)
-        jdbc_s = _jdbc_copy(spark, dsn, "lake.bench.raw_copy")
+        rounds = [_round(spark, store, dsn, batch_events, n) for n in range(args.rounds)]
         spark.stop()
     finally:
         store.close()
         drop_database(ADMIN_URL, name)
         shutil.rmtree(warehouse, ignore_errors=True)
-    export_eps, insert_eps = exported / export_s, exported / insert_s
-    commit_s = sum(step.seconds for step in commits)
-    merge_s = sum(step.seconds for step in steps if not isinstance(step, EventsCommitted))
+    median = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    exported = median["events"]
     return {
         "events": exported,
         "runs": args.runs,
-        "batch_events": history.batch_events,
-        "commits": len(commits),
-        "export_s": round(export_s, 2),
-        "events_commit_s": round(commit_s, 2),
-        "runs_merge_s": round(merge_s, 2),
+        "batch_events": batch_events,
+        "rounds": args.rounds,
+        "commits": median["commits"],
+        "export_s": round(median["export_s"], 2),
+        "events_commit_s": round(median["commit_s"], 2),
+        "runs_merge_s": round(median["merge_s"], 2),
         # The rest: the feed's bounds and the tables' positions.
-        "bounds_and_positions_s": round(export_s - commit_s - merge_s, 2),
-        "export_events_per_s": round(export_eps),
-        "insert_s": round(insert_s, 2),
-        "insert_events_per_s": round(insert_eps),
-        "export_over_insert": round(export_eps / insert_eps, 3),
+        "bounds_and_positions_s": round(median["export_s"] - median["commit_s"] - median["merge_s"], 2),
+        "export_events_per_s": round(exported / median["export_s"]),
+        "insert_s": round(median["insert_s"], 2),
+        "insert_events_per_s": round(exported / median["insert_s"]),
+        "export_over_insert": round(median["insert_s"] / median["export_s"], 3),
         "goal": 0.7,
         # run_events alone (the commits, without the runs merge) against the same insert.
-        "commits_over_insert": round(insert_s / commit_s, 3),
-        # The raw floor of any copy from Postgres: Spark's JDBC source on run_events as it is (key bytes,
-        # no conversion), written by CREATE TABLE AS SELECT.
-        "jdbc_copy_s": round(jdbc_s, 2),
-        "commits_over_jdbc_copy": round(jdbc_s / commit_s, 3),
+        "commits_over_insert": round(median["insert_s"] / median["commit_s"], 3),
+        # The raw floor of any copy out of Postgres: Spark's JDBC source on run_events as it is (key
+        # bytes, no conversion), written by CREATE TABLE AS SELECT.
+        "jdbc_copy_s": round(median["jdbc_s"], 2),
+        "commits_over_jdbc_copy": round(median["jdbc_s"] / median["commit_s"], 3),
+    }
+
+
+def _round(spark: Any, store: Any, dsn: str, batch_events: int, n: int) -> dict[str, float]:
+    """One export of the whole feed into a namespace of its own, then the two baselines of it; seconds."""
+    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, export_history
+    from runstate.eventstore.lake.arrow import EVENT_DDL
+
+    history = HistoryConfig(namespace=f"bench_{n}", batch_events=batch_events)
+    began = time.perf_counter()
+    steps = list(export_history(spark, store, history))
+    export_s = time.perf_counter() - began
+    commits = [step for step in steps if isinstance(step, EventsCommitted)]
+    return {
+        "events": sum(step.events for step in commits),
+        "commits": len(commits),
+        "export_s": export_s,
+        "commit_s": sum(step.seconds for step in commits),
+        "merge_s": sum(step.seconds for step in steps if not isinstance(step, EventsCommitted)),
+        "insert_s": _insert(spark, history.events_table, f"lake.bench_{n}.bare_insert", EVENT_DDL),
+        "jdbc_s": _jdbc_copy(spark, dsn, f"lake.bench_{n}.raw_copy"),
     }
 
 
@@ -231,6 +245,7 @@ def main() -> None:
         default=None,
         help="Events per commit (default: RUNSTATE_HISTORY_BATCH_EVENTS')s).",
     )
+    parser.add_argument("--rounds", type=int, default=3, help="Exports (each beside its baselines); medians.")
     parser.add_argument("--lag", action="store_true", help="Measure the lag through runstate dev instead.")
     parser.add_argument("--interval", type=int, default=60, help="--lag: RUNSTATE_HISTORY_EXPORT_INTERVAL_S.")
     parser.add_argument("--lag-appends", type=int, default=20)
