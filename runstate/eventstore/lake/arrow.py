@@ -131,11 +131,14 @@ def python_values(column: pa.ChunkedArray) -> list[Any]:
 
 
 def collect_arrow(frame: Any) -> pa.Table:
-    """A DataFrame's rows as one Arrow table, sent by the JVM in Arrow batches (no Row per row).
-    PySpark 3.5 names this private; 4.0 calls it `DataFrame.toArrow()`."""
+    """A DataFrame's rows as one Arrow table, sent by the JVM in Arrow batches (no Row per row); no rows
+    give columns of the null type. PySpark 3.5 names this private; 4.0 calls it `DataFrame.toArrow()`."""
     import pyarrow as pa
 
-    return pa.Table.from_batches(frame._collect_as_arrow(), schema=None) if frame.columns else pa.table({})
+    batches = frame._collect_as_arrow()
+    if batches:
+        return pa.Table.from_batches(batches)
+    return pa.table({name: pa.array([], pa.null()) for name in frame.columns})
 
 
 def utc(value: datetime | None) -> datetime | None:

@@ -51,6 +51,19 @@ def test_an_export_lands_every_event_once_and_a_repeat_writes_nothing(spark, own
     )
 
 
+def test_a_later_export_of_new_runs_only_merges_them(spark, own_store, history):
+    """The second merge looks for stored rows of its runs and finds none: every run is new."""
+    append_randomly(own_store, random.Random(14), runs=2, appends=4)
+    exported_to_the_end(spark, own_store, history)
+    own_store.append(NewEvent(run_id="brand-new", event_type="RunStarted", emitted_at=datetime.now(UTC)))
+
+    steps = exported_to_the_end(spark, own_store, history)
+
+    assert [type(step).__name__ for step in steps] == ["EventsCommitted", "RunsMerged"]
+    assert steps[-1].runs == 1
+    assert_lake_equals_feed(spark, own_store, history)
+
+
 def test_once_commits_one_batch(spark, own_store, history):
     append_randomly(own_store, random.Random(8), runs=3, appends=30)
 
