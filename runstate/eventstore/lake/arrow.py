@@ -1,7 +1,7 @@
 """The history's columns, and its rows between Spark, Arrow and Python.
 
-Timestamps travel as Arrow `timestamp[us, UTC]` end to end (never through pandas, whose nanoseconds
-stop at 1677..2262 while the store keeps 0001..9999), JSON payloads as their text. Rows come back from
+Timestamps travel as Arrow `timestamp[us, UTC]` or as epoch microseconds, never as pandas timestamps,
+whose nanoseconds stop at 1677..2262 while the store keeps 0001..9999; JSON payloads as their text. Rows come back from
 Spark in Arrow batches (`collect_arrow`) and become Python values a column at a time; rows made in
 Python (the runs table's) go to Spark in Arrow batches too (`arrow_frame`).
 """
@@ -66,8 +66,9 @@ def ddl(columns: Sequence[tuple[str, str]]) -> str:
 EVENT_DDL = ddl(EVENT_COLUMNS)
 RUNS_DDL = ddl(RUNS_COLUMNS)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# The suffix of a timestamp column sent to Spark as epoch microseconds.
-_MICROS = "_us"
+# The suffix of a timestamp column's name where it crosses to Spark as epoch microseconds (sql/'s
+# export_rows names its columns so too).
+MICROS_SUFFIX = "_us"
 
 
 def _arrow_type(kind: str) -> pa.DataType:
@@ -146,6 +147,13 @@ def utc(value: datetime | None) -> datetime | None:
     return value.astimezone(UTC) if value is not None else None
 
 
+def spark_column(name: str, kind: str) -> str:
+    """The Spark expression of a column that crossed as epoch microseconds if it is a timestamp."""
+    if kind.startswith("TIMESTAMP"):
+        return f"timestamp_micros({name}{MICROS_SUFFIX}) AS {name}"
+    return name
+
+
 def arrow_frame(spark: Any, table: pa.Table, columns: Sequence[tuple[str, str]]) -> Any:
     """A DataFrame of `columns` holding the Arrow table's rows, sent to the JVM in Arrow batches (Spark's
     pandas bridge): the source of a MERGE is then in the JVM, read again at no cost. Timestamps cross as
@@ -157,12 +165,11 @@ def arrow_frame(spark: Any, table: pa.Table, columns: Sequence[tuple[str, str]])
     for name, kind in columns:
         column, kind = table.column(name), kind.replace(" NOT NULL", "")
         if kind == "TIMESTAMP":
-            sent[name + _MICROS] = column.cast(pa.int64())
-            ddl.append(f"{name}{_MICROS} BIGINT")
-            select.append(f"timestamp_micros({name}{_MICROS}) AS {name}")
+            sent[name + MICROS_SUFFIX] = column.cast(pa.int64())
+            ddl.append(f"{name}{MICROS_SUFFIX} BIGINT")
         else:
             sent[name] = column
             ddl.append(f"{name} {kind}")
-            select.append(name)
+        select.append(spark_column(name, kind))
     rows = pa.table(sent).to_pandas(integer_object_nulls=True)
     return spark.createDataFrame(rows, ", ".join(ddl)).selectExpr(*select)

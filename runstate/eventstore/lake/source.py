@@ -17,15 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runstate.eventstore.lake.arrow import EVENT_COLUMNS
+from runstate.eventstore.lake.arrow import EVENT_COLUMNS, spark_column
 from runstate.eventstore.lake.errors import HistoryError
 
 # A JDBC range per this many events at least: a small batch is one statement.
 EVENTS_PER_RANGE = 10_000
 # Rows per round trip of the JDBC driver (its default reads a whole range before the first row).
 JDBC_FETCH_SIZE = 10_000
-# How export_rows names the columns it gives as epoch microseconds.
-_MICROS_SUFFIX = "_us"
 
 
 @dataclass(frozen=True)
@@ -72,10 +70,4 @@ def range_frame(spark: Any, feed: Any, batch: FeedRange) -> Any:
         if value:
             reader = reader.option(name, value)
     rows = reader.load().where(f"position > {int(batch.after)} AND position <= {int(batch.upto)}")
-    return rows.selectExpr(*(_column(name, kind) for name, kind in EVENT_COLUMNS))
-
-
-def _column(name: str, kind: str) -> str:
-    if kind.startswith("TIMESTAMP"):
-        return f"timestamp_micros({name}{_MICROS_SUFFIX}) AS {name}"
-    return name
+    return rows.selectExpr(*(spark_column(name, kind) for name, kind in EVENT_COLUMNS))
