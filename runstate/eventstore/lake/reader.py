@@ -165,12 +165,14 @@ class HistoryLag:
 
 
 def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> HistoryLag:
-    """The lag of `lake.<namespace>.run_events` behind the feed (one feed read of up to max_events + 1)."""
+    """The lag of `lake.<namespace>.run_events` behind the feed: the events after its position, counted
+    up to max_events + 1 without reading them, and the first of them read."""
     check_feed(feed)
     position = table_position(catalog.load(config.namespace, EVENTS_TABLE))
-    behind = feed.fetch_all(position, config.max_lag_events + 1)
-    oldest = behind[0].persisted_at.astimezone(UTC) if behind else None
-    return HistoryLag(position, len(behind), oldest, config.max_lag_events, config.max_lag_minutes)
+    behind, _ = feed.feed_bound(position, config.max_lag_events + 1)
+    first = feed.fetch_all(position, 1) if behind else []
+    oldest = first[0].persisted_at.astimezone(UTC) if first else None
+    return HistoryLag(position, behind, oldest, config.max_lag_events, config.max_lag_minutes)
 
 
 def pending_position(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> int | None:
