@@ -79,17 +79,17 @@ def commit_events(
 
     started = time.perf_counter()
     ident = config.events_table
-    writer = (
-        range_frame(spark, feed, batch)
-        .writeTo(ident)
-        .option(f"snapshot-property.{POSITION_PROPERTY}", str(batch.upto))
-        .option("isolation-level", "serializable")
-        # JDBC columns are all nullable to Spark; the store's NOT NULL columns hold no NULL to refuse.
-        .option("check-nullability", "false")
-    )
-    if snapshot_id is not None:
-        writer = writer.option("validate-from-snapshot-id", str(snapshot_id))
-    with spark_errors(ident, "append to"):
+    with spark_errors(ident, "append to"):  # the JDBC source reads its schema from Postgres already
+        writer = (
+            range_frame(spark, feed, batch)
+            .writeTo(ident)
+            .option(f"snapshot-property.{POSITION_PROPERTY}", str(batch.upto))
+            .option("isolation-level", "serializable")
+            # JDBC columns are all nullable to Spark; the store's NOT NULL columns hold no NULL to refuse.
+            .option("check-nullability", "false")
+        )
+        if snapshot_id is not None:
+            writer = writer.option("validate-from-snapshot-id", str(snapshot_id))
         writer.overwrite(col("position") > batch.after)
     return EventsCommitted(ident, batch.after, batch.upto, batch.events, time.perf_counter() - started)
 

@@ -24,6 +24,9 @@ from runstate.eventstore.lake.errors import HistoryError
 EVENTS_PER_RANGE = 10_000
 # Rows per round trip of the JDBC driver (its default reads a whole range before the first row).
 JDBC_FETCH_SIZE = 10_000
+# A range's statement that runs longer than this fails the export (its run ends and the next one carries
+# on) instead of holding the run for ever: a range of the largest batch reads in well under a minute.
+JDBC_QUERY_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ def range_frame(spark: Any, feed: Any, batch: FeedRange) -> Any:
         .option("currentSchema", feed.datastore.schema)
         .option("dbtable", f"({feed.export_query()}) AS export_rows")
         .option("fetchsize", JDBC_FETCH_SIZE)
+        .option("queryTimeout", JDBC_QUERY_TIMEOUT_S)
         .option("partitionColumn", "position")
         .option("lowerBound", batch.after + 1)
         .option("upperBound", batch.upto + 1)

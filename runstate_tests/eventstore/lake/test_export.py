@@ -4,13 +4,15 @@ what the conditional commit refuses."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 
 from runstate.eventstore import NewEvent
-from runstate.eventstore.lake import FeedRefused, HistoryConflict, export_history
+from runstate.eventstore.lake import FeedRefused, HistoryConflict, HistoryError, export_history, source
 from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.reader import HistoryCatalog, table_position
 from runstate.eventstore.lake.source import next_range
@@ -86,6 +88,25 @@ def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_s
         commit_events(spark, own_store, history, snapshot_id, batch)  # one that read the same position
 
     assert lake_events(spark, history) == own_store.fetch_all(after, 1000)
+
+
+def test_a_batch_read_that_postgres_holds_up_fails_within_the_timeout_and_writes_nothing(
+    spark, own_store, history, monkeypatch
+):
+    append_randomly(own_store, random.Random(15), runs=2, appends=3)
+    ensure_tables(spark, history)
+    snapshot_id, after = events_position(spark, history)
+    batch = next_range(own_store, after, 1000)
+    monkeypatch.setattr(source, "JDBC_QUERY_TIMEOUT_S", 2)
+
+    with psycopg.connect(own_store.datastore.conninfo) as blocker:
+        blocker.execute("LOCK TABLE run_events IN ACCESS EXCLUSIVE MODE")
+        began = time.monotonic()
+        with pytest.raises(HistoryError, match="append to .*run_events failed.*canceling statement"):
+            commit_events(spark, own_store, history, snapshot_id, batch)
+        waited = time.monotonic() - began
+
+    assert waited < 60 and lake_events(spark, history) == []
 
 
 def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
