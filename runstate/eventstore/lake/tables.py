@@ -150,4 +150,5 @@ def _cause(text: str, error: BaseException) -> str:
     head = text.split("JVM stacktrace:")[0]
     lines = [line.strip() for line in head.splitlines() if line.strip()]
     useful = [line for line in lines if "Exception" in line and ":" in line]
-    return (useful[0] if useful else lines[0] if lines else type(error).__name__)[:500]
+    # A Java exception's line comes from py4j as ": its.Class: message".
+    return (useful[0] if useful else lines[0] if lines else type(error).__name__).removeprefix(": ")[:500]
