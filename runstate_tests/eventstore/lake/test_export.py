@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from runstate.eventstore import NewEvent
+from runstate.eventstore import NewEvent, PostgresEventStore
 from runstate.eventstore.lake import FeedRefused, HistoryConflict, HistoryError, export_history, source
 from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.reader import HistoryCatalog, table_position
@@ -195,6 +195,18 @@ def test_every_kind_of_key_payload_and_archived_event_round_trips(spark, own_sto
     lake = assert_lake_equals_feed(spark, own_store, history)
     assert [event.idempotency_key for event in lake if event.run_id == "keys"] == list(keys)
     assert {event.run_id for event in lake} == {"keys", "old"}
+
+
+def test_a_hash_partitioned_store_exports_every_event_once(spark, fresh_database, history):
+    """feed_bound and the JDBC ranges read each partition's position index (the store's partitions=N)."""
+    store = PostgresEventStore(fresh_database, schema="runstate", partitions=4)
+    store.ensure_schema()
+    try:
+        append_randomly(store, random.Random(16), runs=8, appends=25)
+        exported_to_the_end(spark, store, replace(history, batch_events=SMALL_BATCHES))
+        assert_lake_equals_feed(spark, store, history)
+    finally:
+        store.close()
 
 
 def test_a_snowflake_store_is_refused_before_anything_is_created(spark, sf_store, history):
