@@ -13,10 +13,14 @@ Prints ONE JSON line:
 - --lag: lag_p50_s, lag_p99_s and lag_max_s of --lag-appends events appended --lag-every seconds apart,
   each from its append until pyiceberg reads the lake at or past its feed position, beside
   goal_p99_s = 2 x RUNSTATE_HISTORY_EXPORT_INTERVAL_S (--interval).
-Both record the 1-minute load at start and end; "quiet" is false when it was above 1.0 at the start.
+- --steady: export_s and runs_merge_s of an export of one new event of each of --touch runs when the
+  runs table holds --runs-table runs, beside the same at 1,000 runs, and merge_growth (their ratio): a
+  merge reads the runs table whole, so this grows with it (medians of three exports).
+All record the 1-minute load at start and end; "quiet" is false when it was above 1.0 at the start.
 
 Usage: python bench/run_history.py [--events N --runs N --batch-events N --rounds N]
        python bench/run_history.py --lag [--interval S --lag-appends N --lag-every S]
+       python bench/run_history.py --steady [--runs-table N --touch N]
 """
 
 from __future__ import annotations
@@ -187,6 +191,77 @@ def _jdbc_copy(spark: Any, dsn: str, target: str) -> float:
     return time.perf_counter() - began
 
 
+def steady_export(args: argparse.Namespace) -> dict[str, Any]:
+    """The export of one new event of each of --touch runs when `runs` holds --runs-table runs, beside the
+    same export when it holds 1,000: what a merge's reads of the whole runs table cost as it grows."""
+    from runstate.eventstore import PostgresEventStore
+    from runstate.spark import SparkSettings, build_session
+
+    name, dsn = create_database(ADMIN_URL)
+    warehouse = Path(tempfile.mkdtemp(prefix="runstate-bench-lake-"))
+    store = PostgresEventStore(dsn, schema="runstate")
+    try:
+        store.ensure_schema()
+        spark = build_session(
+            SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="bench-run-history")
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        seconds = {
+            size: _steady_round(spark, store, f"steady_{size}", size, args.touch)
+            for size in (1_000, args.runs_table)
+        }
+        spark.stop()
+    finally:
+        store.close()
+        drop_database(ADMIN_URL, name)
+        shutil.rmtree(warehouse, ignore_errors=True)
+    small, large = seconds[1_000], seconds[args.runs_table]
+    return {
+        "mode": "steady_export",
+        "touched_runs": args.touch,
+        "runs_table_rows": args.runs_table,
+        "export_s": round(large["export_s"], 2),
+        "runs_merge_s": round(large["merge_s"], 2),
+        "export_s_at_1000_runs": round(small["export_s"], 2),
+        "runs_merge_s_at_1000_runs": round(small["merge_s"], 2),
+        "merge_growth": round(large["merge_s"] / small["merge_s"], 2),
+    }
+
+
+def _steady_round(spark: Any, store: Any, namespace: str, rows: int, touch: int) -> dict[str, float]:
+    """Exports `touch` runs, pads runs with synthetic rows (2 KB snapshots) up to `rows`, then times the
+    export of one more event of each touched run (the median of three such exports)."""
+    from runstate.eventstore import NewEvent
+    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, export_history
+
+    history = HistoryConfig(namespace=namespace)
+    run_ids = [f"{namespace}-run-{n}" for n in range(touch)]
+
+    def append_and_export() -> dict[str, float]:
+        for run_id in run_ids:
+            event = NewEvent(
+                run_id=run_id,
+                event_type="StepStarted",
+                step_id="s",
+                emitted_at=datetime.now(UTC),
+                idempotency_key=uuid.uuid4().hex,  # the default key is the event's content: a repeat
+            )
+            store.append(event)
+        began = time.perf_counter()
+        steps = list(export_history(spark, store, history))
+        merge_s = sum(step.seconds for step in steps if not isinstance(step, EventsCommitted))
+        return {"export_s": time.perf_counter() - began, "merge_s": merge_s}
+
+    append_and_export()
+    spark.sql(
+        f"INSERT INTO {history.runs_table} SELECT concat('pad-', id), 'COMPLETED', current_timestamp(), "
+        "current_timestamp(), current_timestamp(), current_timestamp(), 60.0D, 100L, array(), 100L, 1L, "
+        f"repeat('x', 2000) FROM range({max(0, rows - touch)})"
+    )
+    rounds = [append_and_export() for _ in range(3)]
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+
+
 def lag_through_dev(args: argparse.Namespace) -> dict[str, Any]:
     from wal_devserver import percentile, start_dev
 
@@ -243,10 +318,15 @@ def main() -> None:
         "--batch-events",
         type=int,
         default=None,
-        help="Events per commit (default: RUNSTATE_HISTORY_BATCH_EVENTS')s).",
+        help="Events per commit (default: RUNSTATE_HISTORY_BATCH_EVENTS's).",
     )
     parser.add_argument("--rounds", type=int, default=3, help="Exports (each beside its baselines); medians.")
     parser.add_argument("--lag", action="store_true", help="Measure the lag through runstate dev instead.")
+    parser.add_argument(
+        "--steady", action="store_true", help="Measure an export of --touch runs beside a runs table's size."
+    )
+    parser.add_argument("--runs-table", type=int, default=500_000, help="--steady: rows in the runs table.")
+    parser.add_argument("--touch", type=int, default=20, help="--steady: runs with a new event per export.")
     parser.add_argument("--interval", type=int, default=60, help="--lag: RUNSTATE_HISTORY_EXPORT_INTERVAL_S.")
     parser.add_argument("--lag-appends", type=int, default=20)
     parser.add_argument("--lag-every", type=float, default=15.0)
@@ -255,7 +335,12 @@ def main() -> None:
     )
     args = parser.parse_args()
     result: dict[str, Any] = {"bench": "run_history", **load_start()}
-    result.update(lag_through_dev(args) if args.lag else export_vs_insert(args))
+    if args.lag:
+        result.update(lag_through_dev(args))
+    elif args.steady:
+        result.update(steady_export(args))
+    else:
+        result.update(export_vs_insert(args))
     result.update(load_end())
     print(json.dumps(result))
 
