@@ -168,18 +168,22 @@ def _jdbc_copy(spark: Any, dsn: str, target: str) -> float:
     partition per core over the positions."""
     from runstate.spark import jdbc_url
 
-    url, user, _ = jdbc_url(dsn)
+    url, user, password = jdbc_url(dsn)
+    connection = {"driver": "org.postgresql.Driver", "url": url, "user": user or "postgres"}
+    if password:
+        connection["password"] = password
     bounds = (
         spark.read.format("jdbc")
-        .options(driver="org.postgresql.Driver", url=url, user=user or "postgres")
-        .option("query", "SELECT min(position) AS lo, max(position) AS hi FROM runstate.run_events")
+        .options(
+            **connection, query="SELECT min(position) AS lo, max(position) AS hi FROM runstate.run_events"
+        )
         .load()
         .first()
     )
     rows = (
         spark.read.format("jdbc")
-        .options(driver="org.postgresql.Driver", url=url, user=user or "postgres", fetchsize="10000")
-        .options(dbtable="runstate.run_events", partitionColumn="position", numPartitions="2")
+        .options(**connection, fetchsize="10000", dbtable="runstate.run_events", partitionColumn="position")
+        .options(numPartitions=str(spark.sparkContext.defaultParallelism))
         .options(lowerBound=str(bounds.lo), upperBound=str(bounds.hi + 1))
         .load()
     )

@@ -295,15 +295,12 @@ class PostgresBackend(StoreBackend):
 
     def feed(self, conn: psycopg.Connection, after_position: int, limit: int) -> list[StoredEvent]:
         """Only what no later commit can precede (pg_feed.py says how)."""
-        other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
-        params = {"after": after_position, "limit": limit, "other_xids": other_xids}
+        params = _feed_page(conn, after_position, limit)
         return [stored_event(row) for row in conn.execute(_feed("feed"), params, binary=True).fetchall()]
 
     def feed_bound(self, conn: psycopg.Connection, after_position: int, limit: int) -> tuple[int, int]:
         """(how many events the feed's next page of `limit` holds, its last position): no row is read."""
-        other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
-        params = {"after": after_position, "limit": limit, "other_xids": other_xids}
-        count, last = conn.execute(_feed("feed_bound"), params).fetchone()
+        count, last = conn.execute(_feed("feed_bound"), _feed_page(conn, after_position, limit)).fetchone()
         return int(count), int(last)
 
     def feed_waiter(self) -> AbstractContextManager[Callable[[float], None]]:
@@ -435,6 +432,13 @@ class PostgresEventStore(EventStore):
         """The query whose rows Spark's JDBC source reads for the run history (feed.sql's export_rows):
         every event, with its columns as the lake keeps them, to be bounded by `position`."""
         return _feed("export_rows")
+
+
+def _feed_page(conn: psycopg.Connection, after_position: int, limit: int) -> dict[str, Any]:
+    """The parameters of a feed page's statement (feed, feed_bound): the transactions of other databases
+    are listed first, in a statement of their own (feed.sql says why)."""
+    other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
+    return {"after": after_position, "limit": limit, "other_xids": other_xids}
 
 
 def open_store(datastore: PostgresDatastore, **options: Any) -> PostgresEventStore:
