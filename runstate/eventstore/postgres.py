@@ -309,6 +309,9 @@ class PostgresBackend(StoreBackend):
     def run_ids(self, conn: psycopg.Connection, after: str, limit: int) -> list[str]:
         return [r[0] for r in conn.execute(_reads("run_ids"), (after, limit)).fetchall()]
 
+    def runs_created_at(self, conn: psycopg.Connection, run_ids: Sequence[str]) -> dict[str, datetime]:
+        return dict(conn.execute(_reads("runs_created_at"), (list(run_ids),)).fetchall())
+
     def max_seq(self, conn: psycopg.Connection, run_id: str) -> int:
         return conn.execute(_reads("max_seq"), {"run_id": run_id}).fetchone()[0] or 0
 
@@ -427,6 +430,11 @@ class PostgresEventStore(EventStore):
         then reads its rows through Spark's JDBC source (every one of them has committed)."""
         check_position(after_position, limit)
         return self._read("bound the feed", lambda tx: self.backend.feed_bound(tx, after_position, limit))
+
+    def runs_created_at(self, run_ids: Sequence[str]) -> dict[str, datetime]:
+        """When the store first saw each of `run_ids` (its stream's creation time, which never changes);
+        a run the store does not know is left out."""
+        return self._read("read when runs were created", lambda tx: self.backend.runs_created_at(tx, run_ids))
 
     def export_query(self) -> str:
         """The query whose rows Spark's JDBC source reads for the run history (feed.sql's export_rows):

@@ -198,6 +198,19 @@ def test_feed_bound_counts_the_page_fetch_all_returns_without_reading_it(pg_stor
         pg_store.feed_bound(-1, 10)
 
 
+def test_runs_created_at_is_when_the_store_first_saw_each_run_and_never_moves(pg_store):
+    """The run history partitions its runs table by it: a later append or an archive must not change it."""
+    before = datetime.now(UTC)
+    pg_store.append(ev("early", "RunStarted"))
+    created = pg_store.runs_created_at(["early", "unknown"])
+    assert list(created) == ["early"] and before - timedelta(seconds=5) <= created["early"] <= datetime.now(
+        UTC
+    )
+    pg_store.append(ev("early", "RunCompleted", 1))
+    pg_store.archive(0, now=datetime.now(UTC) + timedelta(days=1))
+    assert pg_store.runs_created_at(["early"]) == created
+
+
 def test_a_lost_notification_only_delays_the_subscriber(pg_store, pg_database, pg_schema):
     with psycopg.connect(pg_database, autocommit=True) as conn:
         conn.execute(f'DROP TRIGGER run_events_feed_notify ON "{pg_schema}".run_events')

@@ -45,6 +45,7 @@ EVENT_COLUMNS = (
 # One row per run (runs.py says what each holds).
 RUNS_COLUMNS = (
     ("run_id", "STRING NOT NULL"),
+    ("created_at", "TIMESTAMP NOT NULL"),
     ("status", "STRING NOT NULL"),
     ("started_at", "TIMESTAMP"),
     ("completed_at", "TIMESTAMP"),

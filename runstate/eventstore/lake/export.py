@@ -110,5 +110,5 @@ def export_history(
             committed.append((batch.after, batch.upto))
         if once or batch is None or batch.events < config.batch_events:
             break
-    while (merged := merge_runs(spark, config, committed)) is not None:
+    while (merged := merge_runs(spark, feed, config, committed)) is not None:
         yield merged

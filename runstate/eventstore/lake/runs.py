@@ -1,11 +1,14 @@
 """`lake.<namespace>.runs`: one row per run, folded from its events by the store's own projection.
 
-A row is the run as of its last exported event: the projection's status, start and completion, its
-first and last event time, how many events it has, the steps whose last attempt failed, its last seq,
+A row is the run as of its last exported event: when the store first saw the run (`created_at`, its
+stream's creation, which never changes), the projection's status, start and completion, its first and
+last event time, how many events it has, the steps whose last attempt failed, its last seq,
 the position of its last event (`last_position`) and the projection itself (`snapshot`, the JSON that
 `RunSnapshot.to_dict()` gives). A merge reads its range of run_events back in Arrow batches, folds each
 run's new events onto its stored row in the driver (the store's own projection), and MERGEs the rows
-in one commit.
+in one commit. The table is partitioned by day of `created_at`, which the merge asks the store for, and
+its reads and its MERGE name the days of the runs they touch (tables.created_days): an export's cost
+follows the runs it touches, not the table's size.
 
 Why a merge is exactly-once even when it is killed, repeated or raced by another export:
 - a merge covers one range of the feed, (the table's position, end], read from run_events: a run's row
@@ -45,6 +48,7 @@ from runstate.eventstore.lake.arrow import (
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import HistoryError
 from runstate.eventstore.lake.tables import (
+    created_days,
     events_position,
     record_runs_position,
     runs_position,
@@ -101,6 +105,7 @@ class RunRow:
     """One row of the runs table."""
 
     snapshot: RunSnapshot
+    created_at: datetime
     first_event_at: datetime
     last_event_at: datetime
     event_count: int
@@ -118,6 +123,7 @@ class RunRow:
         snap = self.snapshot
         return {
             "run_id": snap.run_id,
+            "created_at": self.created_at,
             "status": snap.status,
             "started_at": snap.started_at,
             "completed_at": snap.completed_at,
@@ -135,6 +141,7 @@ class RunRow:
     def from_columns(cls, row: dict[str, Any]) -> RunRow:
         return cls(
             snapshot=RunSnapshot.from_dict(json.loads(row["snapshot"])),
+            created_at=utc(row["created_at"]),
             first_event_at=utc(row["first_event_at"]),
             last_event_at=utc(row["last_event_at"]),
             event_count=int(row["event_count"]),
@@ -142,17 +149,20 @@ class RunRow:
         )
 
     @classmethod
-    def of(cls, run_id: str, events: Sequence[FoldedRunEvent]) -> RunRow:
+    def of(cls, run_id: str, created_at: datetime, events: Sequence[FoldedRunEvent]) -> RunRow:
         """The row of a run from all its events (in seq order)."""
-        return cls.fold_onto(None, run_id, events)
+        return cls.fold_onto(None, run_id, created_at, events)
 
     @classmethod
-    def fold_onto(cls, row: RunRow | None, run_id: str, events: Sequence[FoldedRunEvent]) -> RunRow:
+    def fold_onto(
+        cls, row: RunRow | None, run_id: str, created_at: datetime, events: Sequence[FoldedRunEvent]
+    ) -> RunRow:
         """`row` advanced by `events` (seq order, every seq above the row's last seq)."""
         times = [utc(event.emitted_at) for event in events]
         base = row.snapshot if row else RunSnapshot.empty(run_id)
         return cls(
             snapshot=fold(base, events),
+            created_at=utc(created_at),
             first_event_at=min([row.first_event_at, *times] if row else times),
             last_event_at=max([row.last_event_at, *times] if row else times),
             event_count=(row.event_count if row else 0) + len(events),
@@ -169,7 +179,7 @@ def by_run(events: Iterable[FoldedRunEvent]) -> dict[str, list[FoldedRunEvent]]:
 
 
 def plan_rows(
-    stored: dict[str, RunRow], new: dict[str, list[FoldedRunEvent]]
+    stored: dict[str, RunRow], new: dict[str, list[FoldedRunEvent]], created: dict[str, datetime]
 ) -> tuple[list[RunRow], list[str]]:
     """The rows folded from the stored ones, and the runs to fold again from all their events: those
     whose new events do not all come after their stored last seq."""
@@ -179,7 +189,7 @@ def plan_rows(
         if row is not None and events[0].run_seq <= row.snapshot.last_event_seq:
             again.append(run_id)
         else:
-            rows.append(RunRow.fold_onto(row, run_id, events))
+            rows.append(RunRow.fold_onto(row, run_id, created[run_id], events))
     return rows, again
 
 
@@ -203,7 +213,7 @@ class RunsMerged:
 
 
 def merge_runs(
-    spark: Any, config: HistoryConfig, committed: Sequence[tuple[int, int]] = ()
+    spark: Any, feed: Any, config: HistoryConfig, committed: Sequence[tuple[int, int]] = ()
 ) -> RunsMerged | None:
     """Merge run_events after the runs table's position into runs, in one commit; None when runs has
     reached run_events.
@@ -212,7 +222,8 @@ def merge_runs(
     onto its row (the stored one, read once, or the one this merge has folded so far), so an export that
     committed several batches merges them in one MERGE. `committed` holds the (after, upto) positions of
     those batches: a chunk that is one of them is read by its bounds, without a sort. A merge stops early
-    once it holds `batch_events` runs' rows."""
+    once it holds `batch_events` runs' rows. `feed` is the store the events came from: it says when each
+    run was created."""
     started = time.perf_counter()
     snapshot_id, reached = events_position(spark, config)
     start = position = runs_position(spark, config)
@@ -220,17 +231,20 @@ def merge_runs(
         return None
     bounds = dict(committed)
     folded: dict[str, RunRow] = {}
+    created: dict[str, datetime] = {}
     folded_again = 0
     while position < reached and len(folded) < config.batch_events:
         events, end = _next_chunk(spark, config, snapshot_id, position, bounds.get(position))
         new = by_run(events)
         unseen = [run_id for run_id in new if run_id not in folded]
+        if unseen:
+            created.update(_created_at(feed, config, unseen))
         if start and unseen:
-            folded.update(_stored_rows(spark, config, unseen))
-        rows, again = plan_rows(folded, new)
+            folded.update(_stored_rows(spark, config, {run_id: created[run_id] for run_id in unseen}))
+        rows, again = plan_rows(folded, new, created)
         if again:
             full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
-            rows += [RunRow.of(run_id, full[run_id]) for run_id in again]
+            rows += [RunRow.of(run_id, created[run_id], full[run_id]) for run_id in again]
             folded_again += len(again)
         folded.update((row.run_id, row) for row in rows)
         position = end
@@ -261,18 +275,34 @@ def _next_chunk(
     return events, upto if upto is not None else events[-1].position
 
 
+def _created_at(feed: Any, config: HistoryConfig, run_ids: list[str]) -> dict[str, datetime]:
+    """When the store created each run; a HistoryError when it knows one of them not (its stream rows
+    were deleted by hand: the runs table could not tell where such a run's row is)."""
+    created = feed.runs_created_at(run_ids)
+    if missing := sorted(set(run_ids) - created.keys()):
+        raise HistoryError(
+            f"{config.events_table} holds events of {len(missing)} run(s) the event store has no stream for, "
+            f"such as {missing[0]!r}: was run_streams changed by hand?"
+        )
+    return created
+
+
 def _ids_view(spark: Any, run_ids: list[str]) -> str:
     view = f"runstate_run_ids_{uuid.uuid4().hex}"
     spark.createDataFrame([(run_id,) for run_id in run_ids], "run_id STRING").createOrReplaceTempView(view)
     return view
 
 
-def _stored_rows(spark: Any, config: HistoryConfig, run_ids: list[str]) -> dict[str, RunRow]:
-    view = _ids_view(spark, run_ids)
-    query = f"SELECT r.* FROM {config.runs_table} r LEFT SEMI JOIN {view} i ON r.run_id = i.run_id"
+def _stored_rows(spark: Any, config: HistoryConfig, created: dict[str, datetime]) -> dict[str, RunRow]:
+    """The stored rows of the runs `created` names, read from the partitions of their creation days."""
+    view = _ids_view(spark, list(created))
+    days, params = created_days(created.values(), "r.created_at")
+    query = (
+        f"SELECT r.* FROM {config.runs_table} r LEFT SEMI JOIN {view} i ON r.run_id = i.run_id WHERE {days}"
+    )
     try:
         with spark_errors(config.runs_table, "read"):
-            rows = rows_from_arrow(collect_arrow(spark.sql(query)))
+            rows = rows_from_arrow(collect_arrow(spark.sql(query, args=params)))
         return {row["run_id"]: RunRow.from_columns(row) for row in rows}
     finally:
         spark.catalog.dropTempView(view)
@@ -294,18 +324,21 @@ def _events_of_runs(
 
 
 def merge_rows(spark: Any, config: HistoryConfig, rows: list[RunRow]) -> None:
-    """One MERGE: a row replaces a stored one only when its last_position is higher."""
+    """One MERGE: a row replaces a stored one only when its last_position is higher. It reads the
+    partitions of the rows' creation days only."""
     import pyarrow as pa
 
     table = pa.Table.from_pylist([row.columns() for row in rows], schema=arrow_schema(RUNS_COLUMNS))
     view = f"runstate_runs_{uuid.uuid4().hex}"
     arrow_frame(spark, table, RUNS_COLUMNS).createOrReplaceTempView(view)
+    days, params = created_days((row.created_at for row in rows), "t.created_at")
     try:
         with spark_errors(config.runs_table, "merge into"):
             spark.sql(
-                f"MERGE INTO {config.runs_table} t USING {view} s ON t.run_id = s.run_id "
+                f"MERGE INTO {config.runs_table} t USING {view} s ON t.run_id = s.run_id AND {days} "
                 "WHEN MATCHED AND s.last_position > t.last_position THEN UPDATE SET * "
-                "WHEN NOT MATCHED THEN INSERT *"
+                "WHEN NOT MATCHED THEN INSERT *",
+                args=params,
             )
     finally:
         spark.catalog.dropTempView(view)

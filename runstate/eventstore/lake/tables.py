@@ -11,12 +11,17 @@ Where a table's position lives:
   its rows together, so the table's largest `last_position` is the position its rows reflect. The
   table property POSITION_PROPERTY says the same without a scan: it is set after each merge's commit,
   so it is never ahead of the rows (when it lags, the next merge folds some runs again: runs.py).
+
+`runs` is partitioned by the day its runs were created (`created_at`, which never changes), and every
+read and MERGE of a merge names the days of its runs (`created_days`): an export reads the partitions of
+the runs it touches, mostly today's, not a table that grows for months.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from runstate.eventstore.lake.arrow import EVENT_DDL, RUNS_DDL
@@ -40,6 +45,8 @@ RUNS_PROPERTIES = {
     "write.update.mode": "merge-on-read",
     "write.delete.mode": "merge-on-read",
 }
+EVENTS_PARTITIONS = "days(emitted_at)"
+RUNS_PARTITIONS = "days(created_at)"
 # How far back along a table's history a position is looked for before the rows are asked.
 _ANCESTORS_LOOKED_AT = 100
 
@@ -49,21 +56,48 @@ def _properties_sql(properties: dict[str, str]) -> str:
 
 
 def ensure_tables(spark: Any, config: HistoryConfig) -> None:
-    """Create the namespace and both tables unless they exist (two runs racing: one creation wins)."""
+    """Create the namespace and both tables unless they exist (two runs racing: one creation wins); a runs
+    table of an older layout is replaced by an empty one, which the next merge fills again from run_events."""
     with spark_errors(config.events_table, "create"):
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{config.namespace}")
         for ident, ddl, clause, properties in (
-            (config.events_table, EVENT_DDL, "PARTITIONED BY (days(emitted_at)) ", EVENTS_PROPERTIES),
-            (config.runs_table, RUNS_DDL, "", RUNS_PROPERTIES),
+            (config.events_table, EVENT_DDL, EVENTS_PARTITIONS, EVENTS_PROPERTIES),
+            (config.runs_table, RUNS_DDL, RUNS_PARTITIONS, RUNS_PROPERTIES),
         ):
             try:
-                spark.sql(
-                    f"CREATE TABLE IF NOT EXISTS {ident} ({ddl}) USING iceberg {clause}"
-                    f"TBLPROPERTIES ({_properties_sql(properties)})"
-                )
+                spark.sql(f"CREATE TABLE IF NOT EXISTS {ident} {_table_sql(ddl, clause, properties)}")
             except Exception as error:
                 if "already exists" not in str(error).lower():
                     raise
+    with spark_errors(config.runs_table, "replace"):
+        if iceberg_table(spark, config.runs_table).schema().findField("created_at") is None:
+            # Before 2026-11-29 runs had no partitions: every merge read it whole.
+            runs = _table_sql(RUNS_DDL, RUNS_PARTITIONS, RUNS_PROPERTIES)
+            spark.sql(f"CREATE OR REPLACE TABLE {config.runs_table} {runs}")
+
+
+def _table_sql(ddl: str, partitions: str, properties: dict[str, str]) -> str:
+    return (
+        f"({ddl}) USING iceberg PARTITIONED BY ({partitions}) TBLPROPERTIES ({_properties_sql(properties)})"
+    )
+
+
+def created_days(times: Iterable[datetime], column: str = "created_at") -> tuple[str, dict[str, datetime]]:
+    """A Spark SQL condition that `column` falls on one of the UTC days of `times` (consecutive days as one
+    range), and its parameters: Iceberg prunes the runs table's partitions by it."""
+    days = sorted({time_.astimezone(UTC).date() for time_ in times})
+    ranges: list[list[date]] = []
+    for day in days:
+        if ranges and ranges[-1][1] == day:
+            ranges[-1][1] = day + timedelta(days=1)
+        else:
+            ranges.append([day, day + timedelta(days=1)])
+    terms, params = [], {}
+    for n, (first, end) in enumerate(ranges):
+        terms.append(f"({column} >= :day_from_{n} AND {column} < :day_to_{n})")
+        params[f"day_from_{n}"] = datetime.combine(first, time(), UTC)
+        params[f"day_to_{n}"] = datetime.combine(end, time(), UTC)
+    return f"({' OR '.join(terms) or 'false'})", params
 
 
 def iceberg_table(spark: Any, ident: str) -> Any:

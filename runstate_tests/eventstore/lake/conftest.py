@@ -105,11 +105,13 @@ def expected_runs(store: Any, events: list[StoredEvent]) -> dict[str, dict[str, 
     for event in events:
         by_run.setdefault(event.run_id, []).append(event)
     expected = {}
+    created = store.runs_created_at(list(by_run))
     for run_id, run in by_run.items():
         projected = store.project(run_id)
         first, last = min(e.emitted_at for e in run), max(e.emitted_at for e in run)
         expected[run_id] = {
             "run_id": run_id,
+            "created_at": created[run_id],
             "status": projected.status,
             "started_at": projected.started_at,
             "completed_at": projected.completed_at,

@@ -50,6 +50,11 @@ SELECT s.lake_upto, s.lake_events, page.*
 -- name: run_ids
 SELECT run_id FROM run_streams WHERE run_id > %s ORDER BY run_id LIMIT %s;
 
+-- name: runs_created_at
+-- When the store first saw each run (its stream row's creation, on the database's clock): it never
+-- changes, so the run history partitions its runs table by it (runstate/eventstore/lake/runs.py).
+SELECT run_id, created_at FROM run_streams WHERE run_id = ANY(%s);
+
 -- name: max_seq
 -- Live or archived (in Postgres or in the lake): the migration between stores resumes after it.
 SELECT GREATEST((SELECT max(run_seq) FROM run_events WHERE run_id = %(run_id)s),
