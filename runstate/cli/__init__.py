@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
+import signal
 import sys
 import threading
 from typing import Any, NoReturn
@@ -160,16 +161,24 @@ def entry() -> NoReturn:
     `os._exit` ends the process without the C++ teardown of the extension modules: pyarrow's
     destructors at that point raced a native thread still alive and aborted the process (SIGABRT,
     "terminate called without an active exception") after a correct answer, a few runs in a hundred
-    with every pyarrow wheel and allocator tried. A command's status is 0, 1 or 2, never a signal.
+    with every pyarrow wheel and allocator tried. A command's status is 0, 1 or 2, never a signal: SIGTERM
+    stops a command as Ctrl-C does.
     """
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         main()
         status = 0
     except SystemExit as exit_:
         status = _status_of(exit_.code)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command has ended: nothing more to stop
         _python_shutdown()
     os._exit(status)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM stops a command as Ctrl-C does: its cleanups run, one `interrupted:` line, exit 1."""
+    raise KeyboardInterrupt("terminated by SIGTERM")
 
 
 def _status_of(code: object) -> int:

@@ -18,17 +18,34 @@ def export(once: bool) -> None:
     from runstate.cli.events_io import open_store
     from runstate.cli.sql import lake_session
     from runstate.config import settings
-    from runstate.eventstore.lake import EventsCommitted, HistoryConfig, check_feed, export_history
+    from runstate.eventstore.lake import (
+        EventsCommitted,
+        HistoryConfig,
+        HistoryError,
+        check_feed,
+        export_history,
+    )
+    from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
     history = HistoryConfig.from_settings(settings())
     with open_store() as store:
         check_feed(store)  # before a JVM starts for nothing
-        exported = commits = 0
-        for step in export_history(lake_session(), store, history, once=once):
-            click.echo(step.describe())
-            if isinstance(step, EventsCommitted):
-                exported, commits = exported + step.events, commits + 1
+        exported = commits = merges = 0
+        spark = lake_session()
+        with spark_jobs_cancelled_on_interrupt(spark) as interrupt:
+            try:
+                for step in export_history(spark, store, history, once=once):
+                    click.echo(step.describe())
+                    if isinstance(step, EventsCommitted):
+                        exported, commits = exported + step.events, commits + 1
+                    else:
+                        merges += 1
+            except HistoryError:
+                interrupt.check()  # a commit cancelled by Ctrl-C or SIGTERM wrote nothing: no failure of it
+                raise
     if commits:
         click.echo(f"{exported} event(s) exported to {history.events_table} in {commits} commit(s)")
-    else:
-        click.echo(f"nothing to export: {history.events_table} has every event of the feed")
+    elif not merges:
+        click.echo(
+            f"nothing to export: {history.events_table} and {history.runs_table} have every event of the feed"
+        )

@@ -12,8 +12,11 @@ anything runs.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
+import signal
+import threading
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -31,6 +34,7 @@ UNRESOLVED_FUNCTION = "org.apache.spark.sql.catalyst.analysis.UnresolvedFunction
 SUBQUERY = "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
 # Functions that call Java methods by name: a "query" could stop the JVM or change its state with them.
 JVM_FUNCTIONS = frozenset({"reflect", "java_method", "try_reflect"})
+PY4J_INTERRUPT_LOG = "KeyboardInterrupt while sending command."
 
 
 class QueryRefused(click.ClickException):
@@ -52,6 +56,12 @@ def lake_session() -> Any:
         raise click.ClickException(f"Spark could not start: {one_line(error)}") from None
     spark.sparkContext.setLogLevel("ERROR")
     spark.catalog.setCurrentCatalog("lake")
+    if threading.current_thread() is threading.main_thread():
+        # PySpark's own Ctrl-C handler calls the JVM from inside the handler, which breaks the py4j call
+        # in flight into tracebacks; the command's handling is spark_jobs_cancelled_on_interrupt's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # py4j logs the traceback of every interrupt that reaches a call in flight; the command says it once.
+    logging.getLogger().addFilter(lambda record: record.getMessage() != PY4J_INTERRUPT_LOG)
     return spark
 
 
@@ -178,14 +188,17 @@ def sql(statement: str, fmt: str, limit: int) -> None:
     from pyspark.errors import PySparkException
 
     from runstate.cli.events_io import format_table
+    from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
     spark = lake_session()
     check_read_only(spark, statement)
-    try:
-        frame = spark.sql(statement)
-        rows = frame.limit(limit + 1).collect()
-    except PySparkException as error:
-        raise click.ClickException(_message(error)) from None
+    with spark_jobs_cancelled_on_interrupt(spark) as interrupt:
+        try:
+            frame = spark.sql(statement)
+            rows = frame.limit(limit + 1).collect()
+        except PySparkException as error:
+            interrupt.check()  # a query cancelled by Ctrl-C or SIGTERM is no query error
+            raise click.ClickException(_message(error)) from None
     columns = frame.columns
     if fmt == "json":
         for row in rows[:limit]:

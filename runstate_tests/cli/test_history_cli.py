@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import random
 import shlex
+import signal
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
 pytestmark = [pytest.mark.spark]
 README = Path(__file__).resolve().parents[2] / "README.md"
+RUNSTATE = str(Path(sys.executable).parent / "runstate")
 # Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
 history = lake.history
 store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
@@ -88,6 +92,27 @@ def test_export_once_then_to_the_end_then_nothing_and_sql_reads_it(spark, cli, s
         line.rstrip()
         for line in ["run_id  status", *(f"{run_id}  {store.project(run_id).status}" for run_id in runs)]
     ]
+
+
+def test_sigterm_stops_an_export_with_one_line_and_exit_1_and_the_next_export_finishes(
+    spark, cli, store, history
+):
+    """A real SIGTERM to a `runstate events export` process between or inside its commits (batches of 10):
+    it exits 1 saying so, never by the signal, and what it committed stands."""
+    append_randomly(store, random.Random(43), runs=5, appends=150)
+    child = subprocess.Popen(
+        [RUNSTATE, "events", "export"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    first = child.stdout.readline()
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=120)
+
+    assert "committed to" in first, (first, err[-2000:])
+    assert child.returncode == 1, (child.returncode, err[-2000:])
+    assert "interrupted: terminated by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    assert run(cli, "events", "export").exit_code == 0
+    lake.assert_lake_equals_feed(spark, store, history)
 
 
 def test_a_statement_that_is_not_one_query_is_refused_before_anything_runs(spark, cli, store, history):

@@ -56,7 +56,8 @@ SPARK_WORKER = textwrap.dedent(
     import dagster as dg
     from dagster._utils.interrupts import capture_interrupts
     from pyspark.sql import SparkSession
-    from runstate.defs.runs.interrupts import ends_run_when_interrupted, spark_jobs_cancelled_on_interrupt
+    from runstate.defs.runs.interrupts import ends_run_when_interrupted
+    from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     spark = (

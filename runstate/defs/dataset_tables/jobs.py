@@ -5,10 +5,11 @@ from pydantic import Field
 
 from runstate.defs.dataset_tables.resources import blob_location, copy_on_write_max_bytes
 from runstate.defs.runs.heartbeat import ensure_alive
-from runstate.defs.runs.interrupts import ends_run_when_interrupted, spark_jobs_cancelled_on_interrupt
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import REPLANNED_BY_SENSOR_TAGS, SPARK_JOB_TAGS, SPARK_POOL
 from runstate.defs.wal.resources import WalResource
+from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 from runstate.wal import BlobIntegrityError, WalError, WalInputError
 from runstate.wal.dataset_tables import MergeResult, merge_dataset
 

@@ -37,6 +37,7 @@ from runstate.eventstore.lake import (
     pending_position,
 )
 from runstate.spark import SparkSettings
+from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
 RUN_HISTORY = "run_history"
 EXPORT_JOB = "export_run_history"
@@ -117,19 +118,23 @@ def _run_history_asset(history: HistoryConfig) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult:
         commits = runs = events = 0
         first = last = None
-        try:
-            for step in export_history(
-                spark.get_session(), event_store.get_store(), history, once=config.once
-            ):
-                context.log.info(step.describe())
-                first = step.from_position if first is None else first
-                last = step.position
-                if isinstance(step, EventsCommitted):
-                    commits, events = commits + 1, events + step.events
-                else:
-                    runs += step.runs
-        except FeedRefused as refused:
-            raise dg.Failure(description=str(refused), allow_retries=False) from refused
+        session = spark.get_session()
+        # A SIGTERM (the deployment stopping) cancels the Spark job in flight: the run ends at once.
+        with spark_jobs_cancelled_on_interrupt(session) as interrupt:
+            try:
+                for step in export_history(session, event_store.get_store(), history, once=config.once):
+                    context.log.info(step.describe())
+                    first = step.from_position if first is None else first
+                    last = step.position
+                    if isinstance(step, EventsCommitted):
+                        commits, events = commits + 1, events + step.events
+                    else:
+                        runs += step.runs
+            except FeedRefused as refused:
+                raise dg.Failure(description=str(refused), allow_retries=False) from refused
+            except HistoryError:
+                interrupt.check()  # a commit cancelled by the signal is no export failure
+                raise
         metadata: dict[str, object] = {
             "events_exported": events,
             "commits": commits,

@@ -11,7 +11,7 @@ from pydantic import Field
 from runstate.defs.maintenance.assets import table_inventory
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.runs.heartbeat import ensure_alive
-from runstate.defs.runs.interrupts import ends_run_when_interrupted, spark_jobs_cancelled_on_interrupt
+from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
@@ -21,6 +21,7 @@ from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator
 from runstate.maintenance.plan import ActionPlan
 from runstate.maintenance.runner import JobOutcome, QueueWorker, WorkerReport
+from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
 # A transient fault (a database blip) is worth a few spaced-out retries; a retried worker simply
 # claims whatever is still queued, and every job keeps its own fence.

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from runstate.eventstore.contract import InvalidEvent, StoredEvent
 from runstate.eventstore.lake.arrow import events_from_arrow
-from runstate.eventstore.lake.config import CATALOG, EVENTS_TABLE, HistoryConfig
+from runstate.eventstore.lake.config import CATALOG, EVENTS_TABLE, RUNS_TABLE, HistoryConfig
 from runstate.eventstore.lake.errors import HistoryError
 from runstate.eventstore.lake.export import check_feed
-from runstate.eventstore.lake.tables import first_position
+from runstate.eventstore.lake.tables import POSITION_PROPERTY, first_position
 from runstate.eventstore.validation import check_run_id
 
 if TYPE_CHECKING:
@@ -83,16 +83,39 @@ def table_position(table: Any | None) -> int:
     found = first_position(_ancestor_summaries(table, snapshot))
     if found is not None:
         return found
-    # No export snapshot left (compacted, then expired): the largest position of the rows, from the data
-    # files' column bounds (no data read) when every file has one.
-    scan = table.scan(selected_fields=("position",))
-    field_id = table.schema().find_field("position").field_id
+    # No export snapshot left (compacted, then expired): the largest position of the rows.
+    return _largest(table, "position")
+
+
+def runs_table_position(table: Any | None) -> int:
+    """The feed position a pyiceberg runs table reflects: its position property, else its largest
+    last_position (tables.py)."""
+    if table is None:
+        return 0
+    recorded = table.properties.get(POSITION_PROPERTY)
+    return int(recorded) if recorded is not None else _largest(table, "last_position")
+
+
+def _largest(table: Any, column: str) -> int:
+    """The largest value of a BIGINT column: from the data files' column bounds (no data read) when every
+    file has one."""
+    if table.current_snapshot() is None:
+        return 0
+    scan = table.scan(selected_fields=(column,))
+    field_id = table.schema().find_field(column).field_id
     bounds = [task.file.upper_bounds.get(field_id) for task in scan.plan_files()]
     if all(bound is not None for bound in bounds):
         return max((int.from_bytes(bound, "little", signed=True) for bound in bounds), default=0)
     import pyarrow.compute as pc
 
-    return int(pc.max(scan.to_arrow().column("position")).as_py() or 0)
+    return int(pc.max(scan.to_arrow().column(column)).as_py() or 0)
+
+
+def reached_position(catalog: HistoryCatalog, config: HistoryConfig) -> int:
+    """The feed position the whole run history has reached: the lower of run_events' and runs' (an export
+    that died between its commits and its merge leaves runs behind until the next export)."""
+    events = table_position(catalog.load(config.namespace, EVENTS_TABLE))
+    return min(events, runs_table_position(catalog.load(config.namespace, RUNS_TABLE)))
 
 
 def _ancestor_summaries(table: Any, snapshot: Any) -> Any:
@@ -165,10 +188,10 @@ class HistoryLag:
 
 
 def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> HistoryLag:
-    """The lag of `lake.<namespace>.run_events` behind the feed: the events after its position, counted
-    up to max_events + 1 without reading them, and the first of them read."""
+    """The lag of the run history behind the feed: the events after its position (reached_position),
+    counted up to max_events + 1 without reading them, and the first of them read."""
     check_feed(feed)
-    position = table_position(catalog.load(config.namespace, EVENTS_TABLE))
+    position = reached_position(catalog, config)
     behind, _ = feed.feed_bound(position, config.max_lag_events + 1)
     first = feed.fetch_all(position, 1) if behind else []
     oldest = first[0].persisted_at.astimezone(UTC) if first else None
@@ -176,7 +199,8 @@ def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> Hi
 
 
 def pending_position(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> int | None:
-    """The table's position when the feed has an event after it (an export is due), else None."""
+    """The run history's position (reached_position) when the feed has an event after it (an export is
+    due: it exports the events and merges the runs the tables lack), else None."""
     check_feed(feed)
-    position = table_position(catalog.load(config.namespace, EVENTS_TABLE))
+    position = reached_position(catalog, config)
     return position if feed.fetch_all(position, 1) else None

@@ -8,7 +8,16 @@ from collections.abc import Iterator
 import pytest
 
 from runstate.eventstore import InvalidEvent
-from runstate.eventstore.lake import HistoryCatalog, HistoryError, LakeRunReader
+from runstate.eventstore.lake import (
+    HistoryCatalog,
+    HistoryError,
+    LakeRunReader,
+    history_lag,
+    pending_position,
+)
+from runstate.eventstore.lake.export import commit_events
+from runstate.eventstore.lake.source import next_range
+from runstate.eventstore.lake.tables import events_position
 from runstate.spark import SparkSettings
 
 from .conftest import append_randomly, exported_to_the_end, feed_from_start
@@ -54,3 +63,26 @@ def test_reading_without_spark_needs_the_jdbc_catalog(tmp_path):
 
     with pytest.raises(HistoryError, match="needs the JDBC catalog"):
         HistoryCatalog.from_spark_settings(hadoop)
+
+
+def test_runs_left_behind_by_an_export_that_died_before_its_merge_make_an_export_due(
+    spark, own_store, history, catalog
+):
+    """An export killed between its last commit and its runs merge left run_events at the feed's end and
+    runs behind: the sensor must still start an export and the lag check must count the runs' lag."""
+    append_randomly(own_store, random.Random(4), runs=3, appends=10)
+    exported_to_the_end(spark, own_store, history)
+    reached = feed_from_start(own_store)[-1].position
+    assert pending_position(own_store, catalog, history) is None
+    append_randomly(own_store, random.Random(5), runs=3, appends=10)
+    snapshot_id, after = events_position(spark, history)
+    commit_events(spark, own_store, history, snapshot_id, next_range(own_store, after, 100_000))  # no merge
+    assert events_position(spark, history)[1] == feed_from_start(own_store)[-1].position
+
+    assert pending_position(own_store, catalog, history) == reached
+    lag = history_lag(own_store, catalog, history)
+    assert (lag.position, lag.behind) == (reached, len(own_store.fetch_all(reached, 1000)))
+
+    exported_to_the_end(spark, own_store, history)
+    assert pending_position(own_store, catalog, history) is None
+    assert history_lag(own_store, catalog, history).behind == 0
