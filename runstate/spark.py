@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,9 @@ class SparkSettings:
             "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": "4",
             "spark.sql.session.timeZone": "UTC",
+            # Spark's own catalog is unused (every table is in `lake`); its default warehouse is a
+            # spark-warehouse/ folder in whatever directory the command ran from.
+            "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "runstate-spark-warehouse"),
             # createDataFrame(pandas) sends Arrow batches to the JVM rather than a Row per row.
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             **self.catalog_conf(),

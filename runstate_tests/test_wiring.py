@@ -101,6 +101,7 @@ def test_building_the_core_objects_imports_no_dagster():
         "events, wal = EventStoreConfig.from_settings(s), WalConfig.from_settings(s)\n"
         "wiring.event_store(events).close(); wiring.maintenance_store(MaintenanceConfig.from_settings(s)).close()\n"
         "wiring.wal_table(wal); wiring.blob_store(wal); wiring.postgres_datastore(events).close()\n"
+        "import runstate.spark, runstate.spark_interrupts\n"
         "assert not [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')], 'dagster'\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
