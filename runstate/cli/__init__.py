@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+from types import FrameType
 from typing import Any, NoReturn
 
 import click
@@ -93,6 +94,10 @@ def one_line(error: BaseException) -> str:
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_FORMATS = ["text", "json"]
+# How soon a stop signal that came during a py4j call is sent again (stop_the_command).
+PY4J_RETRY_S = 0.1
+_signal_pending: int | None = None
+_stop_raised = False
 
 
 @click.group(cls=RunstateGroup, lazy_verbs=VERBS)
@@ -164,21 +169,57 @@ def entry() -> NoReturn:
     with every pyarrow wheel and allocator tried. A command's status is 0, 1 or 2, never a signal: SIGTERM
     stops a command as Ctrl-C does.
     """
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, stop_the_command)
     try:
         main()
         status = 0
     except SystemExit as exit_:
         status = _status_of(exit_.code)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command has ended: nothing more to stop
+        for signum in (signal.SIGTERM, signal.SIGINT):  # the command has ended: nothing more to stop
+            signal.signal(signum, signal.SIG_IGN)
         _python_shutdown()
     os._exit(status)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM stops a command as Ctrl-C does: its cleanups run, one `interrupted:` line, exit 1."""
-    raise KeyboardInterrupt("terminated by SIGTERM")
+def stop_the_command(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (and Ctrl-C under a Spark session) stops a command as Ctrl-C does: a KeyboardInterrupt, its
+    cleanups run, one `interrupted:` line, exit 1.
+
+    Raised inside a py4j call, the interrupt would break the JVM connection into py4j's tracebacks; there
+    the signal is sent again a moment later instead, until the main thread is back in Python code
+    (meanwhile each delivery cancels the Spark job in flight: runstate.spark_interrupts), or until the
+    command sees the cancelled job's error and calls `stop_if_signalled`. One interrupt only: a signal
+    after it changes nothing."""
+    global _signal_pending
+    if _stop_raised:
+        return
+    if _in_py4j(frame):
+        _signal_pending = signum
+        threading.Timer(PY4J_RETRY_S, os.kill, (os.getpid(), signum)).start()
+        return
+    _raise_stop(signum)
+
+
+def stop_if_signalled() -> None:
+    """The interrupt of a stop signal that came during a py4j call, if one did: for a command whose Spark
+    job just failed, cancelled by that signal."""
+    if _signal_pending is not None and not _stop_raised:
+        _raise_stop(_signal_pending)
+
+
+def _raise_stop(signum: int) -> NoReturn:
+    global _stop_raised
+    _stop_raised = True
+    raise KeyboardInterrupt("terminated by SIGTERM" if signum == signal.SIGTERM else "")
+
+
+def _in_py4j(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("py4j."):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _status_of(code: object) -> int:

@@ -15,6 +15,7 @@ import click
 @click.option("--once", is_flag=True, help="Commit one batch only (default: export until the feed's end).")
 def export(once: bool) -> None:
     """Export the run state store's feed into lake.<ns>.run_events and .runs (Postgres stores only)."""
+    from runstate.cli import stop_if_signalled
     from runstate.cli.events_io import open_store
     from runstate.cli.sql import lake_session
     from runstate.config import settings
@@ -32,7 +33,7 @@ def export(once: bool) -> None:
         check_feed(store)  # before a JVM starts for nothing
         exported = commits = merges = 0
         spark = lake_session()
-        with spark_jobs_cancelled_on_interrupt(spark) as interrupt:
+        with spark_jobs_cancelled_on_interrupt(spark):
             try:
                 for step in export_history(spark, store, history, once=once):
                     click.echo(step.describe())
@@ -41,7 +42,7 @@ def export(once: bool) -> None:
                     else:
                         merges += 1
             except HistoryError:
-                interrupt.check()  # a commit cancelled by Ctrl-C or SIGTERM wrote nothing: no failure of it
+                stop_if_signalled()  # a commit cancelled by Ctrl-C or SIGTERM wrote nothing: no failure of it
                 raise
     if commits:
         click.echo(f"{exported} event(s) exported to {history.events_table} in {commits} commit(s)")

@@ -2,17 +2,17 @@
 
 The run history (`lake.runstate.run_events`, `lake.runstate.runs`), the dataset tables
 (`lake.datasets.*`) and every other table of the catalog, with Iceberg's metadata tables and time
-travel. Only a query runs: Spark's own parser reads the statement first, and anything whose plan holds
-a command or a statement (INSERT, MERGE, DELETE, CALL, CREATE, DROP, SET, CACHE, EXPLAIN, ... however
-it is wrapped, `WITH x AS (...) INSERT` included), more than one statement, or a call of a function that
-reaches into the JVM (reflect, java_method, try_reflect) is refused with one `Error:` line before
-anything runs.
+travel. Only a query runs. A statement whose first word starts no query is refused before Spark starts
+(a typo or a DELETE costs no JVM). Then Spark's own parser reads the statement, and anything whose plan
+holds a command or a statement (INSERT, MERGE, DELETE, CALL, CREATE, DROP, SET, CACHE, EXPLAIN, ...
+however it is wrapped, `WITH x AS (...) INSERT` included), more than one statement, or a call of a
+function that reaches into the JVM (reflect, java_method, try_reflect) is refused with one `Error:` line
+before anything runs.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 import signal
@@ -34,7 +34,9 @@ UNRESOLVED_FUNCTION = "org.apache.spark.sql.catalyst.analysis.UnresolvedFunction
 SUBQUERY = "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
 # Functions that call Java methods by name: a "query" could stop the JVM or change its state with them.
 JVM_FUNCTIONS = frozenset({"reflect", "java_method", "try_reflect"})
-PY4J_INTERRUPT_LOG = "KeyboardInterrupt while sending command."
+# The words a query can start with (Spark's FROM-first form included); any other first word is refused
+# before Spark starts.
+QUERY_FIRST_WORDS = frozenset({"SELECT", "WITH", "VALUES", "TABLE", "FROM"})
 
 
 class QueryRefused(click.ClickException):
@@ -47,7 +49,7 @@ def lake_session() -> Any:
     from pyspark.errors import PySparkException
 
     from runstate import wiring
-    from runstate.cli import one_line
+    from runstate.cli import one_line, stop_the_command
     from runstate.spark import SparkSetupError
 
     try:
@@ -57,12 +59,24 @@ def lake_session() -> Any:
     spark.sparkContext.setLogLevel("ERROR")
     spark.catalog.setCurrentCatalog("lake")
     if threading.current_thread() is threading.main_thread():
-        # PySpark's own Ctrl-C handler calls the JVM from inside the handler, which breaks the py4j call
-        # in flight into tracebacks; the command's handling is spark_jobs_cancelled_on_interrupt's.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    # py4j logs the traceback of every interrupt that reaches a call in flight; the command says it once.
-    logging.getLogger().addFilter(lambda record: record.getMessage() != PY4J_INTERRUPT_LOG)
+        # PySpark's own Ctrl-C handler calls the JVM from inside the handler and raises inside the py4j
+        # call in flight, which breaks it into tracebacks.
+        signal.signal(signal.SIGINT, stop_the_command)
     return spark
+
+
+def refuse_what_starts_no_query(statement: str) -> None:
+    """QueryRefused, without Spark, when the statement is empty or its first word starts no query; one that
+    starts with a comment or a parenthesis is left to Spark's parser (check_read_only), which decides."""
+    text = statement.strip().rstrip(";").strip()
+    if not text:
+        raise QueryRefused("the statement is empty: give one query; nothing was run")
+    word = re.match(r"[A-Za-z_]+", text)
+    if word and word.group().upper() not in QUERY_FIRST_WORDS:
+        raise QueryRefused(
+            f"only a query may run here (SELECT, WITH ... SELECT, VALUES, TABLE), not one that starts "
+            f"with {word.group().upper()}; nothing was run"
+        )
 
 
 def check_read_only(spark: Any, statement: str) -> None:
@@ -187,17 +201,19 @@ def sql(statement: str, fmt: str, limit: int) -> None:
     json prints one object per row (JSON lines); table prints aligned columns."""
     from pyspark.errors import PySparkException
 
+    from runstate.cli import stop_if_signalled
     from runstate.cli.events_io import format_table
     from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
+    refuse_what_starts_no_query(statement)  # before a JVM starts for nothing
     spark = lake_session()
     check_read_only(spark, statement)
-    with spark_jobs_cancelled_on_interrupt(spark) as interrupt:
+    with spark_jobs_cancelled_on_interrupt(spark):
         try:
             frame = spark.sql(statement)
             rows = frame.limit(limit + 1).collect()
         except PySparkException as error:
-            interrupt.check()  # a query cancelled by Ctrl-C or SIGTERM is no query error
+            stop_if_signalled()  # a query cancelled by Ctrl-C or SIGTERM is no query error
             raise click.ClickException(_message(error)) from None
     columns = frame.columns
     if fmt == "json":
