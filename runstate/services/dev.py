@@ -126,22 +126,27 @@ def supervise(child: subprocess.Popen, stopping: Path | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _sweep_group(child)
+    _sweep_group(child, told)
     # Asked to stop and it stopped: that is a clean exit whatever code the child chose for it.
     return 0 if signals_seen else code
 
 
-def _sweep_group(child: subprocess.Popen, grace: float = 20.0) -> None:
+def _sweep_group(child: subprocess.Popen, told: set[int], grace: float = 20.0) -> None:
     """Stop whatever dagster dev left in its process group (a code server waiting out its heartbeat).
 
     The group is the session we created for dagster dev, so it holds nothing but its descendants.
     They get SIGTERM, a grace period to finish, then SIGKILL; we return only once the group is empty.
+    A run worker that a code server spawns during the grace period gets SIGTERM too, so it records its
+    run's end instead of being killed with it left STARTED.
     """
-    if not _group_members(child.pid):
+    members = _group_members(child.pid)
+    if not members:
         return
     _kill_group(child, signal.SIGTERM)
+    told.update(members)
     deadline = time.monotonic() + grace
     while _group_members(child.pid) and time.monotonic() < deadline:
+        _stop_run_workers(child.pid, told)
         time.sleep(0.2)
     _kill_group(child, signal.SIGKILL)
 

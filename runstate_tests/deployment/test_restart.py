@@ -52,7 +52,7 @@ FIRST_FLUSH_S = 400  # the first run worker of a fresh server, on a loaded machi
 DEAD_AFTER_S = 12  # RUNSTATE_RUN_DEAD_AFTER_S of this server: a paused worker is failed this soon
 DATASET = "restart"
 RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
-  runId status creationTime startTime endTime } } } }"""
+  runId jobName status creationTime startTime endTime } } } }"""
 RUN = """query($runId: ID!) { runOrError(runId: $runId) { ... on Run { status endTime } } }"""
 
 
@@ -282,7 +282,17 @@ def restart_then_append(server: Server, sig: int, changes: list[Change]) -> floa
             for run in all_runs(server.deployment)
             if run["startTime"] is not None and run["startTime"] >= stopping
         ]
-        assert all(run["endTime"] is not None and run["endTime"] <= stopped for run in late), late
+        assert all(run["endTime"] is not None and run["endTime"] <= stopped for run in late), [
+            (
+                run["jobName"],
+                run["status"],
+                f"started {run['startTime'] - stopping:+.1f} s after the stop",
+                f"ended {run['endTime'] - stopped:+.1f} s after runstate dev exited"
+                if run["endTime"]
+                else "no end",
+            )
+            for run in late
+        ]
     return append_after_restart(server, changes, f"after-{signal.Signals(sig).name}", since=stopped)
 
 
