@@ -18,9 +18,11 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
+from runstate import sqlfiles
 from runstate.eventstore.contract import one_line
 
 log = logging.getLogger("runstate.eventstore.postgres")
@@ -91,3 +93,13 @@ class FeedListener:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+feed_query = sqlfiles.named("postgres", "eventstore", "feed.sql")
+
+
+def feed_page_params(conn: psycopg.Connection, after_position: int, limit: int) -> dict[str, Any]:
+    """The parameters of a feed page's statement (feed, feed_bound): the transactions of other databases
+    are listed first, in a statement of their own (feed.sql says why)."""
+    other_xids = conn.execute(feed_query("other_databases_xids")).fetchone()[0]
+    return {"after": after_position, "limit": limit, "other_xids": other_xids}

@@ -55,7 +55,7 @@ from runstate.eventstore.contract import (
 )
 from runstate.eventstore.feed import check_position
 from runstate.eventstore.pg_arrays import bytea_array
-from runstate.eventstore.pg_feed import listening
+from runstate.eventstore.pg_feed import feed_page_params, feed_query, listening
 from runstate.eventstore.pg_indexes import compact_run_keyed_indexes
 from runstate.eventstore.pg_sql import (
     GUESSED_WRONG_SQLSTATE,
@@ -82,7 +82,6 @@ _NO_UPPER_BOUND = 2**62
 _append = sqlfiles.named("postgres", "eventstore", "append.sql")
 _snapshots = sqlfiles.named("postgres", "eventstore", "snapshots.sql")
 _reads = sqlfiles.named("postgres", "eventstore", "reads.sql")
-_feed = sqlfiles.named("postgres", "eventstore", "feed.sql")
 _archive = sqlfiles.named("postgres", "eventstore", "archive.sql")
 _store = sqlfiles.named("postgres", "eventstore", "store.sql")
 
@@ -295,12 +294,14 @@ class PostgresBackend(StoreBackend):
 
     def feed(self, conn: psycopg.Connection, after_position: int, limit: int) -> list[StoredEvent]:
         """Only what no later commit can precede (pg_feed.py says how)."""
-        params = _feed_page(conn, after_position, limit)
-        return [stored_event(row) for row in conn.execute(_feed("feed"), params, binary=True).fetchall()]
+        params = feed_page_params(conn, after_position, limit)
+        return [stored_event(row) for row in conn.execute(feed_query("feed"), params, binary=True).fetchall()]
 
     def feed_bound(self, conn: psycopg.Connection, after_position: int, limit: int) -> tuple[int, int]:
         """(how many events the feed's next page of `limit` holds, its last position): no row is read."""
-        count, last = conn.execute(_feed("feed_bound"), _feed_page(conn, after_position, limit)).fetchone()
+        count, last = conn.execute(
+            feed_query("feed_bound"), feed_page_params(conn, after_position, limit)
+        ).fetchone()
         return int(count), int(last)
 
     def feed_waiter(self) -> AbstractContextManager[Callable[[float], None]]:
@@ -439,14 +440,7 @@ class PostgresEventStore(EventStore):
     def export_query(self) -> str:
         """The query whose rows Spark's JDBC source reads for the run history (feed.sql's export_rows):
         every event, with its columns as the lake keeps them, to be bounded by `position`."""
-        return _feed("export_rows")
-
-
-def _feed_page(conn: psycopg.Connection, after_position: int, limit: int) -> dict[str, Any]:
-    """The parameters of a feed page's statement (feed, feed_bound): the transactions of other databases
-    are listed first, in a statement of their own (feed.sql says why)."""
-    other_xids = conn.execute(_feed("other_databases_xids")).fetchone()[0]
-    return {"after": after_position, "limit": limit, "other_xids": other_xids}
+        return feed_query("export_rows")
 
 
 def open_store(datastore: PostgresDatastore, **options: Any) -> PostgresEventStore:
