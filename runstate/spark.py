@@ -29,6 +29,8 @@ ICEBERG_JAR_NAME = "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
 JDBC_JAR_CANDIDATES = ("/usr/share/java/postgresql.jar",)
 LOOPBACK = "127.0.0.1"
 LOOPBACK_NAMES = (LOOPBACK, "localhost")
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+LOG_CONFIG = Path(__file__).with_name("spark_log4j2.properties")
 
 
 class SparkSetupError(RuntimeError):
@@ -149,6 +151,7 @@ class SparkSettings:
             **self.catalog_conf(),
         }
         conf.update(self.extra_conf)
+        conf[DRIVER_JAVA_OPTIONS] = with_log_config(conf.get(DRIVER_JAVA_OPTIONS, ""))
         return conf
 
     def driver_address_conf(self) -> dict[str, str]:
@@ -160,6 +163,13 @@ class SparkSettings:
     def is_jdbc(self) -> bool:
         impl = self.catalog_conf().get(f"spark.sql.catalog.{CATALOG}.catalog-impl", "")
         return impl.endswith("JdbcCatalog")
+
+
+def with_log_config(java_options: str) -> str:
+    """The driver's Java options with runstate's log configuration, unless they name one already."""
+    if "log4j2.configurationFile" in java_options:
+        return java_options
+    return f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {java_options}".strip()
 
 
 def spark_config(settings: SparkSettings) -> dict[str, str]:

@@ -78,6 +78,7 @@ def test_demo_runs_end_to_end(fresh_database: str, moto_endpoint: str, tmp_path:
         timeout=600,
     )
     assert answer.returncode == 0, answer.stderr[-3000:]
+    assert answer.stderr == "", answer.stderr[-3000:]  # Spark's start-up banner and warnings are quiet
     assert [json.loads(line) for line in answer.stdout.splitlines()] == [
         {"event_type": "StepFailed", "failed_steps": 3},
         {"event_type": "StepRetrying", "failed_steps": 3},

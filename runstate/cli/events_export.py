@@ -19,34 +19,25 @@ def export(once: bool) -> None:
     from runstate.cli.events_io import open_store
     from runstate.cli.sql import lake_session
     from runstate.config import settings
-    from runstate.eventstore.lake import (
-        EventsCommitted,
-        HistoryConfig,
-        HistoryError,
-        check_feed,
-        export_history,
-    )
+    from runstate.eventstore.lake import ExportTally, HistoryConfig, HistoryError, check_feed, export_history
     from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
     history = HistoryConfig.from_settings(settings())
     with open_store() as store:
         check_feed(store)  # before a JVM starts for nothing
-        exported = commits = merges = 0
+        tally = ExportTally()
         spark = lake_session()
         with spark_jobs_cancelled_on_interrupt(spark):
             try:
                 for step in export_history(spark, store, history, once=once):
                     click.echo(step.describe())
-                    if isinstance(step, EventsCommitted):
-                        exported, commits = exported + step.events, commits + 1
-                    else:
-                        merges += 1
+                    tally.add(step)
             except HistoryError:
                 stop_if_signalled()  # a commit cancelled by Ctrl-C or SIGTERM wrote nothing: no failure of it
                 raise
-    if commits:
-        click.echo(f"{exported} event(s) exported to {history.events_table} in {commits} commit(s)")
-    elif not merges:
+    if tally.commits:
+        click.echo(f"{tally.events} event(s) exported to {history.events_table} in {tally.commits} commit(s)")
+    elif not tally.merges:
         click.echo(
             f"nothing to export: {history.events_table} and {history.runs_table} have every event of the feed"
         )

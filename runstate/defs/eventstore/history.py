@@ -27,7 +27,7 @@ from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import DOMAIN_TAG, SPARK_JOB_TAGS, SPARK_POOL, TABLE_TAG
 from runstate.eventstore.lake import (
-    EventsCommitted,
+    ExportTally,
     FeedRefused,
     HistoryCatalog,
     HistoryConfig,
@@ -116,34 +116,28 @@ def _run_history_asset(history: HistoryConfig) -> dg.AssetsDefinition:
         event_store: EventStoreResource,
         spark: SparkResource,
     ) -> dg.MaterializeResult:
-        commits = runs = events = 0
-        first = last = None
+        tally = ExportTally()
         session = spark.get_session()
         # A SIGTERM (the deployment stopping) cancels the Spark job in flight: the run ends at once.
         with spark_jobs_cancelled_on_interrupt(session) as interrupt:
             try:
                 for step in export_history(session, event_store.get_store(), history, once=config.once):
                     context.log.info(step.describe())
-                    first = step.from_position if first is None else first
-                    last = step.position
-                    if isinstance(step, EventsCommitted):
-                        commits, events = commits + 1, events + step.events
-                    else:
-                        runs += step.runs
+                    tally.add(step)
             except FeedRefused as refused:
                 raise dg.Failure(description=str(refused), allow_retries=False) from refused
             except HistoryError:
                 interrupt.check()  # a commit cancelled by the signal is no export failure
                 raise
         metadata: dict[str, object] = {
-            "events_exported": events,
-            "commits": commits,
-            "runs_merged": runs,
+            "events_exported": tally.events,
+            "commits": tally.commits,
+            "runs_merged": tally.runs_merged,
             "events_table": history.events_table,
             "runs_table": history.runs_table,
         }
-        if last is not None:
-            metadata.update(from_position=first, position=last)
+        if tally.position is not None:
+            metadata.update(from_position=tally.from_position, position=tally.position)
         return dg.MaterializeResult(metadata=metadata)
 
     return run_history

@@ -8,7 +8,13 @@ back without a JVM. Plain Python; never imports dagster or another domain.
 
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import FeedRefused, HistoryConflict, HistoryError
-from runstate.eventstore.lake.export import EventsCommitted, ExportStep, check_feed, export_history
+from runstate.eventstore.lake.export import (
+    EventsCommitted,
+    ExportStep,
+    ExportTally,
+    check_feed,
+    export_history,
+)
 from runstate.eventstore.lake.reader import (
     HistoryCatalog,
     HistoryLag,
@@ -23,6 +29,7 @@ __all__ = [
     "POSITION_PROPERTY",
     "EventsCommitted",
     "ExportStep",
+    "ExportTally",
     "FeedRefused",
     "HistoryCatalog",
     "HistoryConfig",

@@ -57,6 +57,27 @@ class EventsCommitted:
 ExportStep = EventsCommitted | RunsMerged
 
 
+@dataclass
+class ExportTally:
+    """What an export's steps added up to, as the CLI and the Dagster asset report it."""
+
+    events: int = 0
+    commits: int = 0
+    merges: int = 0
+    runs_merged: int = 0
+    from_position: int | None = None
+    position: int | None = None
+
+    def add(self, step: ExportStep) -> None:
+        if self.from_position is None:
+            self.from_position = step.from_position
+        self.position = step.position
+        if isinstance(step, EventsCommitted):
+            self.events, self.commits = self.events + step.events, self.commits + 1
+        else:
+            self.merges, self.runs_merged = self.merges + 1, self.runs_merged + step.runs
+
+
 def check_feed(feed: Any) -> None:
     """FeedRefused unless `feed` is a store whose feed never skips an event (Postgres)."""
     from runstate.eventstore.postgres import PostgresEventStore
