@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from runstate.config import Settings
-from runstate.spark import CATALOG, SparkSettings, SparkSetupError, jdbc_url, spark_config
+from runstate.spark import CATALOG, LOG_CONFIG, SparkSettings, SparkSetupError, jdbc_url, spark_config
 
 
 @pytest.mark.spark
@@ -61,6 +61,26 @@ def test_runstate_spark_conf_passes_through_and_wins(tmp_path):
     assert spark_settings.master == "spark://cluster:7077"
     assert conf["spark.driver.memory"] == "4g"
     assert conf["spark.executor.cores"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("java_options", "expected"),
+    [
+        (None, f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()}"),
+        ("-Xss4m", f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} -Xss4m"),
+        (
+            "-Dlog4j2.configurationFile=file:/etc/mine.properties",
+            "-Dlog4j2.configurationFile=file:/etc/mine.properties",
+        ),
+    ],
+)
+def test_the_driver_logs_through_runstates_file_unless_the_user_names_one(java_options, expected, tmp_path):
+    extra = {} if java_options is None else {"spark.driver.extraJavaOptions": java_options}
+
+    conf = SparkSettings(extra_conf=extra, warehouse_dir=tmp_path).conf()
+
+    assert conf["spark.driver.extraJavaOptions"] == expected
+    assert LOG_CONFIG.is_file()
 
 
 def test_a_spark_conf_that_is_not_a_json_object_is_refused():

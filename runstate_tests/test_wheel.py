@@ -69,13 +69,15 @@ def test_the_installed_package_is_the_wheel_not_the_checkout(installed, tmp_path
         [
             str(installed / "python"),
             "-c",
-            "import runstate, runstate._sql as s; print(runstate.__file__, s.__file__)",
+            "import runstate, runstate._sql as s, runstate.spark as k; "
+            "print(runstate.__file__, s.__file__, k.LOG_CONFIG.is_file())",
         ],
         cwd=tmp_path,
         env=_elsewhere(tmp_path),
     ).stdout
 
     assert str(ROOT) not in where and "site-packages" in where
+    assert where.split()[-1] == "True"  # the Spark driver's log configuration ships in the wheel
 
 
 def test_the_wheel_answers_help_and_migrates_a_scratch_database_from_another_directory(
