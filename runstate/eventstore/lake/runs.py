@@ -20,7 +20,8 @@ Why a merge is exactly-once even when it is killed, repeated or raced by another
   (The position is read from a table property set after the commit; if a merge dies between the two, the
   property lags, and the next merge's range holds events some rows have: those runs are folded again.)
 A run's events usually come in seq order; one whose new events are not all after its stored last seq
-(two appends whose feed positions crossed) is folded again from all its events in run_events.
+(two appends whose feed positions crossed) is folded again from all its events in run_events, read from
+the partitions of the days between its earliest and its latest event only.
 """
 
 from __future__ import annotations
@@ -243,7 +244,8 @@ def merge_runs(
             folded.update(_stored_rows(spark, config, {run_id: created[run_id] for run_id in unseen}))
         rows, again = plan_rows(folded, new, created)
         if again:
-            full = by_run(_events_of_runs(spark, config, snapshot_id, again, end))
+            span = _emitted_span([folded[run_id] for run_id in again], [new[run_id] for run_id in again])
+            full = by_run(_events_of_runs(spark, config, snapshot_id, again, end, span))
             rows += [RunRow.of(run_id, created[run_id], full[run_id]) for run_id in again]
             folded_again += len(again)
         folded.update((row.run_id, row) for row in rows)
@@ -308,17 +310,37 @@ def _stored_rows(spark: Any, config: HistoryConfig, created: dict[str, datetime]
         spark.catalog.dropTempView(view)
 
 
+def _emitted_span(
+    rows: Sequence[RunRow], chunks: Sequence[Sequence[FoldedRunEvent]]
+) -> tuple[datetime, datetime]:
+    """When the earliest and the latest event of these runs up to this chunk were emitted: their rows hold
+    the span of every event folded so far, the chunks the rest."""
+    times = [utc(event.emitted_at) for chunk in chunks for event in chunk]
+    earliest = min(row.first_event_at for row in rows)
+    latest = max(row.last_event_at for row in rows)
+    return min(earliest, *times), max(latest, *times)
+
+
 def _events_of_runs(
-    spark: Any, config: HistoryConfig, snapshot_id: int, run_ids: list[str], end: int
+    spark: Any,
+    config: HistoryConfig,
+    snapshot_id: int,
+    run_ids: list[str],
+    end: int,
+    span: tuple[datetime, datetime],
 ) -> list[RunEvent]:
+    """Every event of the runs up to position `end`, read from the partitions of `span` only (run_events
+    is partitioned by day of emitted_at)."""
     view = _ids_view(spark, run_ids)
     query = (
         f"SELECT {_RUN_EVENT_SELECT} FROM {config.events_table} VERSION AS OF {snapshot_id} e "
-        f"LEFT SEMI JOIN {view} i ON e.run_id = i.run_id WHERE position <= {int(end)}"
+        f"LEFT SEMI JOIN {view} i ON e.run_id = i.run_id WHERE position <= {int(end)} "
+        "AND e.emitted_at >= :earliest AND e.emitted_at <= :latest"
     )
     try:
         with spark_errors(config.events_table, "read"):
-            return run_events_from_arrow(collect_arrow(spark.sql(query)))
+            rows = spark.sql(query, args={"earliest": span[0], "latest": span[1]})
+            return run_events_from_arrow(collect_arrow(rows))
     finally:
         spark.catalog.dropTempView(view)
 

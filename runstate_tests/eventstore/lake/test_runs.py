@@ -115,6 +115,34 @@ def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, own_s
 
 
 @pytest.mark.spark
+def test_a_run_folded_again_reads_only_the_days_its_events_were_emitted(spark, own_store, history):
+    """Another run's events of two years ago are in partitions of their own; with their data files gone
+    from disk, a run folded again still merges, so its read never opened them."""
+
+    def imported(run_id: str, seq: int, event_type: str, at: datetime) -> StoredEvent:
+        event = NewEvent(run_id=run_id, event_type=event_type, emitted_at=at + timedelta(seconds=seq))
+        return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": at})
+
+    long_ago = T0 - timedelta(days=730)
+    own_store.import_events([imported("ancient", 1, "RunStarted", long_ago)])
+    own_store.import_events(
+        [imported("gappy", 1, "RunStarted", T0), imported("gappy", 3, "RunCompleted", T0)]
+    )
+    exported_to_the_end(spark, own_store, history)
+    files = spark.sql(f"SELECT DISTINCT _file FROM {history.events_table} WHERE run_id = 'ancient'").collect()
+    assert files and all("emitted_at_day=" in row._file for row in files)
+    for row in files:
+        Path(urlsplit(row._file).path).unlink()
+    own_store.import_events([imported("gappy", 2, "SignalWaiting", T0)])  # below seq 3, at a later position
+
+    steps = exported_to_the_end(spark, own_store, history)
+
+    assert [step.folded_again for step in steps if hasattr(step, "folded_again")] == [1]
+    gappy = expected_runs(own_store, [e for e in feed_from_start(own_store) if e.run_id == "gappy"])["gappy"]
+    assert lake_runs(spark, history)["gappy"] == gappy
+
+
+@pytest.mark.spark
 def test_rows_of_an_older_merge_landing_late_change_nothing(spark, own_store, history):
     append_randomly(own_store, random.Random(3), runs=4, appends=10)
     early = by_run(own_store.fetch_all(0, 12))
