@@ -38,10 +38,15 @@ class SignalWatch:
 
 
 @contextmanager
-def spark_jobs_cancelled_on_interrupt(session: SparkSession | None = None) -> Iterator[SignalWatch]:
+def spark_jobs_cancelled_on_interrupt(
+    session: SparkSession | None = None, *, silent_once_cancelled: bool = False
+) -> Iterator[SignalWatch]:
     """While the block runs, SIGINT or SIGTERM cancels the session's Spark jobs (no session: those of the
     process's Spark context, if one started by then: a worker that builds its session lazily). The
-    signals' own handlers are left as they are (Dagster's in a run worker, the CLI's)."""
+    signals' own handlers are left as they are (Dagster's in a run worker, the CLI's).
+
+    `silent_once_cancelled`: the JVM logs nothing more after it cancels, for a process that ends with
+    the interrupt (a CLI command): the cancelled tasks' ERROR lines and stack traces are not its errors."""
     watch = SignalWatch()
     if threading.current_thread() is not threading.main_thread():  # no signal handler here to begin with
         yield watch
@@ -62,7 +67,10 @@ def spark_jobs_cancelled_on_interrupt(session: SparkSession | None = None) -> It
             if {signal.SIGINT, signal.SIGTERM} & set(received):
                 watch.seen.set()
                 with contextlib.suppress(Exception):  # a session already gone has nothing to cancel
-                    _spark_context(session).cancelAllJobs()
+                    context = _spark_context(session)
+                    if silent_once_cancelled:
+                        _jvm_logs_off(context)
+                    context.cancelAllJobs()
 
     watcher = threading.Thread(target=cancel_on_signal, name="spark-cancel-on-signal", daemon=True)
     watcher.start()
@@ -83,3 +91,10 @@ def _spark_context(session: SparkSession | None) -> Any:
     from pyspark import SparkContext
 
     return SparkContext._active_spark_context  # None before the first session: AttributeError, suppressed
+
+
+def _jvm_logs_off(context: Any) -> None:
+    """Every JVM logger off, those with a level of their own too (SparkContext.setLogLevel sets the root's
+    only, and the driver's log configuration names some: runstate/spark_log4j2.properties)."""
+    log4j = context._jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setAllLevels(log4j.LogManager.ROOT_LOGGER_NAME, log4j.Level.OFF)

@@ -96,7 +96,7 @@ LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_FORMATS = ["text", "json"]
 # How soon a stop signal that came during a py4j call is sent again (stop_the_command).
 PY4J_RETRY_S = 0.1
-_signal_pending: int | None = None
+_stop_signal: int | None = None  # the stop signal that came, raised or still to be
 _stop_raised = False
 
 
@@ -191,21 +191,23 @@ def stop_the_command(signum: int, frame: FrameType | None) -> None:
     (meanwhile each delivery cancels the Spark job in flight: runstate.spark_interrupts), or until the
     command sees the cancelled job's error and calls `stop_if_signalled`. One interrupt only: a signal
     after it changes nothing."""
-    global _signal_pending
+    global _stop_signal
     if _stop_raised:
         return
+    _stop_signal = signum
     if _in_py4j(frame):
-        _signal_pending = signum
         threading.Timer(PY4J_RETRY_S, os.kill, (os.getpid(), signum)).start()
         return
     _raise_stop(signum)
 
 
 def stop_if_signalled() -> None:
-    """The interrupt of a stop signal that came during a py4j call, if one did: for a command whose Spark
-    job just failed, cancelled by that signal."""
-    if _signal_pending is not None and not _stop_raised:
-        _raise_stop(_signal_pending)
+    """The interrupt of the stop signal, if one came: for a command whose Spark job just failed, cancelled
+    by that signal. Raised even when the interrupt was raised once already: PySpark's Arrow collect asks
+    the JVM for the job's result in a `finally`, whose cancellation error replaces the interrupt that came
+    while it read the rows."""
+    if _stop_signal is not None:
+        _raise_stop(_stop_signal)
 
 
 def _raise_stop(signum: int) -> NoReturn:

@@ -27,7 +27,7 @@ def export(once: bool) -> None:
         check_feed(store)  # before a JVM starts for nothing
         tally = ExportTally()
         spark = lake_session()
-        with spark_jobs_cancelled_on_interrupt(spark):
+        with spark_jobs_cancelled_on_interrupt(spark, silent_once_cancelled=True):
             try:
                 for step in export_history(spark, store, history, once=once):
                     click.echo(step.describe())

@@ -208,7 +208,7 @@ def sql(statement: str, fmt: str, limit: int) -> None:
     refuse_what_starts_no_query(statement)  # before a JVM starts for nothing
     spark = lake_session()
     check_read_only(spark, statement)
-    with spark_jobs_cancelled_on_interrupt(spark):
+    with spark_jobs_cancelled_on_interrupt(spark, silent_once_cancelled=True):
         try:
             frame = spark.sql(statement)
             rows = frame.limit(limit + 1).collect()

@@ -106,3 +106,31 @@ def test_ctrl_c_in_the_first_shards_run_stops_the_command_there(
     first_shard = int(runs[0].tags["runstate/wal_shard"])
     [(_, untouched)] = [(shard, name) for shard, name in datasets.items() if shard != first_shard]
     assert set(gated_world.statuses(untouched).values()) == {"Pending"}
+
+
+def test_a_stop_replaced_by_the_cancelled_jobs_error_is_raised_again(monkeypatch):
+    """PySpark's Arrow collect asks the JVM for the job's result in a `finally`: the interrupt raised while
+    it read rows is replaced by the cancellation's error, and the command must still stop as interrupted."""
+    import runstate.cli as cli
+
+    monkeypatch.setattr(cli, "_stop_signal", None)
+    monkeypatch.setattr(cli, "_stop_raised", False)
+    with pytest.raises(KeyboardInterrupt, match="terminated by SIGTERM"):
+        try:
+            try:
+                cli.stop_the_command(signal.SIGTERM, None)
+            finally:
+                raise RuntimeError(
+                    "Exception thrown in awaitResult"
+                )  # the cancelled job, as PySpark raises it
+        except RuntimeError:
+            cli.stop_if_signalled()
+
+
+def test_without_a_stop_signal_a_failed_job_is_its_own_error(monkeypatch):
+    import runstate.cli as cli
+
+    monkeypatch.setattr(cli, "_stop_signal", None)
+    monkeypatch.setattr(cli, "_stop_raised", False)
+
+    cli.stop_if_signalled()  # nothing to raise: the caller reports the job's failure
