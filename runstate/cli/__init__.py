@@ -75,9 +75,10 @@ class RunstateGroup(click.Group):
         return super().get_command(ctx, cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
+        errors = domain_errors()  # imported before the verb runs: a stop signal then raises in the verb
         try:
             return super().invoke(ctx)
-        except domain_errors() as error:
+        except errors as error:
             raise click.ClickException(one_line(error)) from None
         except KeyboardInterrupt as interrupt:
             # Ctrl-C stops every verb; one that ran a Dagster run says which (RunInterrupted), and click
@@ -94,8 +95,11 @@ def one_line(error: BaseException) -> str:
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 LOG_FORMATS = ["text", "json"]
-# How soon a stop signal that came during a py4j call is sent again (stop_the_command).
-PY4J_RETRY_S = 0.1
+# How soon a stop signal that came during PySpark's or py4j's code is sent again (stop_the_command).
+SPARK_CALL_RETRY_S = 0.1
+# Code that a stop signal must not interrupt half-way: py4j's calls, and PySpark's own code (its JVM's
+# start, its Arrow collect) around them.
+_SPARK_MODULES = ("py4j.", "pyspark.")
 _stop_signal: int | None = None  # the stop signal that came, raised or still to be
 _stop_raised = False
 
@@ -186,17 +190,18 @@ def stop_the_command(signum: int, frame: FrameType | None) -> None:
     """SIGTERM (and Ctrl-C under a Spark session) stops a command as Ctrl-C does: a KeyboardInterrupt, its
     cleanups run, one `interrupted:` line, exit 1.
 
-    Raised inside a py4j call, the interrupt would break the JVM connection into py4j's tracebacks; there
-    the signal is sent again a moment later instead, until the main thread is back in Python code
-    (meanwhile each delivery cancels the Spark job in flight: runstate.spark_interrupts), or until the
-    command sees the cancelled job's error and calls `stop_if_signalled`. One interrupt only: a signal
-    after it changes nothing."""
+    Raised inside PySpark or a py4j call, the interrupt would break things half-way: the JVM connection
+    into py4j's tracebacks, or a JVM being started into one that outlives the command (PySpark deletes the
+    folder it was to report its port in, and it waits for ever). There the signal is sent again a moment
+    later instead, until the main thread is back in runstate's code (meanwhile each delivery cancels the
+    Spark job in flight: runstate.spark_interrupts), or until the command sees the cancelled job's error
+    and calls `stop_if_signalled`. One interrupt only: a signal after it changes nothing."""
     global _stop_signal
     if _stop_raised:
         return
     _stop_signal = signum
-    if _in_py4j(frame):
-        threading.Timer(PY4J_RETRY_S, os.kill, (os.getpid(), signum)).start()
+    if _in_spark_call(frame):
+        threading.Timer(SPARK_CALL_RETRY_S, os.kill, (os.getpid(), signum)).start()
         return
     _raise_stop(signum)
 
@@ -216,9 +221,9 @@ def _raise_stop(signum: int) -> NoReturn:
     raise KeyboardInterrupt("terminated by SIGTERM" if signum == signal.SIGTERM else "")
 
 
-def _in_py4j(frame: FrameType | None) -> bool:
+def _in_spark_call(frame: FrameType | None) -> bool:
     while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith("py4j."):
+        if frame.f_globals.get("__name__", "").startswith(_SPARK_MODULES):
             return True
         frame = frame.f_back
     return False

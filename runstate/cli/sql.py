@@ -52,15 +52,18 @@ def lake_session() -> Any:
     from runstate.cli import one_line, stop_the_command
     from runstate.spark import SparkSetupError
 
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # Ctrl-C while the JVM starts: as SIGTERM, not a JVM left running (stop_the_command)
+        signal.signal(signal.SIGINT, stop_the_command)
     try:
         spark = wiring.spark_session()
     except (SparkSetupError, PySparkException) as error:
         raise click.ClickException(f"Spark could not start: {one_line(error)}") from None
     spark.sparkContext.setLogLevel("ERROR")
     spark.catalog.setCurrentCatalog("lake")
-    if threading.current_thread() is threading.main_thread():
-        # PySpark's own Ctrl-C handler calls the JVM from inside the handler and raises inside the py4j
-        # call in flight, which breaks it into tracebacks.
+    if main_thread:
+        # The session put PySpark's own Ctrl-C handler in place: it calls the JVM from inside the handler
+        # and raises inside the py4j call in flight, which breaks it into tracebacks.
         signal.signal(signal.SIGINT, stop_the_command)
     return spark
 
@@ -137,10 +140,12 @@ def _words(kind: str) -> str:
 
 
 def _message(error: BaseException) -> str:
-    """Spark's message on one line, without the JVM stack trace."""
+    """Spark's message on one line, without the JVM stack trace (a failed job's error comes from the JVM
+    as it is, with its trace: `Py4JJavaError`)."""
     from runstate.cli import one_line
 
-    return one_line(str(error).split("JVM stacktrace:")[0])[:1000]
+    text = str(getattr(error, "java_exception", error))
+    return one_line(text.split("JVM stacktrace:")[0].split("\n\tat ")[0])[:1000]
 
 
 def _seq(scala_seq: Any) -> list[Any]:
@@ -199,6 +204,7 @@ def sql(statement: str, fmt: str, limit: int) -> None:
     """Run one read-only Spark SQL query on the lake catalog (run history, dataset tables, ...).
 
     json prints one object per row (JSON lines); table prints aligned columns."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     from runstate.cli import stop_if_signalled
@@ -212,7 +218,7 @@ def sql(statement: str, fmt: str, limit: int) -> None:
         try:
             frame = spark.sql(statement)
             rows = frame.limit(limit + 1).collect()
-        except PySparkException as error:
+        except (PySparkException, Py4JJavaError) as error:
             stop_if_signalled()  # a query cancelled by Ctrl-C or SIGTERM is no query error
             raise click.ClickException(_message(error)) from None
     columns = frame.columns

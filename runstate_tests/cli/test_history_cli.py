@@ -12,9 +12,11 @@ import shlex
 import signal
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner, Result
@@ -24,6 +26,7 @@ from runstate.config import settings
 from runstate.eventstore import EventType
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
+from runstate_tests.devserver import poll
 from runstate_tests.eventstore import conftest as eventstore_fixtures
 from runstate_tests.eventstore.conftest import ev
 from runstate_tests.eventstore.lake import conftest as lake
@@ -119,6 +122,49 @@ def test_sigterm_stops_an_export_with_one_line_and_exit_1_and_the_next_export_fi
     lake.assert_lake_equals_feed(spark, store, history)
 
 
+def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind(cli, monkeypatch):
+    """Raised while PySpark waits for its JVM to start, the interrupt left a JVM running for good (PySpark
+    deletes the folder the JVM was to report its port in): the signal waits until the session is up."""
+    mark = f"runstate-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("RUNSTATE_TEST_MARK", mark)
+    child = subprocess.Popen(
+        [RUNSTATE, "sql", "SELECT 1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    poll(
+        lambda: [pid for pid in processes_marked(mark) if "java" in command_line(pid)],
+        timeout=120,
+        every=0.05,
+        what="the command's JVM starting",
+    )
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=300)
+
+    assert child.returncode == 1, (child.returncode, err[-2000:])
+    assert "interrupted: terminated by SIGTERM" in err.splitlines() and "Traceback" not in err, err[-3000:]
+    # The JVM ends once its Python is gone.
+    poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
+
+
+def processes_marked(mark: str) -> list[int]:
+    """The processes whose environment holds `mark` (the command and what it started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark.encode() in (entry / "environ").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                continue
+    return pids
+
+
+def command_line(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_a_statement_that_is_not_one_query_is_refused_before_anything_runs(spark, cli, store, history):
     append_randomly(store, random.Random(42), runs=2, appends=3)
     assert run(cli, "events", "export").exit_code == 0
@@ -174,6 +220,21 @@ def test_a_query_of_an_unknown_table_is_one_error_line(cli):
     assert answer.exit_code == 1
     [line] = answer.output.strip().splitlines()
     assert line.startswith("Error: ") and "TABLE_OR_VIEW_NOT_FOUND" in line
+
+
+def test_a_query_whose_spark_job_fails_is_one_error_line(spark, cli, store, history):
+    """A job's failure comes from the JVM as it is (not one of PySpark's errors): one line, no trace."""
+    append_randomly(store, random.Random(44), runs=2, appends=3)
+    assert run(cli, "events", "export").exit_code == 0
+    for row in spark.sql(f"SELECT DISTINCT _file FROM {history.events_table}").collect():
+        Path(urlsplit(row._file).path).unlink()
+
+    answer = run(cli, "sql", f"SELECT count(DISTINCT run_id) AS runs FROM {history.events_table}")
+
+    assert answer.exit_code == 1, answer.output
+    [line] = answer.output.strip().splitlines()
+    assert line.startswith("Error: org.apache.spark.SparkException: ") and "\tat " not in line, line
+    assert "Traceback" not in answer.output
 
 
 def test_sql_serves_the_dataset_tables(spark, cli, wal, feed, dataset_ids):
