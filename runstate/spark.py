@@ -172,6 +172,17 @@ def with_log_config(java_options: str) -> str:
     return f"-Dlog4j2.configurationFile={LOG_CONFIG.as_uri()} {java_options}".strip()
 
 
+def create_namespace(spark: SparkSession, namespace: str) -> None:
+    """`CREATE NAMESPACE IF NOT EXISTS lake.<namespace>`, beside other processes doing the same: the JDBC
+    catalog checks and inserts in two steps, so of two first creations at once the later one fails on the
+    catalog's key (after the other committed); done again, its check sees the namespace."""
+    statement = f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{namespace}"
+    try:
+        spark.sql(statement)
+    except Exception:  # PySpark's errors or py4j's: any failure but this race fails the second try too
+        spark.sql(statement)
+
+
 def spark_config(settings: SparkSettings) -> dict[str, str]:
     """The whole session configuration (master and app name included) as one flat dict.
 

@@ -3,7 +3,8 @@
 The same command a `run_history` run executes (`runstate.eventstore.lake.export_history`), on a Spark
 session of this process: every event after the table's position, a batch per Iceberg commit, then the
 runs merged; each commit is printed as it lands. Safe beside the sensor's runs: a commit another export
-beat is refused whole (one `Error:` line) and the next export carries on.
+beat is refused whole, and this export carries on from where that one got (with --once, it stops with one
+`Error:` line).
 """
 
 from __future__ import annotations

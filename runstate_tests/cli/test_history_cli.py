@@ -122,6 +122,26 @@ def test_sigterm_stops_an_export_with_one_line_and_exit_1_and_the_next_export_fi
     lake.assert_lake_equals_feed(spark, store, history)
 
 
+def test_three_exports_racing_in_their_own_processes_all_succeed_and_write_every_event_once(
+    spark, cli, store, history
+):
+    """Real concurrent writers: each commit or merge another export beat carries on from the winner's
+    position (batches of 10: they collide often), so every export exits 0 and the lake equals the feed."""
+    append_randomly(store, random.Random(45), runs=6, appends=120)
+    exports = [
+        subprocess.Popen(
+            [RUNSTATE, "events", "export"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    answers = [child.communicate(timeout=600) for child in exports]
+
+    for child, (_out, err) in zip(exports, answers, strict=True):
+        assert child.returncode == 0, (child.returncode, err[-3000:])
+        assert err == "", err[-3000:]  # no JVM notice of a refused commit either
+    lake.assert_lake_equals_feed(spark, store, history)
+
+
 def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind(cli, monkeypatch):
     """Raised while PySpark waits for its JVM to start, the interrupt left a JVM running for good (PySpark
     deletes the folder the JVM was to report its port in): the signal waits until the session is up."""

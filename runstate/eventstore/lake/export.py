@@ -11,8 +11,9 @@ no event is written twice or skipped:
 - the commit is conditional: it overwrites `position > after` (nothing: no such row exists) with
   serializable isolation from the snapshot the position was read at, so Iceberg refuses it when any
   other commit added rows since (a second export racing this one, or one that finished while this one
-  read the feed). The loser writes nothing and says so (HistoryConflict); a compaction, which adds no
-  rows, does not refuse it;
+  read the feed). The loser writes nothing (HistoryConflict) and carries on from the position the
+  winner reached (`once`: it stops there with the conflict); a compaction, which adds no rows, does not
+  refuse it;
 - a killed export either committed (the position moved with its rows) or left nothing but files no
   snapshot references (the maintenance service removes orphans).
 Then `runs` is merged from the events committed (runs.py), in one commit for all the batches, under its
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runstate.eventstore.lake.config import HistoryConfig
-from runstate.eventstore.lake.errors import FeedRefused
+from runstate.eventstore.lake.errors import FeedRefused, HistoryConflict
 from runstate.eventstore.lake.runs import RunsMerged, merge_runs
 from runstate.eventstore.lake.source import FeedRange, next_range, range_frame
 from runstate.eventstore.lake.tables import POSITION_PROPERTY, ensure_tables, events_position, spark_errors
@@ -55,6 +56,8 @@ class EventsCommitted:
 
 
 ExportStep = EventsCommitted | RunsMerged
+# Another export's merge committing first each time this one tries, this many times: something is wrong.
+MERGES_BEATEN_IN_A_ROW = 10
 
 
 @dataclass
@@ -119,7 +122,10 @@ def export_history(
     spark: Any, feed: Any, config: HistoryConfig, *, once: bool = False
 ) -> Iterator[ExportStep]:
     """Export the feed after the table's position, a batch per commit, until the feed is read to its end
-    (`once`: one batch), then merge runs up to the position reached; yields each commit as it lands."""
+    (`once`: one batch), then merge runs up to the position reached; yields each commit as it lands.
+
+    A commit or a merge that another export beat carries on from where that one got (`once`: it raises
+    the HistoryConflict)."""
     check_feed(feed)
     ensure_tables(spark, config)
     committed: list[tuple[int, int]] = []
@@ -127,9 +133,26 @@ def export_history(
         snapshot_id, after = events_position(spark, config)
         batch = next_range(feed, after, config.batch_events)
         if batch is not None:
-            yield commit_events(spark, feed, config, snapshot_id, batch)
+            try:
+                step = commit_events(spark, feed, config, snapshot_id, batch)
+            except HistoryConflict:
+                if once or events_position(spark, config)[1] <= after:  # no other export got further
+                    raise
+                continue
+            yield step
             committed.append((batch.after, batch.upto))
         if once or batch is None or batch.events < config.batch_events:
             break
-    while (merged := merge_runs(spark, feed, config, committed)) is not None:
+    beaten = 0
+    while True:
+        try:
+            merged = merge_runs(spark, feed, config, committed)
+        except HistoryConflict:
+            beaten += 1
+            if once or beaten == MERGES_BEATEN_IN_A_ROW:
+                raise
+            continue  # another export's merge committed first: the next one starts where it got
+        if merged is None:
+            return
+        beaten = 0
         yield merged

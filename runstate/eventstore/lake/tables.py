@@ -25,8 +25,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from runstate.eventstore.lake.arrow import EVENT_DDL, RUNS_DDL
-from runstate.eventstore.lake.config import CATALOG, HistoryConfig
+from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import HistoryConflict, HistoryError
+from runstate.spark import create_namespace
 
 POSITION_PROPERTY = "runstate.feed.position"
 # The property the maintenance orchestrator reads to opt a table in (named here: the event store core
@@ -59,7 +60,7 @@ def ensure_tables(spark: Any, config: HistoryConfig) -> None:
     """Create the namespace and both tables unless they exist (two runs racing: one creation wins); a runs
     table of an older layout is replaced by an empty one, which the next merge fills again from run_events."""
     with spark_errors(config.events_table, "create"):
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {CATALOG}.{config.namespace}")
+        create_namespace(spark, config.namespace)
         for ident, ddl, clause, properties in (
             (config.events_table, EVENT_DDL, EVENTS_PARTITIONS, EVENTS_PROPERTIES),
             (config.runs_table, RUNS_DDL, RUNS_PARTITIONS, RUNS_PROPERTIES),

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from runstate.spark import create_namespace
 from runstate.wal.dataset_tables import naming
 from runstate.wal.dataset_tables.errors import DatasetTableError
 from runstate.wal.dataset_tables.naming import DATASET_PROPERTY, VERSION_PROPERTY, table_ident
@@ -49,7 +50,7 @@ def ensure_table(spark: Any, dataset_id: str) -> str:
     ident = table_ident(dataset_id)
     properties = {**TABLE_PROPERTIES, DATASET_PROPERTY: dataset_id, VERSION_PROPERTY: "0"}
     with spark_errors(dataset_id, ident, "create"):
-        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {naming.CATALOG}.{naming.NAMESPACE}")
+        create_namespace(spark, naming.NAMESPACE)
         try:
             spark.sql(
                 f"CREATE TABLE IF NOT EXISTS {ident} ({COLUMNS}) USING iceberg "

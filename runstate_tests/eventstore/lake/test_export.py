@@ -12,7 +12,15 @@ import psycopg
 import pytest
 
 from runstate.eventstore import NewEvent, PostgresEventStore
-from runstate.eventstore.lake import FeedRefused, HistoryConflict, HistoryError, export_history, source
+from runstate.eventstore.lake import (
+    EventsCommitted,
+    FeedRefused,
+    HistoryConflict,
+    HistoryError,
+    export,
+    export_history,
+    source,
+)
 from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.reader import HistoryCatalog, table_position
 from runstate.eventstore.lake.source import next_range
@@ -88,6 +96,38 @@ def test_a_stale_export_is_refused_at_its_commit_and_writes_nothing(spark, own_s
         commit_events(spark, own_store, history, snapshot_id, batch)  # one that read the same position
 
     assert lake_events(spark, history) == own_store.fetch_all(after, 1000)
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["to-the-end", "once"])
+def test_an_export_beaten_to_a_commit_carries_on_from_the_winners_position(
+    spark, own_store, history, monkeypatch, once
+):
+    """Another export commits the very batch this one read the feed for: this one's commit is refused, and
+    it goes on from the position the winner reached (`--once` stops there, with the conflict)."""
+    append_randomly(own_store, random.Random(16), runs=3, appends=30)
+    history = replace(history, batch_events=SMALL_BATCHES)
+    raced = []
+
+    def beaten(feed, after, limit):
+        batch = next_range(feed, after, limit)
+        if batch is not None and not raced:  # the other export commits first, from the same position
+            raced.append(batch)
+            snapshot_id, _ = events_position(spark, history)
+            commit_events(spark, feed, history, snapshot_id, batch)
+        return batch
+
+    ensure_tables(spark, history)
+    monkeypatch.setattr(export, "next_range", beaten)
+    if once:
+        with pytest.raises(HistoryConflict):
+            list(export_history(spark, own_store, history, once=True))
+        assert lake_events(spark, history) == own_store.fetch_all(0, history.batch_events)
+        return
+    steps = list(export_history(spark, own_store, history))
+
+    commits = [step for step in steps if isinstance(step, EventsCommitted)]
+    assert commits and commits[0].from_position == raced[0].upto  # not the batch the winner committed
+    assert_lake_equals_feed(spark, own_store, history)
 
 
 def test_a_batch_read_that_postgres_holds_up_fails_within_the_timeout_and_writes_nothing(
