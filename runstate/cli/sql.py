@@ -140,12 +140,12 @@ def _words(kind: str) -> str:
 
 
 def _message(error: BaseException) -> str:
-    """Spark's message on one line, without the JVM stack trace (a failed job's error comes from the JVM
-    as it is, with its trace: `Py4JJavaError`)."""
+    """The first line of Spark's message: not the plan an analysis error prints after it, nor the JVM
+    stack trace (a failed job's error comes from the JVM as it is: `Py4JJavaError`)."""
     from runstate.cli import one_line
 
-    text = str(getattr(error, "java_exception", error))
-    return one_line(text.split("JVM stacktrace:")[0].split("\n\tat ")[0])[:1000]
+    text = str(getattr(error, "java_exception", error)).strip()
+    return one_line(text.splitlines()[0] if text else "")[:1000]
 
 
 def _seq(scala_seq: Any) -> list[Any]:
