@@ -127,7 +127,7 @@ def test_three_exports_racing_in_their_own_processes_all_succeed_and_write_every
 ):
     """Real concurrent writers: each commit or merge another export beat carries on from the winner's
     position (batches of 10: they collide often), so every export exits 0 and the lake equals the feed."""
-    append_randomly(store, random.Random(45), runs=6, appends=120)
+    append_randomly(store, random.Random(45), runs=6, appends=50)
     exports = [
         subprocess.Popen(
             [RUNSTATE, "events", "export"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
