@@ -38,7 +38,7 @@ def export(once: bool) -> None:
                 raise
     if tally.commits:
         click.echo(f"{tally.events} event(s) exported to {history.events_table} in {tally.commits} commit(s)")
-    elif not tally.merges:
+    elif not tally.runs_merged:  # a merge folds at least one run
         click.echo(
             f"nothing to export: {history.events_table} and {history.runs_table} have every event of the feed"
         )

@@ -66,7 +66,6 @@ class ExportTally:
 
     events: int = 0
     commits: int = 0
-    merges: int = 0
     runs_merged: int = 0
     from_position: int | None = None
     position: int | None = None
@@ -78,7 +77,7 @@ class ExportTally:
         if isinstance(step, EventsCommitted):
             self.events, self.commits = self.events + step.events, self.commits + 1
         else:
-            self.merges, self.runs_merged = self.merges + 1, self.runs_merged + step.runs
+            self.runs_merged += step.runs
 
 
 def check_feed(feed: Any) -> None:
