@@ -15,6 +15,7 @@ import dagster
 import pytest
 
 from runstate_tests.devserver import RUNSTATE, free_port, graphql_version, launch_dev, wait_for_graphql
+from runstate_tests.procfs import command_line
 
 SERVICE_VARS = (
     "RUNSTATE_PG_URL",
@@ -38,13 +39,6 @@ def _descendants(pid: int) -> set[int]:
                     found.add(child)
                     frontier.append(child)
     return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _alive(pid: int) -> bool:
@@ -85,7 +79,7 @@ def test_dev_answers_graphql_on_loopback_and_stops_on_sigterm(fresh_database, de
         assert version == dagster.__version__, log.read_text()[-3000:]
         services = json.loads((dev_home / ".runstate" / "services.json").read_text())
         service_pids = {r["pid"] for r in services.values() if r["pid"]}  # they outlive dev, by design
-        dagster_processes = {pid: _cmdline(pid) for pid in _descendants(dev.pid) - service_pids}
+        dagster_processes = {pid: command_line(pid) for pid in _descendants(dev.pid) - service_pids}
         assert any("dagster" in cmd and " dev " in cmd for cmd in dagster_processes.values()), (
             dagster_processes
         )

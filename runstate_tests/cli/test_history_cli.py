@@ -31,6 +31,7 @@ from runstate_tests.eventstore import conftest as eventstore_fixtures
 from runstate_tests.eventstore.conftest import ev
 from runstate_tests.eventstore.lake import conftest as lake
 from runstate_tests.eventstore.lake.conftest import append_randomly, exported_to_the_end, feed_from_start
+from runstate_tests.procfs import command_line, processes_marked
 from runstate_tests.wal import conftest as wal_fixtures
 from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
@@ -163,26 +164,6 @@ def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind
     assert "interrupted: terminated by SIGTERM" in err.splitlines() and "Traceback" not in err, err[-3000:]
     # The JVM ends once its Python is gone.
     poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
-
-
-def processes_marked(mark: str) -> list[int]:
-    """The processes whose environment holds `mark` (the command and what it started)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if mark.encode() in (entry / "environ").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:  # gone, or not ours to read
-                continue
-    return pids
-
-
-def command_line(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_a_statement_that_is_not_one_query_is_refused_before_anything_runs(spark, cli, store, history):

@@ -23,6 +23,7 @@ from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.devserver import poll
+from runstate_tests.procfs import command_line
 
 # The suite's 600 s per-test timeout would cut a wait short on a loaded machine; each wait has a deadline.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
@@ -184,14 +185,14 @@ def kill_run_processes(pid: int) -> list[int]:
     chain = [pid]
     while len(chain) < 4:
         parent = _parent(chain[-1])
-        command = _cmdline(parent)
+        command = command_line(parent)
         if "api grpc" in command or parent <= 1:
             break
         chain.append(parent)
     for member in chain:
-        assert not any(name in _cmdline(member) for name in ("dagster dev", "dagster-daemon", "webserver")), (
-            chain
-        )
+        assert not any(
+            name in command_line(member) for name in ("dagster dev", "dagster-daemon", "webserver")
+        ), chain
     for member in reversed(chain):
         os.kill(member, signal.SIGKILL)
     return chain
@@ -199,13 +200,6 @@ def kill_run_processes(pid: int) -> list[int]:
 
 def _parent(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_a_launchpad_run_of_append_events_and_a_run_snapshots_backfill(deployment: Deployment):
