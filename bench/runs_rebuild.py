@@ -1,6 +1,6 @@
-"""Benchmark of the runs table's rebuild: the first export after a `runs` table of the layout before
-2026-11-29 (no `created_at`, no partitions) is replaced by an empty one, which it folds again from the
-whole of run_events.
+"""Benchmark of the runs table's rebuild: the first export after the `runs` table is gone (dropped, or of
+an older layout, which an export replaces by an empty one), which merges it again from the whole of
+run_events.
 
 Prints ONE JSON line: rebuild_s (that export: nothing new to commit, every run merged again) beside
 first_export_s (the first export of the same history, events and runs together, in the same session),
@@ -31,7 +31,6 @@ from bench.run_history import ADMIN_URL, load_events  # noqa: E402
 def rebuild(events: int, runs: int) -> dict[str, Any]:
     from runstate.eventstore import PostgresEventStore
     from runstate.eventstore.lake import HistoryConfig, RunsMerged, export_history
-    from runstate.eventstore.lake.arrow import RUNS_DDL
     from runstate.spark import SparkSettings, build_session
 
     name, dsn = create_database(ADMIN_URL)
@@ -43,9 +42,7 @@ def rebuild(events: int, runs: int) -> dict[str, Any]:
         load_events(store, events, runs)
         spark = build_session(SparkSettings(pg_url=dsn, warehouse_dir=warehouse, app_name="bench-rebuild"))
         first_export_s = _timed(lambda: list(export_history(spark, store, history)))[0]
-        older_layout = ", ".join(part for part in RUNS_DDL.split(", ") if not part.startswith("created_at"))
         spark.sql(f"DROP TABLE {history.runs_table}")
-        spark.sql(f"CREATE TABLE {history.runs_table} ({older_layout}) USING iceberg")
         rebuild_s, steps = _timed(lambda: list(export_history(spark, store, history)))
         rows, counted = spark.sql(f"SELECT count(*), sum(event_count) FROM {history.runs_table}").first()
         spark.stop()

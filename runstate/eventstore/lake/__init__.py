@@ -22,7 +22,7 @@ from runstate.eventstore.lake.reader import (
     history_lag,
     pending_position,
 )
-from runstate.eventstore.lake.runs import RunRow, RunsMerged
+from runstate.eventstore.lake.runs import RunsMerged
 from runstate.eventstore.lake.tables import POSITION_PROPERTY
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "HistoryError",
     "HistoryLag",
     "LakeRunReader",
-    "RunRow",
     "RunsMerged",
     "check_feed",
     "export_history",

@@ -3,7 +3,7 @@
 Timestamps travel as Arrow `timestamp[us, UTC]` or as epoch microseconds, never as pandas timestamps,
 whose nanoseconds stop at 1677..2262 while the store keeps 0001..9999; JSON payloads as their text. Rows come back from
 Spark in Arrow batches (`collect_arrow`) and become Python values a column at a time; rows made in
-Python (the runs table's) go to Spark in Arrow batches too (`arrow_frame`).
+Python (the runs' creation times) go to Spark in Arrow batches too (`arrow_frame`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ RUNS_COLUMNS = (
     ("failed_steps", "ARRAY<STRING> NOT NULL"),
     ("last_seq", "BIGINT NOT NULL"),
     ("last_position", "BIGINT NOT NULL"),
-    ("snapshot", "STRING NOT NULL"),
+    ("steps", "MAP<STRING, STRUCT<status: STRING, starts: BIGINT, seq: BIGINT>> NOT NULL"),
+    (
+        "fold_state",
+        "STRUCT<terminal_seq: BIGINT, started_seq: BIGINT, lifecycle_seq: BIGINT, lifecycle_event: STRING, "
+        "activated: BOOLEAN> NOT NULL",
+    ),
 )
 
 
@@ -70,29 +75,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The suffix of a timestamp column's name where it crosses to Spark as epoch microseconds (sql/'s
 # export_rows names its columns so too).
 MICROS_SUFFIX = "_us"
-
-
-def _arrow_type(kind: str) -> pa.DataType:
-    import pyarrow as pa
-
-    base = kind.split()[0]
-    if base == "STRING":
-        return pa.string()
-    if base == "BIGINT":
-        return pa.int64()
-    if base == "DOUBLE":
-        return pa.float64()
-    if base == "TIMESTAMP":
-        return pa.timestamp("us", tz="UTC")
-    if base == "ARRAY<STRING>":
-        return pa.list_(pa.string())
-    raise ValueError(f"no Arrow type for {kind!r}")
-
-
-def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
-    import pyarrow as pa
-
-    return pa.schema([pa.field(name, _arrow_type(kind), "NOT NULL" not in kind) for name, kind in columns])
 
 
 def events_from_arrow(table: pa.Table) -> list[StoredEvent]:
@@ -113,12 +95,6 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def rows_from_arrow(table: pa.Table) -> list[dict[str, Any]]:
-    """The rows of an Arrow table as dicts."""
-    columns = {name: python_values(table.column(name)) for name in table.column_names}
-    return [dict(zip(columns, row, strict=True)) for row in zip(*columns.values(), strict=True)]
 
 
 def python_values(column: pa.ChunkedArray) -> list[Any]:
@@ -143,11 +119,6 @@ def collect_arrow(frame: Any) -> pa.Table:
     return pa.table({name: pa.array([], pa.null()) for name in frame.columns})
 
 
-def utc(value: datetime | None) -> datetime | None:
-    """A UTC datetime from an aware datetime; None stays None."""
-    return value.astimezone(UTC) if value is not None else None
-
-
 def spark_column(name: str, kind: str) -> str:
     """The Spark expression of a column that crossed as epoch microseconds if it is a timestamp."""
     if kind.startswith("TIMESTAMP"):
@@ -157,7 +128,7 @@ def spark_column(name: str, kind: str) -> str:
 
 def arrow_frame(spark: Any, table: pa.Table, columns: Sequence[tuple[str, str]]) -> Any:
     """A DataFrame of `columns` holding the Arrow table's rows, sent to the JVM in Arrow batches (Spark's
-    pandas bridge): the source of a MERGE is then in the JVM, read again at no cost. Timestamps cross as
+    pandas bridge), read again at no cost. Timestamps cross as
     epoch microseconds (pandas would cut them to 1677..2262) and integers as objects (a NULL would make a
     column of floats)."""
     import pyarrow as pa

@@ -127,7 +127,6 @@ def export_history(
     the HistoryConflict)."""
     check_feed(feed)
     ensure_tables(spark, config)
-    committed: list[tuple[int, int]] = []
     while True:
         snapshot_id, after = events_position(spark, config)
         batch = next_range(feed, after, config.batch_events)
@@ -139,13 +138,12 @@ def export_history(
                     raise
                 continue
             yield step
-            committed.append((batch.after, batch.upto))
         if once or batch is None or batch.events < config.batch_events:
             break
     beaten = 0
     while True:
         try:
-            merged = merge_runs(spark, feed, config, committed)
+            merged = merge_runs(spark, feed, config)
         except HistoryConflict:
             beaten += 1
             if once or beaten == MERGES_BEATEN_IN_A_ROW:

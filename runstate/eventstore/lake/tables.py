@@ -71,8 +71,9 @@ def ensure_tables(spark: Any, config: HistoryConfig) -> None:
                 if "already exists" not in str(error).lower():
                     raise
     with spark_errors(config.runs_table, "replace"):
-        if iceberg_table(spark, config.runs_table).schema().findField("created_at") is None:
-            # Before 2026-11-29 runs had no partitions: every merge read it whole.
+        if iceberg_table(spark, config.runs_table).schema().findField("fold_state") is None:
+            # Before 2026-11-29 runs had no partitions (every merge read it whole); before 2026-12-01 its
+            # rows held the projection as JSON, folded in Python, and nothing a merge in Spark combines.
             runs = _table_sql(RUNS_DDL, RUNS_PARTITIONS, RUNS_PROPERTIES)
             spark.sql(f"CREATE OR REPLACE TABLE {config.runs_table} {runs}")
 

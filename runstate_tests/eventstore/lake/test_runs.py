@@ -1,10 +1,10 @@
-"""The runs table: the store's projection of each run, merged so a row only ever moves forward."""
+"""The runs table: the store's projection of each run, merged inside Spark so a row only ever moves forward."""
 
 from __future__ import annotations
 
-import json
+import itertools
 import random
-from dataclasses import replace
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -12,15 +12,13 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from runstate.eventstore import NewEvent, StoredEvent, fold
-from runstate.eventstore.contract import RunSnapshot
-from runstate.eventstore.lake.arrow import RUNS_COLUMNS, collect_arrow, rows_from_arrow
-from runstate.eventstore.lake.runs import RunRow, by_run, merge_rows, plan_rows
-from runstate.eventstore.lake.tables import POSITION_PROPERTY, created_days
-from runstate_tests.eventstore.test_projection import T0
-from runstate_tests.eventstore.test_projection import stored as projected
+from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, StoredEvent
+from runstate.eventstore.lake import RunsMerged, export_history
+from runstate.eventstore.lake.tables import POSITION_PROPERTY, created_days, record_runs_position
 
 from .conftest import (
+    STEPS,
+    T0,
     append_randomly,
     assert_lake_equals_feed,
     expected_runs,
@@ -30,47 +28,34 @@ from .conftest import (
     random_batch,
 )
 
-
-def stored(run_id: str, seq: int, event_type: str, position: int, step_id: str | None = None) -> StoredEvent:
-    return replace(projected(seq, event_type, step_id), run_id=run_id, position=position)
-
-
-def test_a_run_folds_onto_its_row_as_the_projection_folds_all_its_events():
-    events = [
-        stored("r", 1, "RunStarted", 10),
-        stored("r", 2, "StepStarted", 11, "a"),
-        stored("r", 3, "StepFailed", 12, "a"),
-        stored("r", 4, "RunFailed", 13),
-    ]
-
-    row = RunRow.fold_onto(RunRow.of("r", T0, events[:2]), "r", T0, events[2:])
-
-    assert row == RunRow.of("r", T0, events)
-    assert row.snapshot == fold(RunSnapshot.empty("r"), events)
-    assert row.columns() | {"snapshot": None} == {
-        "run_id": "r",
-        "created_at": T0,
-        "status": "FAILED",
-        "started_at": T0 + timedelta(seconds=1),
-        "completed_at": T0 + timedelta(seconds=4),
-        "first_event_at": T0 + timedelta(seconds=1),
-        "last_event_at": T0 + timedelta(seconds=4),
-        "duration_s": 3.0,
-        "event_count": 4,
-        "failed_steps": ["a"],
-        "last_seq": 4,
-        "last_position": 13,
-        "snapshot": None,
-    }
+# The runs table's layouts before today's: without created_at (before 2026-11-29), then with the
+# projection as JSON (before 2026-12-01).
+_LAYOUT_1128 = (
+    "run_id STRING, status STRING, started_at TIMESTAMP, completed_at TIMESTAMP, first_event_at TIMESTAMP, "
+    "last_event_at TIMESTAMP, duration_s DOUBLE, event_count BIGINT, failed_steps ARRAY<STRING>, "
+    "last_seq BIGINT, last_position BIGINT, snapshot STRING",
+    "",
+    "'ghost', 'RUNNING', NULL, NULL, current_timestamp(), current_timestamp(), 0.0D, 1L, array(), 1L, 1L, '{}'",
+)
+_LAYOUT_1129 = (
+    _LAYOUT_1128[0].replace("run_id STRING,", "run_id STRING, created_at TIMESTAMP,"),
+    "PARTITIONED BY (days(created_at))",
+    _LAYOUT_1128[2].replace("'ghost',", "'ghost', current_timestamp(),"),
+)
 
 
-def test_a_run_whose_new_events_are_not_all_after_its_row_is_folded_again():
-    row = RunRow.of("r", T0, [stored("r", 1, "RunStarted", 10), stored("r", 3, "StepStarted", 11, "a")])
-    late = [stored("r", 2, "SignalWaiting", 12)]  # committed after seq 3, below it
-
-    rows, again = plan_rows({"r": row}, {"r": late, "s": [stored("s", 1, "RunStarted", 13)]}, {"s": T0})
-
-    assert again == ["r"] and [r.run_id for r in rows] == ["s"]
+def imported(
+    run_id: str, seq: int, event_type: str, at: datetime = T0, step_id: str | None = None
+) -> StoredEvent:
+    """An event with its own seq, as a migration imports it (at a feed position of its import's)."""
+    event = NewEvent(
+        run_id=run_id,
+        event_type=event_type,
+        emitted_at=at + timedelta(seconds=seq),
+        step_id=step_id,
+        idempotency_key=uuid.uuid4().hex,  # the default key is the event's content: a repeat
+    )
+    return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": at})
 
 
 def test_created_days_names_each_utc_day_once_and_joins_consecutive_ones():
@@ -98,64 +83,100 @@ def test_created_days_names_each_utc_day_once_and_joins_consecutive_ones():
 
 
 @pytest.mark.spark
-def test_an_event_committed_below_its_runs_last_seq_refolds_the_run(spark, own_store, history):
-    def imported(seq: int, event_type: str) -> StoredEvent:
-        event = NewEvent(run_id="gappy", event_type=event_type, emitted_at=T0 + timedelta(seconds=seq))
-        return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": T0})
-
-    own_store.import_events([imported(1, "RunStarted"), imported(3, "RunCompleted")])
+def test_an_event_committed_below_its_runs_last_seq_gives_the_projections_row(spark, own_store, history):
+    own_store.import_events([imported("gappy", 1, "RunStarted"), imported("gappy", 3, "RunCompleted")])
     exported_to_the_end(spark, own_store, history)
-    own_store.import_events([imported(2, "SignalWaiting")])  # seq 2, at a position after seq 3's
+    own_store.import_events([imported("gappy", 2, "SignalWaiting")])  # seq 2, at a position after seq 3's
 
-    steps = exported_to_the_end(spark, own_store, history)
+    exported_to_the_end(spark, own_store, history)
 
-    assert [step.folded_again for step in steps if hasattr(step, "folded_again")] == [1]
-    assert lake_runs(spark, history)["gappy"]["event_count"] == 3
+    row = lake_runs(spark, history)["gappy"]
+    assert (row["status"], row["event_count"], row["last_seq"]) == ("COMPLETED", 3, 3)
     assert_lake_equals_feed(spark, own_store, history)
 
 
 @pytest.mark.spark
-def test_a_run_folded_again_reads_only_the_days_its_events_were_emitted(spark, own_store, history):
-    """Another run's events of two years ago are in partitions of their own; with their data files gone
-    from disk, a run folded again still merges, so its read never opened them."""
-
-    def imported(run_id: str, seq: int, event_type: str, at: datetime) -> StoredEvent:
-        event = NewEvent(run_id=run_id, event_type=event_type, emitted_at=at + timedelta(seconds=seq))
-        return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": at})
-
-    long_ago = T0 - timedelta(days=730)
-    own_store.import_events([imported("ancient", 1, "RunStarted", long_ago)])
-    own_store.import_events(
-        [imported("gappy", 1, "RunStarted", T0), imported("gappy", 3, "RunCompleted", T0)]
-    )
+def test_runs_equal_the_projection_for_every_sequence_of_up_to_three_event_types(spark, own_store, history):
+    """Every sequence of 1 to 3 event types (the canonical ones and an unknown one), each run's later events
+    committed first for half of the runs and merged in two exports: each status rule, the step rules and
+    the combination of a stored row with events older by seq."""
+    types = sorted(CANONICAL_EVENT_TYPES) + ["CustomNote"]
+    sequences = [kinds for length in (1, 2, 3) for kinds in itertools.product(types, repeat=length)]
+    runs = [
+        [imported(f"seq-{n}", seq, kind, step_id=STEPS[(n + seq) % 2]) for seq, kind in enumerate(kinds, 1)]
+        for n, kinds in enumerate(sequences)
+    ]
+    crossed = [run for n, run in enumerate(runs) if n % 2 and len(run) > 1]
+    own_store.import_events([event for run in runs if run not in crossed for event in run])
+    own_store.import_events([event for run in crossed for event in run[1:]])
     exported_to_the_end(spark, own_store, history)
-    files = spark.sql(f"SELECT DISTINCT _file FROM {history.events_table} WHERE run_id = 'ancient'").collect()
-    assert files and all("emitted_at_day=" in row._file for row in files)
-    for row in files:
-        Path(urlsplit(row._file).path).unlink()
-    own_store.import_events([imported("gappy", 2, "SignalWaiting", T0)])  # below seq 3, at a later position
 
-    steps = exported_to_the_end(spark, own_store, history)
+    own_store.import_events([run[0] for run in crossed])  # each below its run's stored last seq
+    exported_to_the_end(spark, own_store, history)
 
-    assert [step.folded_again for step in steps if hasattr(step, "folded_again")] == [1]
-    gappy = expected_runs(own_store, [e for e in feed_from_start(own_store) if e.run_id == "gappy"])["gappy"]
-    assert lake_runs(spark, history)["gappy"] == gappy
+    assert_lake_equals_feed(spark, own_store, history)
 
 
 @pytest.mark.spark
-def test_rows_of_an_older_merge_landing_late_change_nothing(spark, own_store, history):
+def test_runs_equal_the_projection_whatever_order_their_events_commit_in(spark, own_store, history):
+    """Longer runs whose events are imported in shuffled chunks of seqs, so feed positions cross seqs, with
+    exports in between: merges combine stored rows with events both older and newer by seq."""
+    rng = random.Random(11)
+    types = sorted(CANONICAL_EVENT_TYPES) + ["CustomNote"]
+    chunks = []
+    for n in range(8):
+        run = [
+            imported(f"shuffled-{n}", seq, rng.choice(types), step_id=rng.choice(STEPS))
+            for seq in range(1, rng.randint(6, 30))
+        ]
+        cuts = sorted(rng.sample(range(1, len(run)), k=4))
+        chunks += [run[a:b] for a, b in zip([0, *cuts], [*cuts, len(run)], strict=True)]
+    rng.shuffle(chunks)
+
+    for n, chunk in enumerate(chunks):
+        own_store.import_events(chunk)
+        if n % 10 == 9:
+            exported_to_the_end(spark, own_store, history)
+    exported_to_the_end(spark, own_store, history)
+
+    assert_lake_equals_feed(spark, own_store, history)
+
+
+@pytest.mark.spark
+def test_a_range_merged_again_adds_nothing_to_the_rows_that_have_it(spark, own_store, history):
+    """The runs table's position is a property set after the merge's commit: a merge that died between the
+    two leaves it behind, and the next merge's range then holds events that some rows already have."""
     append_randomly(own_store, random.Random(3), runs=4, appends=10)
-    early = by_run(own_store.fetch_all(0, 12))
     exported_to_the_end(spark, own_store, history)
-    before = lake_runs(spark, history)
+    behind = feed_from_start(own_store)[5].position
+    record_runs_position(spark, history, behind)
+    append_randomly(own_store, random.Random(4), runs=6, appends=5)
 
-    created = own_store.runs_created_at(list(early))
-    merge_rows(
-        spark, history, [RunRow.of(run_id, created[run_id], events) for run_id, events in early.items()]
-    )
+    steps = exported_to_the_end(spark, own_store, history)
 
-    assert lake_runs(spark, history) == before
+    assert [step.from_position for step in steps if isinstance(step, RunsMerged)] == [behind]
     assert_lake_equals_feed(spark, own_store, history)
+
+
+@pytest.mark.spark
+def test_a_merge_reads_only_the_run_events_of_its_range(spark, own_store, history):
+    """With every data file of run_events gone from disk but the new batch's, a merge of a new event of a
+    run the table has still merges: it never opened them (Iceberg skips files by their positions)."""
+    append_randomly(own_store, random.Random(6), runs=4, appends=12)
+    exported_to_the_end(spark, own_store, history)
+    old_files = [
+        row._file for row in spark.sql(f"SELECT DISTINCT _file FROM {history.events_table}").collect()
+    ]
+    for path in old_files:
+        Path(urlsplit(path).path).unlink()
+    own_store.append_batch("run-01", random_batch(random.Random(1), "run-01", 500))
+
+    steps = list(export_history(spark, own_store, history))
+
+    assert [type(step).__name__ for step in steps] == ["EventsCommitted", "RunsMerged"]
+    assert (
+        lake_runs(spark, history)["run-01"] == expected_runs(own_store, feed_from_start(own_store))["run-01"]
+    )
 
 
 @pytest.mark.spark
@@ -188,31 +209,22 @@ def test_a_merge_opens_only_the_partitions_of_the_runs_it_touches(spark, own_sto
 
     feed = feed_from_start(own_store)
     recent = {run_id: row for run_id, row in expected_runs(own_store, feed).items() if run_id not in old}
-    rows = rows_from_arrow(
-        collect_arrow(
-            spark.sql(
-                f"SELECT * FROM {history.runs_table} WHERE created_at >= current_timestamp() - INTERVAL 1 DAY"
-            )
-        )
-    )
-    assert {row["run_id"]: row | {"snapshot": json.loads(row["snapshot"])} for row in rows} == recent
+    assert lake_runs(spark, history, "created_at >= current_timestamp() - INTERVAL 1 DAY") == recent
 
 
 @pytest.mark.spark
-def test_a_runs_table_of_the_older_layout_is_replaced_and_filled_again(spark, own_store, history):
-    """Before runs was partitioned by created_at it had no such column: the next export replaces it with an
-    empty table of today's layout and merges every exported event into it again."""
+@pytest.mark.parametrize("layout", [_LAYOUT_1128, _LAYOUT_1129], ids=["no-created-at", "snapshot-json"])
+def test_a_runs_table_of_an_older_layout_is_replaced_and_filled_again(spark, own_store, history, layout):
+    """The next export replaces a runs table of an older layout with an empty one of today's and merges every
+    exported event into it again."""
+    columns, partitions, ghost = layout
     append_randomly(own_store, random.Random(8), runs=5, appends=15)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{history.namespace}")
-    older = ", ".join(f"{name} {kind}" for name, kind in RUNS_COLUMNS if name != "created_at")
     spark.sql(
-        f"CREATE TABLE {history.runs_table} ({older}) USING iceberg "
+        f"CREATE TABLE {history.runs_table} ({columns}) USING iceberg {partitions} "
         f"TBLPROPERTIES ('{POSITION_PROPERTY}'='999999999999999')"
     )
-    spark.sql(
-        f"INSERT INTO {history.runs_table} SELECT 'ghost', 'RUNNING', NULL, NULL, current_timestamp(), "
-        "current_timestamp(), 0.0D, 1L, array(), 1L, 1L, '{}'"
-    )
+    spark.sql(f"INSERT INTO {history.runs_table} SELECT {ghost}")
 
     exported_to_the_end(spark, own_store, history)
 
