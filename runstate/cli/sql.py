@@ -12,6 +12,7 @@ before anything runs.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -76,9 +77,12 @@ def refuse_what_starts_no_query(statement: str) -> None:
         raise QueryRefused("the statement is empty: give one query; nothing was run")
     word = re.match(r"[A-Za-z_]+", text)
     if word and word.group().upper() not in QUERY_FIRST_WORDS:
+        first = word.group().upper()
+        close = difflib.get_close_matches(first, sorted(QUERY_FIRST_WORDS), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
         raise QueryRefused(
             f"only a query may run here (SELECT, WITH ... SELECT, VALUES, TABLE), not one that starts "
-            f"with {word.group().upper()}; nothing was run"
+            f"with {first}{hint}; nothing was run"
         )
 
 
