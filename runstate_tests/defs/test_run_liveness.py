@@ -24,6 +24,7 @@ from runstate.defs.runs.liveness import (
     NEVER_HANDED,
     NOT_RUN,
     LivenessPolicy,
+    RunLiveness,
     Signs,
     check_runs,
     judge,
@@ -86,6 +87,16 @@ def test_a_started_run_is_alive_while_it_beats_and_dead_once_its_beat_is_stale(i
     assert fresh.alive and not fresh.dead
     assert not stale.alive and stale.dead and "heartbeat 25 s ago" in stale.describe()
     assert stale.reason == "no heartbeat for 25 s (the bound is 20 s)"
+
+
+def test_a_run_in_progress_is_described_since_its_start_and_an_ended_one_by_when_it_started():
+    at = 1_700_000_000.0  # 22:13:20 UTC
+    running = RunLiveness("1a2b3c4d", dg.DagsterRunStatus.STARTED, at, 2.0, True)
+
+    assert running.describe() == "run 1a2b3c4d, STARTED since 22:13:20 UTC, heartbeat 2 s ago"
+    assert running.ended(dg.DagsterRunStatus.FAILURE).describe() == (
+        "run 1a2b3c4d, FAILURE, started 22:13:20 UTC, heartbeat 2 s ago"
+    )
 
 
 def test_a_run_that_never_beat_gets_its_grace_from_its_first_sighting(instance):

@@ -98,12 +98,19 @@ class RunLiveness:
         return self.status in DEAD_STATUSES or (self.status in IN_PROGRESS_STATUSES and not self.alive)
 
     def describe(self) -> str:
-        """E.g. "run 1a2b3c4d, STARTED since 14:39:57 UTC, heartbeat 2 s ago"."""
+        """E.g. "run 1a2b3c4d, STARTED since 14:39:57 UTC, heartbeat 2 s ago"; a run that ended says when it
+        started instead ("FAILURE, started 14:39:57 UTC, ...")."""
         started = (
             datetime.fromtimestamp(self.started_at, UTC).strftime("%H:%M:%S UTC") if self.started_at else "?"
         )
+        waiting_or_running = self.status in IN_PROGRESS_STATUSES or self.status in QUEUED_STATUSES
+        state = (
+            f"{self.status.value} since {started}"
+            if waiting_or_running
+            else f"{self.status.value}, started {started}"
+        )
         beat = "no heartbeat yet" if self.beat_age_s is None else f"heartbeat {self.beat_age_s:.0f} s ago"
-        return f"run {self.run_id}, {self.status.value} since {started}, {beat}"
+        return f"run {self.run_id}, {state}, {beat}"
 
     def ended(self, status: dg.DagsterRunStatus) -> RunLiveness:
         return RunLiveness(self.run_id, status, self.started_at, self.beat_age_s, False, self.reason)
