@@ -234,7 +234,7 @@ def steady_export(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _steady_round(spark: Any, store: Any, namespace: str, rows: int, touch: int) -> dict[str, float]:
-    """Exports `touch` runs, pads runs with synthetic rows (2 KB snapshots, one creation day of the past
+    """Exports `touch` runs, pads runs with synthetic rows (20 steps each, one creation day of the past
     365 each) up to `rows`, then times the
     export of one more event of each touched run (the median of three such exports)."""
     from runstate.eventstore import NewEvent
@@ -263,7 +263,10 @@ def _steady_round(spark: Any, store: Any, namespace: str, rows: int, touch: int)
         f"INSERT INTO {history.runs_table} SELECT concat('pad-', id), "
         "current_timestamp() - make_interval(0, 0, 0, CAST(id % 365 AS INT)), 'COMPLETED', current_timestamp(), "
         "current_timestamp(), current_timestamp(), current_timestamp(), 60.0D, 100L, array(), 100L, 1L, "
-        f"repeat('x', 2000) FROM range({max(0, rows - touch)})"
+        "map_from_arrays(transform(sequence(1, 20), i -> concat('step-', i)), "
+        "transform(sequence(1, 20), i -> named_struct('status', 'SUCCESS', 'starts', 1L, 'seq', CAST(i AS BIGINT)))), "
+        "named_struct('terminal_seq', 100L, 'started_seq', 1L, 'lifecycle_seq', 1L, 'lifecycle_event', 'RunStarted', "
+        f"'activated', true) FROM range({max(0, rows - touch)})"
     )
     rounds = [append_and_export() for _ in range(3)]
     return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
