@@ -12,9 +12,11 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
-from runstate.eventstore import CANONICAL_EVENT_TYPES, NewEvent, StoredEvent
+from runstate.eventstore import CANONICAL_EVENT_TYPES, EventType, NewEvent, StoredEvent
 from runstate.eventstore.lake import RunsMerged, export_history
 from runstate.eventstore.lake.tables import POSITION_PROPERTY, created_days, record_runs_position
+from runstate.eventstore.projection import _HANDLERS as projection_handlers
+from runstate.sqlfiles import queries
 
 from .conftest import (
     STEPS,
@@ -80,6 +82,14 @@ def test_created_days_names_each_utc_day_once_and_joins_consecutive_ones():
         "day_to_1": datetime(2026, 11, 30, tzinfo=UTC),
     }
     assert created_days([]) == ("(false)", {})
+
+
+def test_the_merge_names_every_event_type_the_projection_folds_into_a_column_of_runs():
+    """A new event type with a handler in projection.py must be taught to runs.sql too."""
+    text = queries("spark", "eventstore", "runs.sql")["merged_rows"]
+    folded = set(projection_handlers) - {EventType.ARTIFACT_EMITTED}  # artifacts are in no column of runs
+
+    assert {event_type for event_type in folded if f"'{event_type}'" not in text} == set()
 
 
 @pytest.mark.spark
