@@ -104,15 +104,39 @@ def row_to_event(
 def validate_imported(
     run_id: str, events: Sequence[StoredEvent], max_bytes: int
 ) -> list[tuple[int, ValidEvent]]:
-    """Stored events from another store pass the same edge validation as new ones."""
+    """Stored events from another store pass the same edge validation as new ones, and a batch gives each
+    key one seq and each seq one key (the same event twice is one event)."""
     as_new = [stored_to_new(e) for e in events]
     valid = validate_batch(run_id, as_new, max_event_bytes=max_bytes)
-    for index, event in enumerate(events):
+    seq_of_key: dict[Any, int] = {}
+    seqs: set[int] = set()
+    once: list[tuple[int, ValidEvent]] = []
+    for index, (event, checked) in enumerate(zip(events, valid, strict=True)):
         if not isinstance(event.run_seq, int) or event.run_seq < 1:
             raise InvalidEvent(
                 "run_seq", f"must be a positive integer, got {event.run_seq!r}", run_id=run_id, index=index
             )
-    return [(e.run_seq, v) for e, v in zip(events, valid)]
+        key, seq = checked.idempotency_key, event.run_seq
+        if key in seq_of_key:
+            if seq_of_key[key] != seq:
+                raise InvalidEvent(
+                    "idempotency_key",
+                    f"seq {seq} has the key of seq {seq_of_key[key]} in the same batch; nothing was written",
+                    run_id=run_id,
+                    index=index,
+                )
+            continue  # the same event again
+        if seq in seqs:
+            raise InvalidEvent(
+                "run_seq",
+                f"{seq} is given to two events with different keys; nothing was written",
+                run_id=run_id,
+                index=index,
+            )
+        seq_of_key[key] = seq
+        seqs.add(seq)
+        once.append((seq, checked))
+    return once
 
 
 def stored_to_new(event: StoredEvent) -> NewEvent:

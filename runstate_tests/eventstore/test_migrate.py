@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runstate.eventstore import EventType, migrate_events, verify_migration
+from runstate.eventstore import EventType, InvalidEvent, StoredEvent, migrate_events, verify_migration
 from runstate.eventstore.migrate import run_digest
 from runstate_tests.eventstore.conftest import ev
 
@@ -84,3 +84,35 @@ def test_verification_reports_a_difference(pg_store, sf_store):
     problems = verify_migration(pg_store, sf_store)
 
     assert problems == ["run 'run-1': 14 events in the source, 13 in the target"]
+
+
+def _imported(run_id: str, seq: int, key: str) -> StoredEvent:
+    event = ev(run_id, EventType.STEP_COMPLETED, seq, step_id=f"s{seq}", idempotency_key=key)
+    return StoredEvent(**{**event.__dict__, "run_seq": seq, "persisted_at": event.emitted_at})
+
+
+@pytest.mark.parametrize(
+    ("batch", "field"),
+    [
+        ([("k1", 1), ("k1", 2)], "idempotency_key"),  # one key, two seqs
+        ([("k1", 1), ("k2", 1)], "run_seq"),  # one seq, two keys
+    ],
+    ids=["key-twice", "seq-twice"],
+)
+def test_an_import_batch_that_gives_a_key_two_seqs_or_a_seq_two_keys_is_refused_and_writes_nothing(
+    pg_store, batch, field
+):
+    events = [_imported("twice", seq, key) for key, seq in batch]
+
+    with pytest.raises(InvalidEvent) as refused:
+        pg_store.import_events(events)
+
+    assert refused.value.field == field and "nothing was written" in str(refused.value)
+    assert pg_store.fetch("twice") == []
+
+
+def test_the_same_event_twice_in_an_import_batch_is_one_event(pg_store):
+    event = _imported("once", 1, "k1")
+
+    assert pg_store.import_events([event, event]) == 1
+    assert [e.run_seq for e in pg_store.fetch("once")] == [1]
