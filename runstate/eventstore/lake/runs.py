@@ -79,22 +79,22 @@ def merge_runs(spark: Any, feed: Any, config: HistoryConfig) -> RunsMerged | Non
     names = {"events": config.events_table, "runs": config.runs_table, "snapshot_id": int(snapshot_id)}
     with spark_errors(config.events_table, "read"):
         touched = collect_arrow(spark.sql(_sql("touched_runs").format(**names), args=bounds))
-    run_ids = touched.column("run_id").to_pylist() if touched.num_rows else []
+    run_ids = touched.column("run_id").to_pylist()
     if not run_ids:
         raise HistoryError(
             f"{config.events_table} records a position above {start} but holds no event after it: "
             "its rows or its snapshot summaries were changed outside the export"
         )
     created = _created_at(feed, config, run_ids)
-    stored_days, stored_params = created_days(created.values(), "r.created_at")
-    target_days, target_params = created_days(created.values(), "t.created_at")
+    days, day_params = created_days(
+        created.values(), "t.created_at"
+    )  # `t`: the runs table in both statements
     with _view(spark, _created_frame(spark, created)) as created_view:
-        query = _sql("merged_rows").format(**names, created=created_view, stored_days=stored_days)
+        query = _sql("merged_rows").format(**names, created=created_view, days=days)
         with spark_errors(config.runs_table, "merge into"):
-            rows = spark.sql(query, args={**bounds, **stored_params})
+            rows = spark.sql(query, args={**bounds, **day_params})
             with _view(spark, rows) as source:
-                merge = _sql("merge").format(**names, source=source, target_days=target_days)
-                spark.sql(merge, args=target_params)
+                spark.sql(_sql("merge").format(**names, source=source, days=days), args=day_params)
     record_runs_position(spark, config, reached)
     return RunsMerged(config.runs_table, start, reached, len(run_ids), time.perf_counter() - started)
 

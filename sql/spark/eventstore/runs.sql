@@ -20,7 +20,7 @@ SELECT DISTINCT run_id FROM {events} VERSION AS OF {snapshot_id} WHERE position 
 
 -- name: merged_rows
 -- The new rows of the runs in {created} (run_id, created_at): each stored row (read from the partitions
--- {stored_days} names) combined with its run's events in the range that it does not have yet, those
+-- {days} names) combined with its run's events in the range that it does not have yet, those
 -- above its last_position (a row is the fold of every event of its run up to there). One pass over the
 -- events, grouped by run and step, then by run. An event's seq and its kind travel as one number,
 -- seq * 4 + code, so that plain min and max pick the first or last one by seq (and Spark aggregates by
@@ -28,7 +28,7 @@ SELECT DISTINCT run_id FROM {events} VERSION AS OF {snapshot_id} WHERE position 
 -- codes RunStarted 1, SignalWaiting 2, SignalReceived 3; step codes RUNNING 0, SUCCESS 1, FAILED 2,
 -- RETRYING 3.
 WITH stored AS (
-  SELECT r.* FROM {runs} r LEFT SEMI JOIN {created} c ON r.run_id = c.run_id WHERE {stored_days}
+  SELECT t.* FROM {runs} t LEFT SEMI JOIN {created} c ON t.run_id = c.run_id WHERE {days}
 ), fresh AS (
   SELECT e.run_id, coalesce(e.step_id, '') AS step, e.run_seq, e.emitted_at, e.position,
          CASE e.event_type WHEN 'RunCompleted' THEN 1 WHEN 'RunFailed' THEN 2 WHEN 'RunCancelled' THEN 3 END
@@ -130,8 +130,8 @@ SELECT run_id, created_at,
   FROM combined
 
 -- name: merge
--- A row replaces a stored one only when it reflects a later event; {target_days} names the partitions of
+-- A row replaces a stored one only when it reflects a later event; {days} names the partitions of
 -- the rows' creation days, so Iceberg opens only those.
-MERGE INTO {runs} t USING {source} s ON t.run_id = s.run_id AND {target_days}
+MERGE INTO {runs} t USING {source} s ON t.run_id = s.run_id AND {days}
   WHEN MATCHED AND s.last_position > t.last_position THEN UPDATE SET *
   WHEN NOT MATCHED THEN INSERT *
