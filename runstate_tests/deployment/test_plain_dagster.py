@@ -304,8 +304,10 @@ def test_a_plain_instance_runs_each_shard_once_at_a_time_and_its_killed_runs_end
             what="100 datasets flushed",
         )
         # One merge run per merge shard follows (each a Spark JVM, at most SPARK_CAP at once): the sampler
-        # counts them while they work.
+        # counts them while they work. A run is STARTED well before its JVM is up (on a loaded host, the
+        # kill below once came before any was): the wait ends once the sampler has seen one.
         poll(lambda: _merging_up_to_the_cap(plain), timeout=900, every=1, what="merges up to the Spark cap")
+        poll(lambda: sampler.peaks.spark_jvms > 0, timeout=600, every=1, what="a merge run's Spark JVM")
         # A flush run killed while it launches: wait until no flush run lingers, then give its shard a row.
         poll(
             lambda: not _runs(plain, job_name="flush_wal", statuses=IN_PROGRESS_RUNS),

@@ -277,10 +277,11 @@ def restart_then_append(server: Server, sig: int, changes: list[Change]) -> floa
     if sig == signal.SIGTERM:
         recorded = ends(server.deployment, lingering)
         assert all(end is not None and end <= stopped for _, end in recorded.values()), recorded
+        # Started while the old deployment stopped: a run that starts later is the restarted deployment's.
         late = [
             run
             for run in all_runs(server.deployment)
-            if run["startTime"] is not None and run["startTime"] >= stopping
+            if run["startTime"] is not None and stopping <= run["startTime"] <= stopped
         ]
         assert all(run["endTime"] is not None and run["endTime"] <= stopped for run in late), [
             (
@@ -292,7 +293,7 @@ def restart_then_append(server: Server, sig: int, changes: list[Change]) -> floa
                 else "no end",
             )
             for run in late
-        ]
+        ] + [f"runstate dev took {stopped - stopping:.1f} s to exit"]
     return append_after_restart(server, changes, f"after-{signal.Signals(sig).name}", since=stopped)
 
 
