@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import dagster as dg
 import pytest
@@ -15,6 +16,7 @@ from runstate.defs.eventstore.history import EXPORT_JOB, build_history_defs
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import SPARK_TAG
+from runstate.eventstore import EventType, NewEvent
 from runstate.eventstore.lake import HistoryConfig
 from runstate_tests.defs.conftest import started_run
 from runstate_tests.eventstore.lake import conftest as lake
@@ -102,3 +104,18 @@ def test_on_a_snowflake_store_the_sensor_exports_nothing_and_says_why(
     tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
 
     assert tick.requested == 0 and "Snowflake feed has no commit-ordered high-water mark" in tick.skip_reason
+
+
+def test_the_export_runs_own_events_alone_request_no_export(
+    spark_settings, own_resource, history, bare_instance
+):
+    """The run recorder appends each export run's events to the feed: an export for them alone would
+    record another export run, and an idle deployment would export once a minute for ever."""
+    defs = history_defs(own_resource, spark_settings, history)
+    store = own_resource.get_store()
+    ref = {"dagster_run_id": "exporting", "job_name": EXPORT_JOB}
+    store.append(NewEvent("exporting", EventType.RUN_STARTED, datetime.now(UTC), engine_run_ref=ref))
+
+    tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+
+    assert tick.requested == 0 and tick.skip_reason.startswith("only 1 event(s) of export runs are pending")

@@ -6,9 +6,10 @@ the sensor that keeps it fresh, and the lag check.
   `runstate/table: run_history` (one export in progress at a time); its step takes a slot of the Spark
   pool (`runstate_spark`) and ends its JVM before it gives the slot back, like every Spark step.
 - `run_history_sensor`, every RUNSTATE_HISTORY_EXPORT_INTERVAL_S: a pure decision, without a JVM. It
-  reads the table's position through pyiceberg and the feed after it (one event), and requests one
-  export run when the feed has more, unless an export run is alive: at most one at a time, however many
-  runs and events there are. A run found dead (killed) no longer holds it.
+  reads the table's position through pyiceberg and the feed after it, and requests one export run when
+  the feed has more, unless an export run is alive: at most one at a time, however many runs and events
+  there are. A run found dead (killed) no longer holds it. The export runs' own events (the run recorder
+  appends them) wait for other events or half the lag bound, so an idle deployment stops exporting.
 - `run_history_lag` fails when the table is more than RUNSTATE_HISTORY_MAX_LAG_EVENTS events or
   RUNSTATE_HISTORY_MAX_LAG_MINUTES behind the feed (evaluated every 10 minutes, no JVM); the asset's
   FreshnessPolicy, from its materializations, warns when no export ran for that long and fails at twice.
@@ -26,15 +27,16 @@ from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import DOMAIN_TAG, SPARK_JOB_TAGS, SPARK_POOL, TABLE_TAG
+from runstate.eventstore import StoredEvent
 from runstate.eventstore.lake import (
     ExportTally,
     FeedRefused,
     HistoryCatalog,
     HistoryConfig,
     HistoryError,
+    export_due,
     export_history,
     history_lag,
-    pending_position,
 )
 from runstate.spark import SparkSettings
 from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
@@ -183,6 +185,12 @@ def live_export(instance: dg.DagsterInstance) -> RunLiveness | None:
     return verdict if verdict.alive else None
 
 
+def _of_an_export_run(event: StoredEvent) -> bool:
+    """The run recorder names each event's Dagster job (runstate.defs.runs.recording)."""
+    ref = event.engine_run_ref
+    return isinstance(ref, dict) and ref.get("job_name") == EXPORT_JOB
+
+
 def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.SensorDefinition:
     @dg.sensor(
         name="run_history_sensor",
@@ -201,13 +209,14 @@ def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.
         try:
             catalog = HistoryCatalog.from_spark_settings(spark_settings)
             try:
-                position = pending_position(event_store.get_store(), catalog, history)
+                due = export_due(event_store.get_store(), catalog, history, deferrable=_of_an_export_run)
             finally:
                 catalog.close()
         except (FeedRefused, HistoryError) as refused:
             return dg.SkipReason(str(refused))
-        if position is None:
-            return dg.SkipReason("the run history has every event of the feed")
+        if due.position is None:
+            return dg.SkipReason(due.reason)
+        position = due.position
         tick = int(context.cursor) + 1 if (context.cursor or "").isdigit() else 1
         request = dg.RunRequest(job_name=EXPORT_JOB, run_key=f"{RUN_HISTORY}-p{position}-t{tick}")
         return dg.SensorResult(run_requests=[request], cursor=str(tick))

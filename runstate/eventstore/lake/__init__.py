@@ -16,11 +16,12 @@ from runstate.eventstore.lake.export import (
     export_history,
 )
 from runstate.eventstore.lake.reader import (
+    ExportDue,
     HistoryCatalog,
     HistoryLag,
     LakeRunReader,
+    export_due,
     history_lag,
-    pending_position,
 )
 from runstate.eventstore.lake.runs import RunsMerged
 from runstate.eventstore.lake.tables import POSITION_PROPERTY
@@ -35,11 +36,12 @@ __all__ = [
     "HistoryConfig",
     "HistoryConflict",
     "HistoryError",
+    "ExportDue",
     "HistoryLag",
     "LakeRunReader",
     "RunsMerged",
     "check_feed",
     "export_history",
     "history_lag",
-    "pending_position",
+    "export_due",
 ]

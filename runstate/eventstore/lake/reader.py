@@ -8,6 +8,7 @@ same catalog name, `lake`, and never creates them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -198,9 +199,44 @@ def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> Hi
     return HistoryLag(position, behind, oldest, config.max_lag_events, config.max_lag_minutes)
 
 
-def pending_position(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> int | None:
-    """The run history's position (reached_position) when the feed has an event after it (an export is
-    due: it exports the events and merges the runs the tables lack), else None."""
+# Pending events read to judge whether every one of them can wait (`export_due`).
+DEFERRABLE_SCAN = 200
+
+
+@dataclass(frozen=True)
+class ExportDue:
+    """The sensor's decision: `position` (where the next export starts) when one is due, else None and why."""
+
+    position: int | None
+    reason: str = ""
+
+
+def export_due(
+    feed: Any,
+    catalog: HistoryCatalog,
+    config: HistoryConfig,
+    *,
+    deferrable: Callable[[StoredEvent], bool] | None = None,
+    now: datetime | None = None,
+) -> ExportDue:
+    """Due at the run history's position (reached_position) when the feed has an event after it.
+
+    Not yet due while every such event is one `deferrable` accepts and the oldest is younger than half
+    the lag bound (`max_lag_minutes`): they go with the next export, and the lag check never fails on
+    them. The sensor defers the export runs' own events, which the run recorder appends: were they due
+    at once, an idle deployment would export its last export's events once a minute for ever."""
     check_feed(feed)
     position = reached_position(catalog, config)
-    return position if feed.fetch_all(position, 1) else None
+    pending = feed.fetch_all(position, DEFERRABLE_SCAN if deferrable is not None else 1)
+    if not pending:
+        return ExportDue(None, "the run history has every event of the feed")
+    if deferrable is None or len(pending) == DEFERRABLE_SCAN or not all(map(deferrable, pending)):
+        return ExportDue(position)
+    age_s = ((now or datetime.now(UTC)) - pending[0].persisted_at).total_seconds()
+    wait_s = config.max_lag_minutes * 30 - age_s
+    if wait_s <= 0:
+        return ExportDue(position)
+    return ExportDue(
+        None,
+        f"only {len(pending)} event(s) of export runs are pending: they wait for other events, or {wait_s:.0f} s",
+    )

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import random
+import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from runstate.eventstore import InvalidEvent
+from runstate.eventstore import EventType, InvalidEvent, NewEvent
 from runstate.eventstore.lake import (
     HistoryCatalog,
+    HistoryConfig,
     HistoryError,
     LakeRunReader,
+    export_due,
     history_lag,
-    pending_position,
 )
 from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.source import next_range
@@ -73,16 +76,48 @@ def test_runs_left_behind_by_an_export_that_died_before_its_merge_make_an_export
     append_randomly(own_store, random.Random(4), runs=3, appends=10)
     exported_to_the_end(spark, own_store, history)
     reached = feed_from_start(own_store)[-1].position
-    assert pending_position(own_store, catalog, history) is None
+    assert export_due(own_store, catalog, history).position is None
     append_randomly(own_store, random.Random(5), runs=3, appends=10)
     snapshot_id, after = events_position(spark, history)
     commit_events(spark, own_store, history, snapshot_id, next_range(own_store, after, 100_000))  # no merge
     assert events_position(spark, history)[1] == feed_from_start(own_store)[-1].position
 
-    assert pending_position(own_store, catalog, history) == reached
+    assert export_due(own_store, catalog, history).position == reached
     lag = history_lag(own_store, catalog, history)
     assert (lag.position, lag.behind) == (reached, len(own_store.fetch_all(reached, 1000)))
 
     exported_to_the_end(spark, own_store, history)
-    assert pending_position(own_store, catalog, history) is None
+    assert export_due(own_store, catalog, history).position is None
     assert history_lag(own_store, catalog, history).behind == 0
+
+
+def _event_of(store, job: str, n: int) -> None:
+    ref = {"dagster_run_id": f"{job}-run", "job_name": job}
+    store.append(
+        NewEvent(f"{job}-run", EventType.STEP_STARTED, datetime.now(UTC), step_id=f"s{n}", engine_run_ref=ref)
+    )
+
+
+def _of_job(job: str):
+    return lambda event: event.engine_run_ref["job_name"] == job
+
+
+def test_events_that_can_wait_make_no_export_due_until_other_events_come_or_half_the_lag_bound(
+    own_store, catalog
+):
+    """The export runs' own events (the sensor defers them) would make an idle deployment export once a
+    minute for ever: they wait for another run's events, or half of max_lag_minutes."""
+    history = HistoryConfig(namespace=f"hist_{uuid.uuid4().hex[:10]}", max_lag_minutes=10)  # no tables: 0
+    for n in range(3):
+        _event_of(own_store, "export", n)
+    oldest = own_store.fetch_all(0, 1)[0].persisted_at
+    waiting = export_due(own_store, catalog, history, deferrable=_of_job("export"), now=oldest)
+
+    assert waiting.position is None and waiting.reason.startswith(
+        "only 3 event(s) of export runs are pending"
+    )
+    assert export_due(own_store, catalog, history).position == 0  # nothing can wait
+    late = oldest + timedelta(minutes=5)
+    assert export_due(own_store, catalog, history, deferrable=_of_job("export"), now=late).position == 0
+    _event_of(own_store, "flush", 0)
+    assert export_due(own_store, catalog, history, deferrable=_of_job("export"), now=oldest).position == 0
