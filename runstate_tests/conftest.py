@@ -165,12 +165,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _suffix_xdist_groups(items)
 
 
-def _start_rank(item: pytest.Item) -> int:
-    """0: a serialised xdist group; 1: marked slow (a server, a JVM or a demo of its own); 2: Spark."""
+def _start_rank(item: pytest.Item) -> tuple[int, bool]:
+    """0: a serialised xdist group; 1: marked slow (a server, a JVM or a demo of its own); 2: Spark.
+
+    Within a rank, the tests of the shared `runstate dev` (the deployment package's `deployment` fixture)
+    come after those that start a deployment of their own, so the shared one starts once they are done:
+    started by the first test of the package, it idled beside the plain-instance and restart tests, two
+    deployments on two cores."""
+    shares_deployment = "deployment" in getattr(item, "fixturenames", ())
     for rank, marker in enumerate(("xdist_group", "slow", "spark")):
         if item.get_closest_marker(marker):
-            return rank
-    return 3
+            return rank, shares_deployment
+    return 3, shares_deployment
 
 
 def _suffix_xdist_groups(items: list[pytest.Item]) -> None:

@@ -36,7 +36,9 @@ from runstate_tests.deployment.conftest import _stop
 from runstate_tests.deployment.sampling import spark_jvms
 from runstate_tests.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]  # each wait has its own deadline
+# In the deployment group: one deployment on these two cores at a time (its run workers and JVMs beside
+# another deployment's slowed both past their deadlines' margins). Each wait has its own deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
 DAGSTER = str(Path(sys.executable).parent / "dagster")
 STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
