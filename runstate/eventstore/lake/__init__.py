@@ -29,6 +29,7 @@ from runstate.eventstore.lake.tables import POSITION_PROPERTY
 __all__ = [
     "POSITION_PROPERTY",
     "EventsCommitted",
+    "ExportDue",
     "ExportStep",
     "ExportTally",
     "FeedRefused",
@@ -36,12 +37,11 @@ __all__ = [
     "HistoryConfig",
     "HistoryConflict",
     "HistoryError",
-    "ExportDue",
     "HistoryLag",
     "LakeRunReader",
     "RunsMerged",
     "check_feed",
+    "export_due",
     "export_history",
     "history_lag",
-    "export_due",
 ]
