@@ -161,8 +161,10 @@ def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store,
 
 
 def test_sensor_run_keys_are_stable_until_new_events_arrive(resource, store, runs):
+    instance = dg.DagsterInstance.ephemeral()  # the sensor looks up which stale runs are its own
+
     def run_keys() -> list[str]:
-        with dg.build_sensor_context(resources={"event_store": resource}) as context:
+        with dg.build_sensor_context(resources={"event_store": resource}, instance=instance) as context:
             return sorted(r.run_key for r in run_snapshots_sensor(context))
 
     before = run_keys()
@@ -184,3 +186,29 @@ def tamper_projection(dsn: str, schema: str, run_id: str) -> None:
             ).format(sql.Identifier(schema)),
             (run_id,),
         )
+
+
+def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, runs):
+    """The run recorder records each run_snapshots_job run in the store; projecting that run at once would
+    record another, one run a minute for ever. It waits for another stale run of its day."""
+    defs = dg.Definitions(
+        assets=[run_events, run_snapshots],
+        jobs=[run_snapshots_job],
+        sensors=[run_snapshots_sensor],
+        resources={"event_store": resource},
+    )
+    instance = dg.DagsterInstance.ephemeral()
+    tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    projection = instance.get_runs(dg.RunsFilter(job_name=run_snapshots_job.name))[0]
+    store.append(NewEvent(projection.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+
+    own_only = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    store.append(NewEvent("c", "StepCompleted", runs["c"] + timedelta(minutes=2), step_id="load"))
+    with_another = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+
+    assert own_only.requested == 0
+    assert own_only.skip_reason == (
+        "no run has events newer than its projection but 1 run(s) of run_snapshots_job"
+    )
+    assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [YESTERDAY_KEY]
+    assert store.stale_runs() == []  # the projection run was projected with the other run of its day

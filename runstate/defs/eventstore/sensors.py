@@ -3,7 +3,7 @@
 A pure decision: it reads which runs are stale (events above their stored projection), maps each to
 the UTC day it started, and yields one RunRequest per day. The run_key hashes the day's stale runs
 and their last seqs, so a request that is still queued is not launched twice, and new events make a
-new key.
+new key. Its own projection runs (the run recorder records them) wait for another stale run of their day.
 """
 
 import hashlib
@@ -35,6 +35,16 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
     return f"run_snapshots:{day}:{digest[:16]}"
 
 
+def projection_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> set[str]:
+    """The runs among `run_ids` that are this sensor's own projection runs. The run recorder records them
+    too, so each would leave a stale run behind: projected at once, one run a minute for ever. They are
+    projected with the next other run of their day."""
+    if not run_ids:
+        return set()
+    runs = instance.get_runs(dg.RunsFilter(run_ids=run_ids, job_name=run_snapshots_job.name))
+    return {run.run_id for run in runs}
+
+
 @dg.sensor(
     job=run_snapshots_job,
     minimum_interval_seconds=60,
@@ -42,10 +52,16 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
 )
 def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> Iterator:
     store = event_store.get_store()
-    by_day = stale_days(store.stale_runs_with_start(limit=STALE_RUNS_PER_TICK))
+    stale = store.stale_runs_with_start(limit=STALE_RUNS_PER_TICK)
+    own = projection_runs(context.instance, [run_id for run_id, _, _ in stale])
+    by_day = stale_days([entry for entry in stale if entry[0] not in own])
     known_days = set(RUN_START_DAYS.get_partition_keys(dynamic_partitions_store=None))
     if not by_day:
-        yield dg.SkipReason("no run has events newer than its projection")
+        yield dg.SkipReason(
+            f"no run has events newer than its projection but {len(own)} run(s) of {run_snapshots_job.name}"
+            if own
+            else "no run has events newer than its projection"
+        )
         return
     for day in sorted(by_day):
         if day not in known_days:
