@@ -133,13 +133,18 @@ def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, sto
     assert store.stale_runs() == []
 
 
-def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store, runs):
-    defs = dg.Definitions(
+def sensor_defs(resource) -> dg.Definitions:
+    """run_snapshots, its job and its sensor on the test's store."""
+    return dg.Definitions(
         assets=[run_events, run_snapshots],
         jobs=[run_snapshots_job],
         sensors=[run_snapshots_sensor],
         resources={"event_store": resource},
     )
+
+
+def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store, runs):
+    defs = sensor_defs(resource)
     instance = dg.DagsterInstance.ephemeral()
 
     first = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
@@ -191,12 +196,7 @@ def tamper_projection(dsn: str, schema: str, run_id: str) -> None:
 def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, runs):
     """The run recorder records each run_snapshots_job run in the store; projecting that run at once would
     record another, one run a minute for ever. It waits for another stale run of its day."""
-    defs = dg.Definitions(
-        assets=[run_events, run_snapshots],
-        jobs=[run_snapshots_job],
-        sensors=[run_snapshots_sensor],
-        resources={"event_store": resource},
-    )
+    defs = sensor_defs(resource)
     instance = dg.DagsterInstance.ephemeral()
     tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     projection = instance.get_runs(dg.RunsFilter(job_name=run_snapshots_job.name))[0]
