@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from runstate.commands.ticking import tick_sensor
-from runstate.defs.eventstore.assets import run_events, run_snapshots, run_snapshots_job
+from runstate.defs.eventstore.assets import EXPORT_JOB, run_events, run_snapshots, run_snapshots_job
 from runstate.defs.eventstore.sensors import run_snapshots_sensor
 from runstate.eventstore import NewEvent
 
@@ -207,8 +207,19 @@ def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, 
     with_another = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
     assert own_only.requested == 0
-    assert own_only.skip_reason == (
-        "no run has events newer than its projection but 1 run(s) of run_snapshots_job"
-    )
+    assert own_only.skip_reason == ("no run has events newer than its projection but 1 bookkeeping run(s)")
     assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [YESTERDAY_KEY]
     assert store.stale_runs() == []  # the projection run was projected with the other run of its day
+
+
+def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
+    defs = sensor_defs(resource)
+    instance = dg.DagsterInstance.ephemeral()
+    tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    # Only the job's name matters to the sensor: a job of that name stands in for the export's.
+    export = instance.create_run_for_job(dg.JobDefinition(name=EXPORT_JOB, graph_def=dg.GraphDefinition("g")))
+    store.append(NewEvent(export.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+
+    tick = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+
+    assert tick.requested == 0 and tick.skip_reason.endswith("but 1 bookkeeping run(s)")

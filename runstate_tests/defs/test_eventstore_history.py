@@ -118,4 +118,22 @@ def test_the_export_runs_own_events_alone_request_no_export(
 
     tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
 
-    assert tick.requested == 0 and tick.skip_reason.startswith("only 1 event(s) of export runs are pending")
+    assert tick.requested == 0 and tick.skip_reason.startswith(
+        "only 1 event(s) of bookkeeping runs are pending"
+    )
+
+
+def test_a_projection_runs_events_alone_request_no_export(
+    spark_settings, own_resource, history, bare_instance
+):
+    """A projection run's events made an export due, whose run made a projection due: one of each a
+    minute for ever."""
+    defs = history_defs(own_resource, spark_settings, history)
+    ref = {"dagster_run_id": "projecting", "job_name": "run_snapshots_job"}
+    own_resource.get_store().append(
+        NewEvent("projecting", EventType.RUN_STARTED, datetime.now(UTC), engine_run_ref=ref)
+    )
+
+    tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
+
+    assert tick.requested == 0 and tick.skip_reason.startswith("only 1 event(s) of bookkeeping runs")

@@ -115,3 +115,8 @@ run_snapshots_job = dg.define_asset_job(
         "Project the runs of one start day into run_snapshots (a backfill rebuilds them from scratch)."
     ),
 )
+EXPORT_JOB = "export_run_history"
+# The jobs that keep the store's own tables: projections and the run history in the lake. run_recorder
+# records their runs like any other, so their events alone start none of them: an export's events made
+# its run stale, whose projection run's events made an export due, one run of each a minute for ever.
+BOOKKEEPING_JOBS = frozenset({run_snapshots_job.name, EXPORT_JOB})

@@ -8,8 +8,9 @@ the sensor that keeps it fresh, and the lag check.
 - `run_history_sensor`, every RUNSTATE_HISTORY_EXPORT_INTERVAL_S: a pure decision, without a JVM. It
   reads the table's position through pyiceberg and the feed after it, and requests one export run when
   the feed has more, unless an export run is alive: at most one at a time, however many runs and events
-  there are. A run found dead (killed) no longer holds it. The export runs' own events (the run recorder
-  appends them) wait for other events or half the lag bound, so an idle deployment stops exporting.
+  there are. A run found dead (killed) no longer holds it. The events of the store's bookkeeping runs
+  (exports and projections: the run recorder appends them) wait for other events or half the lag
+  bound, so an idle deployment stops exporting.
 - `run_history_lag` fails when the table is more than RUNSTATE_HISTORY_MAX_LAG_EVENTS events or
   RUNSTATE_HISTORY_MAX_LAG_MINUTES behind the feed (evaluated every 10 minutes, no JVM); the asset's
   FreshnessPolicy, from its materializations, warns when no export ran for that long and fails at twice.
@@ -21,7 +22,7 @@ import dagster as dg
 from pydantic import Field
 
 from runstate.config import Settings, settings
-from runstate.defs.eventstore.assets import run_events
+from runstate.defs.eventstore.assets import BOOKKEEPING_JOBS, EXPORT_JOB, run_events
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import RunLiveness, check_runs
@@ -42,7 +43,6 @@ from runstate.spark import SparkSettings
 from runstate.spark_interrupts import spark_jobs_cancelled_on_interrupt
 
 RUN_HISTORY = "run_history"
-EXPORT_JOB = "export_run_history"
 LAG_CHECK = "run_history_lag"
 HISTORY_TAGS = {**SPARK_JOB_TAGS, TABLE_TAG: RUN_HISTORY, DOMAIN_TAG: "eventstore"}
 # A conflict (another export committed first) or a lost connection: the next attempt starts from the
@@ -185,10 +185,10 @@ def live_export(instance: dg.DagsterInstance) -> RunLiveness | None:
     return verdict if verdict.alive else None
 
 
-def _of_an_export_run(event: StoredEvent) -> bool:
+def _of_a_bookkeeping_run(event: StoredEvent) -> bool:
     """The run recorder names each event's Dagster job (runstate.defs.runs.recording)."""
     ref = event.engine_run_ref
-    return isinstance(ref, dict) and ref.get("job_name") == EXPORT_JOB
+    return isinstance(ref, dict) and ref.get("job_name") in BOOKKEEPING_JOBS
 
 
 def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.SensorDefinition:
@@ -209,7 +209,7 @@ def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.
         try:
             catalog = HistoryCatalog.from_spark_settings(spark_settings)
             try:
-                due = export_due(event_store.get_store(), catalog, history, deferrable=_of_an_export_run)
+                due = export_due(event_store.get_store(), catalog, history, deferrable=_of_a_bookkeeping_run)
             finally:
                 catalog.close()
         except (FeedRefused, HistoryError) as refused:

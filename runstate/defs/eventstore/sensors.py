@@ -3,7 +3,7 @@
 A pure decision: it reads which runs are stale (events above their stored projection), maps each to
 the UTC day it started, and yields one RunRequest per day. The run_key hashes the day's stale runs
 and their last seqs, so a request that is still queued is not launched twice, and new events make a
-new key. Its own projection runs (the run recorder records them) wait for another stale run of their day.
+new key. The runs of the store's bookkeeping jobs (BOOKKEEPING_JOBS) wait for another stale run of their day.
 """
 
 import hashlib
@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 
-from runstate.defs.eventstore.assets import RUN_START_DAYS, run_snapshots_job
+from runstate.defs.eventstore.assets import BOOKKEEPING_JOBS, RUN_START_DAYS, run_snapshots_job
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.tags import TABLE_TAG
 
@@ -35,14 +35,13 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
     return f"run_snapshots:{day}:{digest[:16]}"
 
 
-def projection_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> set[str]:
-    """The runs among `run_ids` that are this sensor's own projection runs. The run recorder records them
-    too, so each would leave a stale run behind: projected at once, one run a minute for ever. They are
-    projected with the next other run of their day."""
+def bookkeeping_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> set[str]:
+    """The runs among `run_ids` of the store's bookkeeping jobs (BOOKKEEPING_JOBS: projections and
+    exports). They are projected with the next other run of their day."""
     if not run_ids:
         return set()
-    runs = instance.get_runs(dg.RunsFilter(run_ids=run_ids, job_name=run_snapshots_job.name))
-    return {run.run_id for run in runs}
+    runs = instance.get_runs(dg.RunsFilter(run_ids=run_ids))
+    return {run.run_id for run in runs if run.job_name in BOOKKEEPING_JOBS}
 
 
 @dg.sensor(
@@ -53,12 +52,12 @@ def projection_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> set[str
 def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: EventStoreResource) -> Iterator:
     store = event_store.get_store()
     stale = store.stale_runs_with_start(limit=STALE_RUNS_PER_TICK)
-    own = projection_runs(context.instance, [run_id for run_id, _, _ in stale])
+    own = bookkeeping_runs(context.instance, [run_id for run_id, _, _ in stale])
     by_day = stale_days([entry for entry in stale if entry[0] not in own])
     known_days = set(RUN_START_DAYS.get_partition_keys(dynamic_partitions_store=None))
     if not by_day:
         yield dg.SkipReason(
-            f"no run has events newer than its projection but {len(own)} run(s) of {run_snapshots_job.name}"
+            f"no run has events newer than its projection but {len(own)} bookkeeping run(s)"
             if own
             else "no run has events newer than its projection"
         )
