@@ -304,8 +304,41 @@ def append_after_restart(server: Server, changes: list[Change], key: str, *, sin
     took = append_until_visible(server, changes, key, FIRST_FLUSH_S)
     runs = [run for run in deployment_flush_runs(server.deployment) if run["creationTime"] >= since]
     first = min(runs, key=lambda run: run["creationTime"])
-    check_flush_after_restart(key, appended, first["creationTime"], first["startTime"], took)
+    with explained(server), timeline(server, runs, appended):
+        check_flush_after_restart(key, appended, first["creationTime"], first["startTime"], took)
     return took
+
+
+@contextlib.contextmanager
+def timeline(server: Server, runs: list[dict], appended: float) -> Iterator[None]:
+    """A failed bound says what each flush run since the restart did, in seconds from the append, and
+    why any of them failed."""
+    try:
+        yield
+    except AssertionError as exc:
+
+        def at(epoch: float | None) -> str:
+            return "-" if epoch is None else f"{epoch - appended:+.1f} s"
+
+        lines = [
+            f"{run['runId'][:8]} {run['status']}: created {at(run['creationTime'])}, "
+            f"started {at(run['startTime'])}, ended {at(run['endTime'])}; {failure_messages(server, run['runId'])}"
+            for run in sorted(runs, key=lambda run: run["creationTime"])
+        ]
+        raise AssertionError("\n".join([str(exc), "flush runs since the restart:", *lines])) from None
+
+
+def failure_messages(server: Server, run_id: str) -> list[str]:
+    """The run's event kinds, then the messages of its failures."""
+    url = server.deployment.env["DAGSTER_PG_URL"].replace("+psycopg2", "")
+    query = (
+        "SELECT event FROM event_logs WHERE run_id = %s"
+        " AND dagster_event_type IN ('PIPELINE_FAILURE', 'STEP_FAILURE') ORDER BY id"
+    )
+    with psycopg.connect(url) as conn:
+        events = [deserialize_value(event, EventLogEntry) for (event,) in conn.execute(query, (run_id,))]
+    failures = [f"{entry.dagster_event.event_type_value}: {entry.message[:300]}" for entry in events]
+    return [*run_events(server.deployment, run_id), *failures]
 
 
 def append_until_visible(server: Server, changes: list[Change], key: str, timeout: float) -> float:
