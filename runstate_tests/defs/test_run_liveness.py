@@ -214,6 +214,23 @@ def test_a_launching_run_the_default_launcher_never_handed_to_a_code_server_is_f
     assert verdict.status == dg.DagsterRunStatus.FAILURE and verdict.reason == NEVER_HANDED
 
 
+def test_a_run_put_back_in_the_queue_gets_a_new_grace_when_it_is_launched_again(instance):
+    """The queue re-enqueues a run whose launch could not reach its code server (a restart, a reload):
+    the sighting of that first STARTING is not the age of the next one."""
+    run = instance.create_run_for_job(tiny)
+    starting = dg.DagsterEvent(dg.DagsterEventType.PIPELINE_STARTING.value, job_name=tiny.name)
+    instance.handle_run_event(run.run_id, starting)
+    seen_ago(instance, run.run_id, 11)
+    # Back in the queue (a run of a job without a code location cannot be QUEUED in storage).
+    back = SimpleNamespace(run_id=run.run_id, status=dg.DagsterRunStatus.QUEUED, is_finished=False)
+
+    [queued] = check_runs(instance, [SimpleNamespace(dagster_run=back, start_time=None)], policy=POLICY)
+    [launching] = check_runs(instance, [record(instance, run)], policy=POLICY)
+
+    assert queued.status == dg.DagsterRunStatus.QUEUED and queued.alive
+    assert launching.status == dg.DagsterRunStatus.STARTING and launching.alive, launching.reason
+
+
 def test_the_sweep_drops_the_rows_of_runs_that_ended_and_keeps_the_live_ones(instance):
     live = started_run(instance, tiny)
     done = tiny.execute_in_process(instance=instance).dagster_run

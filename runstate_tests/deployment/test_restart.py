@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -325,20 +326,30 @@ def timeline(server: Server, runs: list[dict], appended: float) -> Iterator[None
             f"started {at(run['startTime'])}, ended {at(run['endTime'])}; {failure_messages(server, run['runId'])}"
             for run in sorted(runs, key=lambda run: run["creationTime"])
         ]
-        raise AssertionError("\n".join([str(exc), "flush runs since the restart:", *lines])) from None
+        raise AssertionError(
+            "\n".join(
+                [
+                    str(exc),
+                    f"flush runs since the restart (the append at {time.strftime('%H:%M:%S', time.gmtime(appended))}):",
+                    *lines,
+                ]
+            )
+        ) from None
 
 
 def failure_messages(server: Server, run_id: str) -> list[str]:
-    """The run's event kinds, then the messages of its failures."""
+    """The run's event kinds, then its warnings and errors (failures, retries, a dataset not flushed),
+    each with its time."""
     url = server.deployment.env["DAGSTER_PG_URL"].replace("+psycopg2", "")
-    query = (
-        "SELECT event FROM event_logs WHERE run_id = %s"
-        " AND dagster_event_type IN ('PIPELINE_FAILURE', 'STEP_FAILURE') ORDER BY id"
-    )
+    query = "SELECT event FROM event_logs WHERE run_id = %s ORDER BY id"
     with psycopg.connect(url) as conn:
-        events = [deserialize_value(event, EventLogEntry) for (event,) in conn.execute(query, (run_id,))]
-    failures = [f"{entry.dagster_event.event_type_value}: {entry.message[:300]}" for entry in events]
-    return [*run_events(server.deployment, run_id), *failures]
+        entries = [deserialize_value(event, EventLogEntry) for (event,) in conn.execute(query, (run_id,))]
+    worrying = [
+        f"{time.strftime('%H:%M:%S', time.gmtime(entry.timestamp))} {entry.message[:300]}"
+        for entry in entries
+        if entry.level >= logging.WARNING
+    ]
+    return [*run_events(server.deployment, run_id), *worrying]
 
 
 def append_until_visible(server: Server, changes: list[Change], key: str, timeout: float) -> float:

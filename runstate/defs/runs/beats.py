@@ -125,6 +125,15 @@ def forget(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> None:
         conn.execute(KeyValueStoreTable.delete().where(KeyValueStoreTable.c.key.in_(keys)))
 
 
+def forget_sightings(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> None:
+    """Drop the first sightings of runs (back in the queue: their next launch gets a grace of its own)."""
+    keys = [SEEN_PREFIX + run_id for run_id in run_ids]
+    if not keys:
+        return
+    with _connect(instance) as conn:
+        conn.execute(KeyValueStoreTable.delete().where(KeyValueStoreTable.c.key.in_(keys)))
+
+
 def tracked_run_ids(instance: dg.DagsterInstance, limit: int = 1000) -> list[str]:
     """Runs that have a heartbeat or a sighting row (for the sweep of the rows of runs that ended)."""
     query = (
