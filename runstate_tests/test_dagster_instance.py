@@ -36,6 +36,24 @@ def hello_job() -> None:
     say_hello()
 
 
+def test_a_storage_only_instance_with_a_bare_postgresql_url_stores_a_run_and_its_events(
+    tmp_path, fresh_database
+):
+    """A platform team's dagster.yaml names no driver (`postgres_db:` builds `postgresql://`). SQLAlchemy
+    2.1 made psycopg 3 that scheme's driver, on which dagster-postgres's event writes fail (`NOTIFY
+    run_events, $1`: a syntax error), so every run and daemon of their instance did; runstate pins
+    SQLAlchemy below 2.1."""
+    (tmp_path / "dagster.yaml").write_text(
+        yaml.safe_dump({"storage": {"postgres": {"postgres_url": fresh_database}}})
+    )
+    with dg.DagsterInstance.from_config(str(tmp_path)) as plain:
+        result = hello_job.execute_in_process(instance=plain)
+        events = plain.all_logs(result.run_id)
+
+    assert fresh_database.startswith("postgresql://")
+    assert result.success and len(events) > 5
+
+
 def test_a_run_lands_in_postgres_run_and_event_storage(instance, fresh_database):
     result = hello_job.execute_in_process(instance=instance)
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 
 def storage_only_config(database_url: str) -> dict[str, Any]:
-    url = database_url.replace("postgresql://", "postgresql+psycopg2://", 1)
-    return {"storage": {"postgres": {"postgres_url": url}}}
+    """Storage in the `postgres_db` form of Dagster's docs, from which dagster-postgres builds a bare
+    `postgresql://` URL: SQLAlchemy's default driver for that scheme is the one that must work."""
+    url = urlsplit(database_url)
+    db = {"username": url.username or "postgres", "hostname": url.hostname, "port": url.port or 5432}
+    return {"storage": {"postgres": {"postgres_db": {**db, "db_name": url.path.lstrip("/")}}}}
 
 
 def write_home(home: Path, config: dict[str, Any]) -> Path:
