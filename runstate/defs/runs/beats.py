@@ -116,18 +116,12 @@ def beat_ages(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str,
     return {run_id: a.beat_s for run_id, a in ages(instance, run_ids).items() if a.beat_s is not None}
 
 
-def forget(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> None:
-    """Drop the heartbeats and sightings of runs that ended, so the key-value table does not grow."""
-    keys = [prefix + run_id for run_id in run_ids for prefix in PREFIXES]
-    if not keys:
-        return
-    with _connect(instance) as conn:
-        conn.execute(KeyValueStoreTable.delete().where(KeyValueStoreTable.c.key.in_(keys)))
-
-
-def forget_sightings(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> None:
-    """Drop the first sightings of runs (back in the queue: their next launch gets a grace of its own)."""
-    keys = [SEEN_PREFIX + run_id for run_id in run_ids]
+def forget(
+    instance: dg.DagsterInstance, run_ids: Iterable[str], *, prefixes: tuple[str, ...] = PREFIXES
+) -> None:
+    """Drop the heartbeats and sightings of runs that ended, so the key-value table does not grow (or,
+    with `prefixes`, only those rows: the sightings of runs back in the queue)."""
+    keys = [prefix + run_id for run_id in run_ids for prefix in prefixes]
     if not keys:
         return
     with _connect(instance) as conn:

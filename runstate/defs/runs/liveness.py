@@ -220,9 +220,8 @@ def check_runs(
     # A launch that could not reach its code server puts the run back in the queue, its STARTING sighting
     # (and code server tag) left behind: the next launch must not inherit that sighting's age, or it is
     # failed the moment it is STARTING again, before it could be tagged or registered.
-    beats.forget_sightings(
-        instance, [r.dagster_run.run_id for r in records if r.dagster_run.status in QUEUED_STATUSES]
-    )
+    queued = [r.dagster_run.run_id for r in records if r.dagster_run.status in QUEUED_STATUSES]
+    beats.forget(instance, queued, prefixes=(beats.SEEN_PREFIX,))
     signs = observe(instance, records, policy)
     verdicts = []
     for record in records:
