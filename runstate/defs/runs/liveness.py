@@ -12,7 +12,8 @@ A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
   does not run it: that server is gone with its deployment, or the run's process exited. It is asked
   only once the run has been seen without a heartbeat for `ask_server_after_s`, as a launch registers
   the run with its server a moment after it tags the run. Under the default launcher, a run STARTING
-  without that tag by then was never handed to a code server (its daemon died mid-launch);
+  without that tag by then was never handed to a code server (its daemon died mid-launch). A run put
+  back in the queue (its launch could not reach the code server) is seen afresh when it is launched again;
 - it never beat and nobody can be asked (another launcher: a pod, a task), and the first liveness check
   that saw it did so `start_grace_s` ago (STARTED) or `launch_grace_s` ago (still launching: its worker
   loads the code location before it beats, a minute and more on a loaded machine).
