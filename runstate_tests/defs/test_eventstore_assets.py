@@ -200,15 +200,15 @@ def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, 
     instance = dg.DagsterInstance.ephemeral()
     tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     projection = instance.get_runs(dg.RunsFilter(job_name=run_snapshots_job.name))[0]
-    store.append(NewEvent(projection.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+    store.append(NewEvent(projection.run_id, "RunStarted", runs["a"] + timedelta(minutes=1)))
 
     own_only = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
-    store.append(NewEvent("c", "StepCompleted", runs["c"] + timedelta(minutes=2), step_id="load"))
+    store.append(NewEvent("a", "StepCompleted", runs["a"] + timedelta(minutes=2), step_id="load"))
     with_another = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
     assert own_only.requested == 0
     assert own_only.skip_reason == ("no run has events newer than its projection but 1 bookkeeping run(s)")
-    assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [YESTERDAY_KEY]
+    assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [TODAY_KEY]
     assert store.stale_runs() == []  # the projection run was projected with the other run of its day
 
 
@@ -218,8 +218,25 @@ def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
     tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     # Only the job's name matters to the sensor: a job of that name stands in for the export's.
     export = instance.create_run_for_job(dg.JobDefinition(name=EXPORT_JOB, graph_def=dg.GraphDefinition("g")))
-    store.append(NewEvent(export.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+    store.append(NewEvent(export.run_id, "RunStarted", runs["a"] + timedelta(minutes=1)))
 
     tick = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
     assert tick.requested == 0 and tick.skip_reason.endswith("but 1 bookkeeping run(s)")
+
+
+def test_bookkeeping_runs_alone_are_projected_once_their_day_is_over(resource, store, runs):
+    """Left stale for ever, a day of them a week would fill the window of stale runs every tick reads,
+    hiding the runs that must be projected."""
+    defs = sensor_defs(resource)
+    instance = dg.DagsterInstance.ephemeral()
+    tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    export = instance.create_run_for_job(dg.JobDefinition(name=EXPORT_JOB, graph_def=dg.GraphDefinition("g")))
+    store.append(NewEvent(export.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+
+    past_day = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+    after = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
+
+    assert [r.dagster_run.tags["dagster/partition"] for r in past_day.results] == [YESTERDAY_KEY]
+    assert past_day.failed == 0 and export.run_id not in store.stale_runs()
+    assert after.requested == 0  # the projection run is today's, and waits

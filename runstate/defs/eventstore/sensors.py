@@ -3,7 +3,10 @@
 A pure decision: it reads which runs are stale (events above their stored projection), maps each to
 the UTC day it started, and yields one RunRequest per day. The run_key hashes the day's stale runs
 and their last seqs, so a request that is still queued is not launched twice, and new events make a
-new key. The runs of the store's bookkeeping jobs (BOOKKEEPING_JOBS) wait for another stale run of their day.
+new key. The runs of the store's bookkeeping jobs (BOOKKEEPING_JOBS) wait for another stale run of their
+day, or for their day to be over: a day of bookkeeping runs alone (an idle deployment whose schedules are
+off) is projected once, the next day, so such runs never pile up in the STALE_RUNS_PER_TICK window that
+every tick reads (ordered by run id) and hide a run that has to be projected.
 """
 
 import hashlib
@@ -35,6 +38,19 @@ def day_run_key(day: str, runs: list[tuple[str, int]]) -> str:
     return f"run_snapshots:{day}:{digest[:16]}"
 
 
+def requested_days(
+    stale: list[tuple[str, datetime | None, int]], own: set[str], *, today: str
+) -> dict[str, list[tuple[str, int]]]:
+    """The days to request, each with the runs its run_key is made of: the day's stale runs other than
+    the bookkeeping runs `own`; for a day before `today` with bookkeeping runs alone, those."""
+    requested = {}
+    for day, runs in stale_days(stale).items():
+        others = [run for run in runs if run[0] not in own]
+        if others or day < today:
+            requested[day] = others or runs
+    return requested
+
+
 def bookkeeping_runs(instance: dg.DagsterInstance, run_ids: list[str]) -> set[str]:
     """The runs among `run_ids` of the store's bookkeeping jobs (BOOKKEEPING_JOBS: projections and
     exports). They are projected with the next other run of their day."""
@@ -53,7 +69,7 @@ def run_snapshots_sensor(context: dg.SensorEvaluationContext, event_store: Event
     store = event_store.get_store()
     stale = store.stale_runs_with_start(limit=STALE_RUNS_PER_TICK)
     own = bookkeeping_runs(context.instance, [run_id for run_id, _, _ in stale])
-    by_day = stale_days([entry for entry in stale if entry[0] not in own])
+    by_day = requested_days(stale, own, today=datetime.now(UTC).strftime("%Y-%m-%d"))
     known_days = set(RUN_START_DAYS.get_partition_keys(dynamic_partitions_store=None))
     if not by_day:
         yield dg.SkipReason(
