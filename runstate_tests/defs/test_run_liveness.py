@@ -14,6 +14,8 @@ from click.testing import CliRunner
 from dagster._core.errors import DagsterInvariantViolationError, DagsterLaunchFailedError
 from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 from dagster._core.storage.tags import GRPC_INFO_TAG
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._grpc.server import GrpcServerProcess
 
 from runstate.cli import main
 from runstate.config import ConfigError, Settings, settings
@@ -198,6 +200,37 @@ def test_a_launching_run_is_failed_once_its_code_server_address_is_closed(instan
 
     assert asked_too_soon.alive  # a launch tags the run a moment before its server registers it
     assert asked.status == dg.DagsterRunStatus.FAILURE and asked.reason == NOT_RUN
+
+
+def test_a_live_code_server_that_does_not_know_a_run_fails_it_while_it_launches_but_not_once_started(
+    instance, tmp_path
+):
+    """A real code server that never launched either run. A launching run it does not know is dead (a
+    deployment restarted on the same address); a started one waits for its grace, as after a reload of
+    the code location the server asked is not the one that runs it."""
+    (tmp_path / "location.py").write_text("import dagster as dg\n\ndefs = dg.Definitions()\n")
+    origin = LoadableTargetOrigin(python_file=str(tmp_path / "location.py"), attribute="defs")
+    with GrpcServerProcess(instance_ref=None, loadable_target_origin=origin, force_port=True) as server:
+        address = {GRPC_INFO_TAG: json.dumps({"host": "127.0.0.1", "port": server.port})}
+        assert server.create_client().ping("up")["echo"] == "up"  # it waited for the server to listen
+        launching = instance.create_run_for_job(tiny, tags=address)
+        instance.handle_run_event(
+            launching.run_id,
+            dg.DagsterEvent(dg.DagsterEventType.PIPELINE_STARTING.value, job_name=tiny.name),
+        )
+        started = started_run(instance, tiny, tags=address)
+        for run in (launching, started):
+            seen_ago(instance, run.run_id, 11)
+
+        verdicts = check_runs(
+            instance, [record(instance, launching), record(instance, started)], policy=POLICY
+        )
+
+    assert [verdict.status for verdict in verdicts] == [
+        dg.DagsterRunStatus.FAILURE,
+        dg.DagsterRunStatus.STARTED,
+    ]
+    assert verdicts[0].reason == NOT_RUN and verdicts[1].alive
 
 
 def test_a_launching_run_the_default_launcher_never_handed_to_a_code_server_is_failed(instance):

@@ -9,11 +9,14 @@ only run monitoring (off by default) would end it. So every run that executes be
 A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
 - its last heartbeat is `dead_after_s` old (RUNSTATE_RUN_DEAD_AFTER_S);
 - it never beat, and the code server that launched it (Dagster's default launcher records it on the run)
-  does not run it: that server is gone with its deployment, or the run's process exited. It is asked
-  only once the run has been seen without a heartbeat for `ask_server_after_s`, as a launch registers
-  the run with its server a moment after it tags the run. Under the default launcher, a run STARTING
-  without that tag by then was never handed to a code server (its daemon died mid-launch). A run put
-  back in the queue (its launch could not reach the code server) is seen afresh when it is launched again;
+  does not run it: nothing listens at its address (gone with its deployment), or, while the run is
+  still launching, the server says it does not run it (a started run that a live server does not know
+  waits for its grace: after a reload of the code location, the server asked is not the one that runs
+  it). It is asked only once the run has been seen without a heartbeat for `ask_server_after_s`, as a
+  launch registers the run with its server a moment after it tags the run. Under the default launcher,
+  a run STARTING without that tag by then was never handed to a code server (its daemon died
+  mid-launch). A run put back in the queue (its launch could not reach the code server) is seen afresh
+  when it is launched again;
 - it never beat and nobody can be asked (another launcher: a pod, a task), and the first liveness check
   that saw it did so `start_grace_s` ago (STARTED) or `launch_grace_s` ago (still launching: its worker
   loads the code location before it beats, a minute and more on a loaded machine).
@@ -155,9 +158,10 @@ NEVER_HANDED = "its launch never reached a code server (the daemon that launched
 
 
 def code_server_runs(run: dg.DagsterRun, launcher: Any) -> tuple[bool | None, str]:
-    """Whether the code server that launched `run` is executing it: True, False (it says not, nothing
-    listens at its address any more, or Dagster's default launcher never tagged the run with one), or
-    None (another launcher, or no clear answer); and why not."""
+    """Whether the code server that launched `run` is executing it: True, False (nothing listens at its
+    address any more, it says not while the run is launching, or Dagster's default launcher never tagged
+    the run with one), or None (another launcher, no clear answer, or a started run it does not know);
+    and why not."""
     from dagster._core.launcher import DefaultRunLauncher
     from dagster._grpc.client import DagsterGrpcClient
     from dagster._grpc.types import CanCancelExecutionRequest, CanCancelExecutionResult
@@ -179,7 +183,12 @@ def code_server_runs(run: dg.DagsterRun, launcher: Any) -> tuple[bool | None, st
         answer = client.can_cancel_execution(
             CanCancelExecutionRequest(run_id=run.run_id), timeout=ASK_SERVER_TIMEOUT_S
         )
-        return deserialize_value(answer, CanCancelExecutionResult).can_cancel, NOT_RUN
+        if deserialize_value(answer, CanCancelExecutionResult).can_cancel:
+            return True, ""
+        # A server that answers but does not know a run that started may not be the one that launched it:
+        # `dagster code-server start` (dagster dev's) asks the server of its last reload, and the run's
+        # worker, still alive under the old one, beats within seconds of its start. Its grace judges it.
+        return (False, NOT_RUN) if run.status in LAUNCHING_STATUSES else (None, "")
     except Exception as error:  # noqa: BLE001 - only a closed address is an answer
         cause = error.__cause__
         if isinstance(cause, RpcError) and cause.code() == StatusCode.UNAVAILABLE:  # ty: ignore
