@@ -26,6 +26,11 @@ DOMAIN_TAG = "runstate/domain"
 # One in-progress run per table written (run_events, run_snapshots).
 TABLE_TAG = "runstate/table"
 SCHEDULED_DAY_TAG = "runstate/scheduled_day"
+# The scheduled sweeps and checks that keep the deployment itself. run_recorder records their runs like
+# any other, but no one waits for their history: run_history_sensor leaves their events for the next
+# export (within half the lag bound), so an idle deployment does not start a Spark export per sweep.
+HOUSEKEEPING_TAG = "runstate/housekeeping"
+HOUSEKEEPING_TAGS = {HOUSEKEEPING_TAG: "true"}
 
 # Dagster's own tag: the run queue starts runs of a higher priority first (default 0).
 PRIORITY_TAG = "dagster/priority"

@@ -15,7 +15,7 @@ from runstate.config import Settings
 from runstate.defs.eventstore.history import EXPORT_JOB, build_history_defs
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.spark import SparkResource
-from runstate.defs.tags import SPARK_TAG
+from runstate.defs.tags import HOUSEKEEPING_TAG, HOUSEKEEPING_TAGS, SPARK_TAG
 from runstate.eventstore import EventType, NewEvent
 from runstate.eventstore.lake import HistoryConfig
 from runstate_tests.defs.conftest import started_run
@@ -119,7 +119,68 @@ def test_the_export_runs_own_events_alone_request_no_export(
     tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
 
     assert tick.requested == 0 and tick.skip_reason.startswith(
-        "only 1 event(s) of bookkeeping runs are pending"
+        "only 1 event(s) of runs that can wait are pending"
+    )
+
+
+def append_run_started(resource: EventStoreResource, run_id: str, job_name: str) -> None:
+    ref = {"dagster_run_id": run_id, "job_name": job_name}
+    resource.get_store().append(
+        NewEvent(run_id, EventType.RUN_STARTED, datetime.now(UTC), engine_run_ref=ref)
+    )
+
+
+def test_housekeeping_runs_events_alone_request_no_export_and_any_other_run_does(
+    spark_settings, own_resource, history, bare_instance
+):
+    """The scheduled sweeps and checks run every few minutes: an export for each left an idle deployment
+    starting two Spark exports every five minutes. A job is housekeeping by its tag."""
+
+    @dg.op
+    def sweep() -> None:
+        pass
+
+    swept = dg.JobDefinition(
+        name="a_sweep", graph_def=dg.GraphDefinition("g", node_defs=[sweep]), tags=HOUSEKEEPING_TAGS
+    )
+    defs = dg.Definitions.merge(
+        history_defs(own_resource, spark_settings, history), dg.Definitions(jobs=[swept])
+    )
+    append_run_started(own_resource, "checking", "run_history_lag_check")
+    append_run_started(own_resource, "sweeping", swept.name)
+
+    def evaluate() -> dg.SensorResult | dg.SkipReason:  # without executing the export it may request
+        resources = {"event_store": own_resource}
+        with dg.build_sensor_context(
+            instance=bare_instance, definitions=defs, resources=resources
+        ) as context:
+            return defs.resolve_sensor_def("run_history_sensor")(context)
+
+    housekeeping_only = evaluate()
+    append_run_started(own_resource, "working", "flush_wal")
+    with_other_work = evaluate()
+
+    assert isinstance(housekeeping_only, dg.SkipReason)
+    assert housekeeping_only.skip_message.startswith("only 2 event(s) of runs that can wait are pending")
+    assert isinstance(with_other_work, dg.SensorResult) and len(with_other_work.run_requests) == 1
+
+
+def test_the_deployments_sweeps_and_checks_are_housekeeping_and_its_work_is_not():
+    from runstate.definitions import defs
+
+    def tagged(name: str) -> bool:
+        return defs.resolve_job_def(name).tags.get(HOUSEKEEPING_TAG) == "true"
+
+    sweeps_and_checks = [
+        "maintenance_claim_sweep",
+        "maintenance_lock_sweep",
+        "maintenance_health_retention",
+        "wal_lag_check",
+        "run_history_lag_check",
+    ]
+    assert all(map(tagged, sweeps_and_checks))
+    assert not any(
+        map(tagged, ["flush_wal", "maintenance_orchestrator_job", EXPORT_JOB, "run_snapshots_job"])
     )
 
 
@@ -136,4 +197,4 @@ def test_a_projection_runs_events_alone_request_no_export(
 
     tick = tick_sensor("run_history_sensor", defs=defs, instance=bare_instance)
 
-    assert tick.requested == 0 and tick.skip_reason.startswith("only 1 event(s) of bookkeeping runs")
+    assert tick.requested == 0 and tick.skip_reason.startswith("only 1 event(s) of runs that can wait")

@@ -9,13 +9,15 @@ the sensor that keeps it fresh, and the lag check.
   reads the table's position through pyiceberg and the feed after it, and requests one export run when
   the feed has more, unless an export run is alive: at most one at a time, however many runs and events
   there are. A run found dead (killed) no longer holds it. The events of the store's bookkeeping runs
-  (exports and projections: the run recorder appends them) wait for other events or half the lag
-  bound, so an idle deployment stops exporting.
+  (exports and projections: the run recorder appends them) and of the housekeeping jobs (sweeps and
+  checks, tagged `runstate/housekeeping`) wait for other events or half the lag bound, so an idle
+  deployment exports at most once in that time.
 - `run_history_lag` fails when the table is more than RUNSTATE_HISTORY_MAX_LAG_EVENTS events or
   RUNSTATE_HISTORY_MAX_LAG_MINUTES behind the feed (evaluated every 10 minutes, no JVM); the asset's
   FreshnessPolicy, from its materializations, warns when no export ran for that long and fails at twice.
 """
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import dagster as dg
@@ -27,7 +29,14 @@ from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.spark import SparkResource, ends_spark_session
-from runstate.defs.tags import DOMAIN_TAG, SPARK_JOB_TAGS, SPARK_POOL, TABLE_TAG
+from runstate.defs.tags import (
+    DOMAIN_TAG,
+    HOUSEKEEPING_TAG,
+    HOUSEKEEPING_TAGS,
+    SPARK_JOB_TAGS,
+    SPARK_POOL,
+    TABLE_TAG,
+)
 from runstate.eventstore import StoredEvent
 from runstate.eventstore.lake import (
     ExportTally,
@@ -73,6 +82,7 @@ def build_history_defs(s: Settings | None = None) -> dg.Definitions:
         f"{LAG_CHECK}_check",
         selection=dg.AssetSelection.checks(check),
         description="Evaluate run_history_lag: fail when the run history is too far behind the feed.",
+        tags=HOUSEKEEPING_TAGS,
     )
     return dg.Definitions(
         assets=[asset],
@@ -185,10 +195,22 @@ def live_export(instance: dg.DagsterInstance) -> RunLiveness | None:
     return verdict if verdict.alive else None
 
 
-def _of_a_bookkeeping_run(event: StoredEvent) -> bool:
-    """The run recorder names each event's Dagster job (runstate.defs.runs.recording)."""
-    ref = event.engine_run_ref
-    return isinstance(ref, dict) and ref.get("job_name") in BOOKKEEPING_JOBS
+def jobs_that_can_wait(repository: dg.RepositoryDefinition | None) -> frozenset[str]:
+    """The jobs whose runs' events wait for the next export: the store's bookkeeping jobs, and the
+    repository's jobs tagged HOUSEKEEPING_TAG (its sweeps and checks)."""
+    jobs = repository.get_all_jobs() if repository is not None else []
+    return BOOKKEEPING_JOBS | {job.name for job in jobs if job.tags.get(HOUSEKEEPING_TAG) == "true"}
+
+
+def of_a_run_of(jobs: frozenset[str]) -> Callable[[StoredEvent], bool]:
+    """Whether an event is of a run of one of `jobs`: the run recorder names each event's Dagster job
+    (runstate.defs.runs.recording)."""
+
+    def accepts(event: StoredEvent) -> bool:
+        ref = event.engine_run_ref
+        return isinstance(ref, dict) and ref.get("job_name") in jobs
+
+    return accepts
 
 
 def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.SensorDefinition:
@@ -209,7 +231,8 @@ def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.
         try:
             catalog = HistoryCatalog.from_spark_settings(spark_settings)
             try:
-                due = export_due(event_store.get_store(), catalog, history, deferrable=_of_a_bookkeeping_run)
+                can_wait = of_a_run_of(jobs_that_can_wait(context.repository_def))
+                due = export_due(event_store.get_store(), catalog, history, deferrable=can_wait)
             finally:
                 catalog.close()
         except (FeedRefused, HistoryError) as refused:

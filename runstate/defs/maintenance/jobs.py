@@ -14,7 +14,7 @@ from runstate.defs.runs.heartbeat import ensure_alive
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.runs.liveness import DEAD_STATUSES
 from runstate.defs.spark import SparkResource, ends_spark_session
-from runstate.defs.tags import SPARK_JOB_TAGS, SPARK_POOL
+from runstate.defs.tags import HOUSEKEEPING_TAGS, SPARK_JOB_TAGS, SPARK_POOL
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import DEFAULT_ACTIONS, parse_table_ref
 from runstate.maintenance.options import ActionSettings
@@ -255,17 +255,17 @@ def prune_health(context: dg.OpExecutionContext, maintenance: MaintenanceResourc
     return removed
 
 
-@dg.job(description="Return expired maintenance claims to the queue.")
+@dg.job(description="Return expired maintenance claims to the queue.", tags=HOUSEKEEPING_TAGS)
 def maintenance_claim_sweep() -> None:
     sweep_stale_claims()
 
 
-@dg.job(description="Clear expired table locks.")
+@dg.job(description="Clear expired table locks.", tags=HOUSEKEEPING_TAGS)
 def maintenance_lock_sweep() -> None:
     sweep_expired_locks()
 
 
-@dg.job(description="Apply the health_snapshots retention.")
+@dg.job(description="Apply the health_snapshots retention.", tags=HOUSEKEEPING_TAGS)
 def maintenance_health_retention() -> None:
     prune_health()
 

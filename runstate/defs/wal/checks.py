@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from runstate.defs.tags import HOUSEKEEPING_TAGS
 from runstate.defs.wal.assets import dataset_snapshots
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import oldest_pending_age_s
@@ -31,4 +32,5 @@ wal_lag_job = dg.define_asset_job(
     "wal_lag_check",
     selection=dg.AssetSelection.checks(wal_lag),
     description="Evaluate the wal_lag check: fail when the oldest Pending WAL row is older than 1 h.",
+    tags=HOUSEKEEPING_TAGS,
 )

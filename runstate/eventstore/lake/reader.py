@@ -238,5 +238,6 @@ def export_due(
         return ExportDue(position)
     return ExportDue(
         None,
-        f"only {len(pending)} event(s) of bookkeeping runs are pending: they wait for other events, or {wait_s:.0f} s",
+        f"only {len(pending)} event(s) of runs that can wait are pending: "
+        f"they wait for other events, or {wait_s:.0f} s",
     )

@@ -114,7 +114,7 @@ def test_events_that_can_wait_make_no_export_due_until_other_events_come_or_half
     waiting = export_due(own_store, catalog, history, deferrable=_of_job("export"), now=oldest)
 
     assert waiting.position is None and waiting.reason.startswith(
-        "only 3 event(s) of bookkeeping runs are pending"
+        "only 3 event(s) of runs that can wait are pending"
     )
     assert export_due(own_store, catalog, history).position == 0  # nothing can wait
     late = oldest + timedelta(minutes=5)
