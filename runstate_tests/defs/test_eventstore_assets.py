@@ -212,13 +212,18 @@ def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, 
     assert store.stale_runs() == []  # the projection run was projected with the other run of its day
 
 
-def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
-    defs = sensor_defs(resource)
-    instance = dg.DagsterInstance.ephemeral()
+def a_stale_export_run(defs: dg.Definitions, instance: dg.DagsterInstance, store, started_at: datetime):
+    """Every stale run projected, then an export run that started at `started_at`. Only the job's name
+    matters to the sensor: a job of that name stands in for the export's."""
     tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
-    # Only the job's name matters to the sensor: a job of that name stands in for the export's.
     export = instance.create_run_for_job(dg.JobDefinition(name=EXPORT_JOB, graph_def=dg.GraphDefinition("g")))
-    store.append(NewEvent(export.run_id, "RunStarted", runs["a"] + timedelta(minutes=1)))
+    store.append(NewEvent(export.run_id, "RunStarted", started_at))
+    return export
+
+
+def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
+    defs, instance = sensor_defs(resource), dg.DagsterInstance.ephemeral()
+    a_stale_export_run(defs, instance, store, runs["a"] + timedelta(minutes=1))
 
     tick = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
@@ -228,11 +233,8 @@ def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
 def test_bookkeeping_runs_alone_are_projected_once_their_day_is_over(resource, store, runs):
     """Left stale for ever, a day of them a week would fill the window of stale runs every tick reads,
     hiding the runs that must be projected."""
-    defs = sensor_defs(resource)
-    instance = dg.DagsterInstance.ephemeral()
-    tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
-    export = instance.create_run_for_job(dg.JobDefinition(name=EXPORT_JOB, graph_def=dg.GraphDefinition("g")))
-    store.append(NewEvent(export.run_id, "RunStarted", runs["c"] + timedelta(minutes=1)))
+    defs, instance = sensor_defs(resource), dg.DagsterInstance.ephemeral()
+    export = a_stale_export_run(defs, instance, store, runs["c"] + timedelta(minutes=1))
 
     past_day = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     after = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
