@@ -195,22 +195,17 @@ def live_export(instance: dg.DagsterInstance) -> RunLiveness | None:
     return verdict if verdict.alive else None
 
 
-def jobs_that_can_wait(repository: dg.RepositoryDefinition | None) -> frozenset[str]:
-    """The jobs whose runs' events wait for the next export: the store's bookkeeping jobs, and the
-    repository's jobs tagged HOUSEKEEPING_TAG (its sweeps and checks)."""
-    jobs = repository.get_all_jobs() if repository is not None else []
-    return BOOKKEEPING_JOBS | {job.name for job in jobs if job.tags.get(HOUSEKEEPING_TAG) == "true"}
+def can_wait(repository: dg.RepositoryDefinition | None) -> Callable[[StoredEvent], bool]:
+    """Whether an event waits for the next export: it is of a run (the run recorder names each event's
+    Dagster job) of the store's bookkeeping jobs or of a job of `repository` tagged HOUSEKEEPING_TAG."""
+    tagged = repository.get_all_jobs() if repository is not None else []
+    jobs = BOOKKEEPING_JOBS | {job.name for job in tagged if job.tags.get(HOUSEKEEPING_TAG) == "true"}
 
-
-def of_a_run_of(jobs: frozenset[str]) -> Callable[[StoredEvent], bool]:
-    """Whether an event is of a run of one of `jobs`: the run recorder names each event's Dagster job
-    (runstate.defs.runs.recording)."""
-
-    def accepts(event: StoredEvent) -> bool:
+    def waits(event: StoredEvent) -> bool:
         ref = event.engine_run_ref
         return isinstance(ref, dict) and ref.get("job_name") in jobs
 
-    return accepts
+    return waits
 
 
 def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.SensorDefinition:
@@ -231,8 +226,8 @@ def _export_sensor(history: HistoryConfig, spark_settings: SparkSettings) -> dg.
         try:
             catalog = HistoryCatalog.from_spark_settings(spark_settings)
             try:
-                can_wait = of_a_run_of(jobs_that_can_wait(context.repository_def))
-                due = export_due(event_store.get_store(), catalog, history, deferrable=can_wait)
+                deferrable = can_wait(context.repository_def)
+                due = export_due(event_store.get_store(), catalog, history, deferrable=deferrable)
             finally:
                 catalog.close()
         except (FeedRefused, HistoryError) as refused:
