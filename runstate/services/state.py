@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -32,6 +33,8 @@ SERVICE_NAMES = ("postgres", "moto", "fakesnow")
 EMBEDDED = "embedded"
 MACHINE = "machine"
 EXTERNAL = "external"
+# Files that may hold a password (services.json, a new `.env`): read and written by their owner only.
+SECRET_FILE_MODE = 0o600
 
 
 class ServiceError(RuntimeError):
@@ -71,16 +74,32 @@ def load_records() -> dict[str, ServiceRecord]:
 
 
 def save_records(records: Mapping[str, ServiceRecord]) -> None:
+    """The records, readable by their owner only: a service's URL may carry its password."""
     path = services_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n")
+    text = json.dumps({name: asdict(r) for name, r in records.items()}, indent=2) + "\n"
+    atomic_write(path, text, mode=SECRET_FILE_MODE)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    # A reader (a test worker, dagster) never sees a half-written file.
+def atomic_write(path: Path, text: str, *, mode: int | None = None) -> None:
+    """Replace `path` with `text` at once (a reader, a test worker or dagster, never sees half a file).
+
+    The new file has `mode` when given; otherwise the mode of the file it replaces (a user's 0600 `.env`
+    stays 0600), and a new file is the owner's alone (SECRET_FILE_MODE): what we write may hold a password.
+    """
+    if mode is None:
+        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else SECRET_FILE_MODE
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # Created with no access for others, so the text is never readable by them, not even for a moment.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), mode)  # the umask does not apply to fchmod
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager
