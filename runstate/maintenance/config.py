@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from runstate.config import Settings
 from runstate.maintenance.health import MB, HealthThresholds
-from runstate.maintenance.models import DEFAULT_MAX_ATTEMPTS
+from runstate.maintenance.models import DEFAULT_LEASE_SECONDS, DEFAULT_MAX_ATTEMPTS
 from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import OrchestratorSettings
 
@@ -18,7 +18,7 @@ class MaintenanceConfig:
     dsn: str = Settings.pg_url
     pg_schema: str = Settings.schema
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    lease_seconds: float = 900.0
+    lease_seconds: float = DEFAULT_LEASE_SECONDS  # written once, in models.py (why 15 minutes: there)
     lock_ttl_seconds: float | None = None  # None: the lease
     max_worker_runs: int = Settings.maintenance_workers
     worker_budget_seconds: float = 1800.0

@@ -18,7 +18,13 @@ from runstate.maintenance.plan import ActionPlan
 JOB_STATUSES = ("pending", "running", "completed", "failed", "cancelled")
 ACTIVE_STATUSES = ("pending", "running")
 COMPLETION_STATUSES = ("completed", "failed", "cancelled")
-DEFAULT_LEASE_SECONDS = 300.0
+# The one default lease of a claim, 15 minutes: the core's `claim`, `Claim` and the deployment's
+# `MaintenanceConfig` all take it. A worker beats every third of its lease from a thread, and once more
+# before each action, but a beat can still miss (a database blip, a host so loaded that the thread is
+# not scheduled, a JVM paused in a long Spark procedure's GC); a lease that outlasts several missed beats
+# keeps a slow but live worker from being fenced out mid-procedure and its job run twice. A dead worker
+# run does not wait for it: `maintenance_queue_sensor` ends the leases of dead runs at once.
+DEFAULT_LEASE_SECONDS = 900.0
 # Claims of one job before it fails for good (a claim whose lease ran out counts as one).
 DEFAULT_MAX_ATTEMPTS = 3
 
