@@ -12,6 +12,11 @@ code location, the CLI's ticks and the demo configure the same resources. Each b
 settings when called (not when imported), so a caller that changes the environment and clears
 `settings` gets resources that follow it. The dataset tables have no resource of their own: their
 merges use `wal` (where the blobs are) and `spark`.
+
+Secrets reach the resources as `dg.EnvVar`s whenever the process environment holds them, so the UI, the
+GraphQL API and the run config show the variable's name, never its value: the AWS keys, the Snowflake
+password and RUNSTATE_PG_URL when it holds a password (the event store's `pg_url`, the maintenance store's
+`dsn` and the Spark session's `catalog_pg_url`, whose password `spark_config` then leaves out).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from runstate.eventstore.config import SnowflakeConfig
 
 Config = TypeVar("Config")
+PG_URL_VARIABLE = "RUNSTATE_PG_URL"
 
 
 def config_fields(config: Any) -> dict[str, Any]:
@@ -56,12 +62,35 @@ def _secret(name: str) -> dg.EnvVar | None:
     return dg.EnvVar(name) if os.environ.get(name) else None
 
 
+def dsn_password(dsn: str) -> str | None:
+    """The password a libpq DSN (a URL or key=value pairs) holds; one that cannot be parsed counts as one."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return conninfo_to_dict(dsn.replace("+psycopg2", "", 1)).get("password")
+    except ProgrammingError:
+        return dsn
+
+
+def _pg_url(s: Settings) -> str:
+    """The settings' Postgres DSN, as an EnvVar of RUNSTATE_PG_URL when it holds a password and the process
+    environment gave it (Dagster's CLI loads `.env` into it). A DSN without a password stays visible."""
+    if dsn_password(s.pg_url) and os.environ.get(PG_URL_VARIABLE) == s.pg_url:
+        return dg.EnvVar(PG_URL_VARIABLE)
+    return s.pg_url
+
+
 def spark_resource(s: Settings | None = None) -> SparkResource:
     """dagster-pyspark's lazy session, configured from RUNSTATE_SPARK_MASTER / RUNSTATE_SPARK_CONF."""
     from runstate.defs.spark import SparkResource
     from runstate.spark import SparkSettings
 
-    return SparkResource.from_settings(SparkSettings.from_settings(s or settings()))
+    s = s or settings()
+    pg_url = _pg_url(s)
+    return SparkResource.from_settings(
+        SparkSettings.from_settings(s), catalog_pg_url=pg_url if isinstance(pg_url, dg.EnvVar) else None
+    )
 
 
 def _snowflake_connection(config: SnowflakeConfig | None) -> SnowflakeConnection | None:
@@ -79,9 +108,14 @@ def event_store_resource(s: Settings | None = None) -> EventStoreResource:
     from runstate.defs.eventstore.resources import EventStoreResource
     from runstate.eventstore.config import EventStoreConfig
 
-    config = EventStoreConfig.from_settings(s or settings())
+    s = s or settings()
+    config = EventStoreConfig.from_settings(s)
     return EventStoreResource(
-        **{**config_fields(config), "snowflake": _snowflake_connection(config.snowflake)}
+        **{
+            **config_fields(config),
+            "pg_url": _pg_url(s),
+            "snowflake": _snowflake_connection(config.snowflake),
+        }
     )
 
 
@@ -100,6 +134,7 @@ def maintenance_resource(s: Settings | None = None, **overrides: Any) -> Mainten
     from runstate.defs.maintenance.resources import MaintenanceResource
     from runstate.maintenance.config import MaintenanceConfig
 
+    s = s or settings()
     return MaintenanceResource(
-        **{**config_fields(MaintenanceConfig.from_settings(s or settings())), **overrides}
+        **{**config_fields(MaintenanceConfig.from_settings(s)), "dsn": _pg_url(s), **overrides}
     )

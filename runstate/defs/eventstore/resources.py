@@ -54,7 +54,10 @@ class EventStoreResource(dg.ConfigurableResource):
     of `EventStoreConfig`, opened through `runstate.wiring` as the CLI opens it."""
 
     backend: str = Field(default=EventStoreConfig.backend, description="`postgres` or `snowflake`.")
-    pg_url: str = Field(default=EventStoreConfig.pg_url, description="Postgres DSN (postgres backend).")
+    pg_url: str = Field(
+        default=EventStoreConfig.pg_url,
+        description="Postgres DSN (postgres backend); pass it as an EnvVar when it holds a password.",
+    )
     pg_schema: str = Field(
         default=EventStoreConfig.pg_schema, description="Postgres schema holding the event tables."
     )
