@@ -36,7 +36,7 @@ from runstate_tests.wal import conftest as wal_fixtures
 from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
 pytestmark = [pytest.mark.spark]
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"  # moved from the README (issue 53)
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 # Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
 history = lake.history
