@@ -136,7 +136,8 @@ class Settings:
     dataset_merge_interval_s: int = 60
     # At most this many Spark sessions at once across all runs: the Dagster pool `runstate_spark`'s limit.
     spark_sessions: int = 2
-    # The run history in the lake: its namespace (`lake.<namespace>.run_events` and `.runs`), the most
+    # The run history in the lake: its namespace (`lake.<namespace>.run_events` and `.runs`; unset, the
+    # store's schema lower-cased, so two stores in one database never share a table), the most
     # events one Iceberg commit (and one read of a runs merge) takes, how often run_history_sensor looks
     # at the feed, and the lag (events, minutes) beyond which the run_history_lag check fails.
     history_namespace: str = "runstate"
@@ -152,10 +153,11 @@ class Settings:
         """The settings, or a ConfigError naming the first variable whose value cannot be used."""
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
         pg_url = env.get("RUNSTATE_PG_URL", cls.pg_url)
+        schema = env.get("RUNSTATE_SCHEMA", cls.schema)
         return cls(
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
-            schema=env.get("RUNSTATE_SCHEMA", cls.schema),
+            schema=schema,
             aws_endpoint_url=_endpoint_url(env, "RUNSTATE_AWS_ENDPOINT_URL"),
             aws_region=env.get("AWS_DEFAULT_REGION", cls.aws_region),
             wal_table=env.get("RUNSTATE_WAL_TABLE", cls.wal_table),
@@ -198,7 +200,7 @@ class Settings:
             spark_sessions=_bounded_int(
                 env, "RUNSTATE_SPARK_SESSIONS", cls.spark_sessions, SPARK_SESSIONS_MAX
             ),
-            history_namespace=_lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", cls.history_namespace),
+            history_namespace=_history_namespace(env, schema),
             history_batch_events=_bounded_int(
                 env, "RUNSTATE_HISTORY_BATCH_EVENTS", cls.history_batch_events, HISTORY_BATCH_EVENTS_MAX
             ),
@@ -262,6 +264,15 @@ def _lake_namespace(env: Mapping[str, str], name: str, default: str) -> str:
     if not LAKE_NAMESPACE.match(raw):
         raise ConfigError(f"{name} must be a lower-case identifier ([a-z_][a-z0-9_]*), got {_shown(raw)}")
     return raw
+
+
+def _history_namespace(env: Mapping[str, str], schema: str) -> str:
+    # Unset, the run history follows the store's schema: a table of the lake belongs to one store.
+    if not env.get("RUNSTATE_HISTORY_NAMESPACE") and not LAKE_NAMESPACE.match(schema.lower()):
+        raise ConfigError(
+            f"RUNSTATE_SCHEMA must be an identifier ([A-Za-z_][A-Za-z0-9_]*), got {_shown(schema)}"
+        )
+    return _lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", schema.lower())
 
 
 def _seconds(

@@ -287,9 +287,24 @@ class StoreBackend(ABC):
         """fetch and lake_record together (a backend may answer both in one round trip)."""
         return self.fetch(tx, run_id, after_seq, limit, upto), self.lake_record(tx, run_id)
 
-    def archive_runs_to_lake(self, tx: Tx, cutoff: datetime, limit: int, position: int) -> tuple[int, int]:
-        """archive_runs for up to `limit` runs whose every event is at or below feed `position` (the lake
-        has them): their events leave both tables, their snapshots go, and each records its LakeRecord."""
+    def lake_owner(self, tx: Tx) -> str:
+        """The store's name as the lake's tables record their owner: `<database>.<schema>`."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
+
+    def lake_candidates(
+        self, tx: Tx, cutoff: datetime, limit: int, position: int, after: str
+    ) -> list[tuple[str, int]]:
+        """Up to `limit` runs after `after` (run_id order) completed before `cutoff` whose every event is at
+        or below feed `position`, their stream rows locked: (run_id, the seq the lake keeps it up to, 0)."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
+
+    def lake_archive_rows(self, tx: Tx, run_ids: Sequence[str]) -> dict[str, list[StoredEvent]]:
+        """Every event the database holds of `run_ids` (both tables), locked, in seq order per run."""
+        raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
+
+    def drop_into_lake(self, tx: Tx, run_ids: Sequence[str]) -> dict[str, int]:
+        """The runs' events leave both tables, their snapshots go, and each records its LakeRecord: how
+        many rows of each run were deleted."""
         raise NotImplementedError(f"backend {self.name!r} does not archive to the lake")
 
     def lake_held_back(self, tx: Tx, cutoff: datetime, position: int) -> list[tuple[str, int]]:

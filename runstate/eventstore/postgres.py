@@ -350,16 +350,28 @@ class PostgresBackend(StoreBackend):
         row = conn.execute(_archive("lake_record"), (run_id,)).fetchone()
         return LakeRecord(int(row[0]), int(row[1])) if row and row[0] is not None else None
 
-    def archive_runs_to_lake(
-        self, conn: psycopg.Connection, cutoff: datetime, limit: int, position: int
-    ) -> tuple[int, int]:
-        params = {"cutoff": cutoff, "limit": limit, "position": position}
-        runs = [r[0] for r in conn.execute(_archive("lake_archivable_runs"), params).fetchall()]
-        if not runs:
-            return 0, 0
-        moved = conn.execute(_archive("drop_into_lake"), {"runs": runs}).fetchone()[0]
-        conn.execute(_archive("delete_snapshots_of_runs"), (runs,))
-        return len(runs), int(moved)
+    def lake_owner(self, conn: psycopg.Connection) -> str:
+        return f"{conn.execute(_store('current_database')).fetchone()[0]}.{self.schema}"
+
+    def lake_candidates(
+        self, conn: psycopg.Connection, cutoff: datetime, limit: int, position: int, after: str
+    ) -> list[tuple[str, int]]:
+        params = {"cutoff": cutoff, "limit": limit, "position": position, "after": after}
+        return [(r[0], int(r[1])) for r in conn.execute(_archive("lake_archivable_runs"), params).fetchall()]
+
+    def lake_archive_rows(
+        self, conn: psycopg.Connection, run_ids: Sequence[str]
+    ) -> dict[str, list[StoredEvent]]:
+        rows = conn.execute(_archive("lake_archive_rows"), {"runs": list(run_ids)}, binary=True).fetchall()
+        found: dict[str, list[StoredEvent]] = {run_id: [] for run_id in run_ids}
+        for row in rows:
+            found[row[0]].append(stored_event(row))
+        return found
+
+    def drop_into_lake(self, conn: psycopg.Connection, run_ids: Sequence[str]) -> dict[str, int]:
+        rows = conn.execute(_archive("drop_into_lake"), {"runs": list(run_ids)}).fetchall()
+        conn.execute(_archive("delete_snapshots_of_runs"), (list(run_ids),))
+        return {run_id: int(n) for run_id, n in rows}
 
     def lake_held_back(
         self, conn: psycopg.Connection, cutoff: datetime, position: int
@@ -431,6 +443,11 @@ class PostgresEventStore(EventStore):
         then reads its rows through Spark's JDBC source (every one of them has committed)."""
         check_position(after_position, limit)
         return self._read("bound the feed", lambda tx: self.backend.feed_bound(tx, after_position, limit))
+
+    def lake_owner(self) -> str:
+        """The store's name, `<database>.<schema>`, as the run history's tables record their owner: a table
+        belongs to one store (lake/tables.py)."""
+        return self._read("read the store's name", self.backend.lake_owner)
 
     def runs_created_at(self, run_ids: Sequence[str]) -> dict[str, datetime]:
         """When the store first saw each of `run_ids` (its stream's creation time, which never changes);

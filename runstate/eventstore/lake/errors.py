@@ -15,3 +15,8 @@ class HistoryConflict(HistoryError):
 
 class FeedRefused(HistoryError):
     """The store's feed may skip an event that commits late, so no history is exported from it."""
+
+
+class ForeignHistory(HistoryError):
+    """The history table belongs to another event store (its OWNER_PROPERTY names that store), or records
+    no owner where one is required: nothing was read, written or deleted."""

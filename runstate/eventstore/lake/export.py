@@ -20,6 +20,9 @@ Then `runs` is merged from the events committed (runs.py), in one commit for all
 own position, so a crash between the commits only leaves runs behind until the next export merges the
 range.
 
+The tables belong to the store that exports into them (tables.py: OWNER_PROPERTY): another store's
+export is refused before it reads the position, which is a position in the owner's feed, not its own.
+
 Only a Postgres store is exported: its feed never skips an event that commits late. A Snowflake
 feed can (no commit-ordered high-water mark), and a history with holes is worse than none.
 """
@@ -126,7 +129,7 @@ def export_history(
     A commit or a merge that another export beat carries on from where that one got (`once`: it raises
     the HistoryConflict)."""
     check_feed(feed)
-    ensure_tables(spark, config)
+    ensure_tables(spark, config, owner=feed.lake_owner())  # another store's tables: ForeignHistory
     while True:
         snapshot_id, after = events_position(spark, config)
         batch = next_range(feed, after, config.batch_events)

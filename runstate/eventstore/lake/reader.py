@@ -8,18 +8,19 @@ same catalog name, `lake`, and never creates them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runstate.eventstore.contract import InvalidEvent, StoredEvent
+from runstate.eventstore.contract import InvalidEvent, StoredEvent, one_line
 from runstate.eventstore.lake.arrow import events_from_arrow
 from runstate.eventstore.lake.config import CATALOG, EVENTS_TABLE, RUNS_TABLE, HistoryConfig
 from runstate.eventstore.lake.errors import HistoryError
 from runstate.eventstore.lake.export import check_feed
-from runstate.eventstore.lake.tables import POSITION_PROPERTY, first_position
+from runstate.eventstore.lake.tables import OWNER_PROPERTY, POSITION_PROPERTY, check_owner, first_position
 from runstate.eventstore.validation import check_run_id
 
 if TYPE_CHECKING:
@@ -69,11 +70,32 @@ class HistoryCatalog:
             raise HistoryError(
                 f"the lake catalog could not be read: {' '.join(str(error).split())[:300]}"
             ) from None
+        except (OSError, ValueError) as error:  # its metadata file missing, or not Iceberg metadata
+            raise HistoryError(
+                f"{CATALOG}.{namespace}.{table}: its metadata could not be read: {_cause(error)}"
+            ) from None
 
     def close(self) -> None:
         if self._catalog is not None:
             self._catalog.engine.dispose()
             self._catalog = None
+
+
+def _cause(error: BaseException) -> str:
+    return f"{type(error).__name__}: {one_line(error)}"[:400]
+
+
+@contextmanager
+def lake_reads(what: str) -> Iterator[None]:
+    """A lake file that is missing, truncated or not what its metadata says (pyarrow's OSError, ArrowInvalid,
+    a ValueError) becomes one HistoryError line naming `what` was read and the file; a HistoryError gets
+    `what` in front."""
+    try:
+        yield
+    except HistoryError as error:
+        raise type(error)(f"{what}: {error}") from None
+    except (OSError, ValueError) as error:
+        raise HistoryError(f"{what}: the lake could not be read: {_cause(error)}") from None
 
 
 def table_position(table: Any | None) -> int:
@@ -112,11 +134,18 @@ def _largest(table: Any, column: str) -> int:
     return int(pc.max(scan.to_arrow().column(column)).as_py() or 0)
 
 
-def reached_position(catalog: HistoryCatalog, config: HistoryConfig) -> int:
+def reached_position(catalog: HistoryCatalog, config: HistoryConfig, owner: str | None = None) -> int:
     """The feed position the whole run history has reached: the lower of run_events' and runs' (an export
-    that died between its commits and its merge leaves runs behind until the next export)."""
-    events = table_position(catalog.load(config.namespace, EVENTS_TABLE))
-    return min(events, runs_table_position(catalog.load(config.namespace, RUNS_TABLE)))
+    that died between its commits and its merge leaves runs behind until the next export). With `owner`,
+    tables another store owns are refused (their position is in that store's feed)."""
+    tables = [catalog.load(config.namespace, name) for name in (EVENTS_TABLE, RUNS_TABLE)]
+    if owner is not None:
+        for name, table in zip((EVENTS_TABLE, RUNS_TABLE), tables):
+            if table is not None:
+                ident = f"{CATALOG}.{config.namespace}.{name}"
+                check_owner(ident, table.properties.get(OWNER_PROPERTY), owner, required=False)
+    with lake_reads(f"the position of {config.events_table}"):
+        return min(table_position(tables[0]), runs_table_position(tables[1]))
 
 
 def _ancestor_summaries(table: Any, snapshot: Any) -> Any:
@@ -127,18 +156,38 @@ def _ancestor_summaries(table: Any, snapshot: Any) -> Any:
 
 
 class LakeRunReader:
-    """One run's events read back from `lake.<namespace>.run_events`, as the store's fetch gives them."""
+    """One run's events read back from `lake.<namespace>.run_events`, as the store's fetch gives them.
 
-    def __init__(self, catalog: HistoryCatalog, namespace: str = "runstate") -> None:
+    `owner` (the reading store's name, set by the store): a table another store owns is refused."""
+
+    def __init__(
+        self, catalog: HistoryCatalog, namespace: str = "runstate", owner: str | None = None
+    ) -> None:
         self.catalog = catalog
         self.namespace = HistoryConfig(namespace=namespace).namespace
+        self.owner = owner
 
-    def _table(self) -> Any | None:
-        return self.catalog.load(self.namespace, EVENTS_TABLE)
+    @property
+    def ident(self) -> str:
+        return f"{CATALOG}.{self.namespace}.{EVENTS_TABLE}"
+
+    def _table(self, *, required: bool = False) -> Any | None:
+        table = self.catalog.load(self.namespace, EVENTS_TABLE)
+        if table is not None and self.owner is not None:
+            check_owner(self.ident, table.properties.get(OWNER_PROPERTY), self.owner, required=required)
+        return table
 
     def position(self) -> int:
         """The feed position the lake has reached: every event at or below it is in the table."""
-        return table_position(self._table())
+        with lake_reads(f"the position of {self.ident}"):
+            return table_position(self._table())
+
+    def owned_position(self) -> int:
+        """position(), refused unless the table names this reader's owner (what an archive deletes by)."""
+        if self.owner is None:
+            raise HistoryError(f"{self.ident}: the store reading it has no name to check its owner against")
+        with lake_reads(f"the position of {self.ident}"):
+            return table_position(self._table(required=True))
 
     def read_run(self, run_id: str, after_seq: int = 0, limit: int = 1000) -> list[StoredEvent]:
         """The run's events with run_seq > after_seq, in seq order, at most `limit` (fetch's contract)."""
@@ -150,13 +199,42 @@ class LakeRunReader:
                 raise InvalidEvent(
                     name, f"must be an integer of at least {least}, got {value!r}", run_id=run_id
                 )
-        table = self._table()
-        if table is None:
-            return []
-        found = table.scan(
-            row_filter=And(EqualTo("run_id", run_id), GreaterThan("run_seq", after_seq))
-        ).to_arrow()
-        return events_from_arrow(found.sort_by("run_seq").slice(0, limit))
+        with lake_reads(f"run {run_id!r}: reading {self.ident}"):
+            table = self._table()
+            if table is None:
+                return []
+            found = table.scan(
+                row_filter=And(EqualTo("run_id", run_id), GreaterThan("run_seq", after_seq))
+            ).to_arrow()
+            return events_from_arrow(found.sort_by("run_seq").slice(0, limit))
+
+    def read_runs(
+        self, run_ids: Sequence[str], first: datetime, last: datetime
+    ) -> dict[str, list[StoredEvent]]:
+        """Every event of `run_ids` emitted from `first` to `last` (the table's day partitions: a read of
+        old runs opens their days' files only), by run in seq order: what an archive compares with the rows
+        it is about to delete."""
+        from pyiceberg.expressions import And, GreaterThanOrEqual, In, LessThanOrEqual
+
+        for run_id in run_ids:
+            check_run_id(run_id)
+        names = ", ".join(map(repr, run_ids[:5])) + (
+            f" and {len(run_ids) - 5} more" if len(run_ids) > 5 else ""
+        )
+        with lake_reads(f"run(s) {names}: reading {self.ident}"):
+            table = self._table(required=True)
+            if table is None:
+                return {}
+            window = And(
+                GreaterThanOrEqual("emitted_at", first.astimezone(UTC).isoformat()),
+                LessThanOrEqual("emitted_at", last.astimezone(UTC).isoformat()),
+            )
+            found = table.scan(row_filter=And(In("run_id", list(run_ids)), window)).to_arrow()
+            events = events_from_arrow(found.sort_by([("run_id", "ascending"), ("run_seq", "ascending")]))
+        runs: dict[str, list[StoredEvent]] = {}
+        for event in events:
+            runs.setdefault(event.run_id, []).append(event)
+        return runs
 
 
 @dataclass(frozen=True)
@@ -192,7 +270,7 @@ def history_lag(feed: Any, catalog: HistoryCatalog, config: HistoryConfig) -> Hi
     """The lag of the run history behind the feed: the events after its position (reached_position),
     counted up to max_events + 1 without reading them, and the first of them read."""
     check_feed(feed)
-    position = reached_position(catalog, config)
+    position = reached_position(catalog, config, feed.lake_owner())
     behind, _ = feed.feed_bound(position, config.max_lag_events + 1)
     first = feed.fetch_all(position, 1) if behind else []
     oldest = first[0].persisted_at.astimezone(UTC) if first else None
@@ -226,7 +304,7 @@ def export_due(
     them. The sensor defers the export runs' own events, which the run recorder appends: were they due
     at once, an idle deployment would export its last export's events once a minute for ever."""
     check_feed(feed)
-    position = reached_position(catalog, config)
+    position = reached_position(catalog, config, feed.lake_owner())
     pending = feed.fetch_all(position, DEFERRABLE_SCAN if deferrable is not None else 1)
     if not pending:
         return ExportDue(None, "the run history has every event of the feed")

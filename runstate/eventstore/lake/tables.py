@@ -12,6 +12,12 @@ Where a table's position lives:
   table property POSITION_PROPERTY says the same without a scan: it is set after each merge's commit,
   so it is never ahead of the rows (when it lags, the next merge folds some runs again: runs.py).
 
+Each table belongs to one event store: OWNER_PROPERTY names it (`<database>.<schema>`, `lake_owner()` of
+the store). The export records it on the tables it creates, and claims a table made before tables had
+owners, in a commit conditional on the table's metadata not having moved (two stores cannot both claim
+it); an export, a read or an archive by another store is refused (ForeignHistory). Two stores in one
+database each keep their history in a namespace of their own (by default the store's schema's name).
+
 `runs` is partitioned by the day its runs were created (`created_at`, which never changes), and every
 read and MERGE of a merge names the days of its runs (`created_days`): an export reads the partitions of
 the runs it touches, mostly today's, not a table that grows for months.
@@ -26,10 +32,13 @@ from typing import Any
 
 from runstate.eventstore.lake.arrow import EVENT_DDL, RUNS_DDL
 from runstate.eventstore.lake.config import HistoryConfig
-from runstate.eventstore.lake.errors import HistoryConflict, HistoryError
+from runstate.eventstore.lake.errors import ForeignHistory, HistoryConflict, HistoryError
 from runstate.spark import create_namespace
 
 POSITION_PROPERTY = "runstate.feed.position"
+OWNER_PROPERTY = "runstate.eventstore.owner"
+# Attempts at claiming a table that records no owner, each conditional on the metadata it read.
+_CLAIM_ATTEMPTS = 5
 # The property the maintenance orchestrator reads to opt a table in (named here: the event store core
 # never imports the maintenance core).
 MAINTENANCE_ENABLED_PROPERTY = "runstate.maintenance.enabled"
@@ -56,9 +65,11 @@ def _properties_sql(properties: dict[str, str]) -> str:
     return ", ".join(f"'{key}'='{value}'" for key, value in properties.items())  # our constants
 
 
-def ensure_tables(spark: Any, config: HistoryConfig) -> None:
+def ensure_tables(spark: Any, config: HistoryConfig, owner: str | None = None) -> None:
     """Create the namespace and both tables unless they exist (two runs racing: one creation wins); a runs
-    table of an older layout is replaced by an empty one, which the next merge fills again from run_events."""
+    table of an older layout is replaced by an empty one, which the next merge fills again from run_events.
+    With `owner` (the store's name), both tables must be that store's: claimed when they name none,
+    ForeignHistory when they name another."""
     with spark_errors(config.events_table, "create"):
         create_namespace(spark, config.namespace)
         for ident, ddl, clause, properties in (
@@ -76,6 +87,49 @@ def ensure_tables(spark: Any, config: HistoryConfig) -> None:
             # rows held the projection as JSON, folded in Python, and nothing a merge in Spark combines.
             runs = _table_sql(RUNS_DDL, RUNS_PARTITIONS, RUNS_PROPERTIES)
             spark.sql(f"CREATE OR REPLACE TABLE {config.runs_table} {runs}")
+    if owner is not None:
+        for ident in (config.events_table, config.runs_table):
+            with spark_errors(ident, "claim"):
+                check_owner(ident, _claimed(spark, ident, owner), owner, required=True)
+
+
+def _claimed(spark: Any, ident: str, owner: str) -> str:
+    """The table's owner, after claiming it for `owner` when it names none. The claim commits new metadata
+    conditional on the metadata it read (the catalog's compare-and-swap), so of two stores claiming at
+    once one wins and the other reads the winner. The owner goes through the Java API, never into SQL."""
+    jvm = spark.sparkContext._jvm
+    for _ in range(_CLAIM_ATTEMPTS):
+        operations = iceberg_table(spark, ident).operations()
+        base = operations.refresh()
+        found = base.properties().get(OWNER_PROPERTY)
+        if found is not None:
+            return str(found)
+        properties = jvm.java.util.HashMap(base.properties())
+        properties.put(OWNER_PROPERTY, owner)
+        try:
+            operations.commit(base, base.replaceProperties(properties))
+        except Exception as error:  # py4j: CommitFailedException when another commit came first
+            if "CommitFailedException" not in str(error):
+                raise
+    raise HistoryError(f"{ident}: could not record its owner after {_CLAIM_ATTEMPTS} attempts")
+
+
+def check_owner(ident: str, found: str | None, owner: str, *, required: bool) -> None:
+    """ForeignHistory unless the table `ident`, whose owner property is `found`, is `owner`'s (`required`:
+    a table that names no owner is refused too; else it is read, as made before tables had owners)."""
+    if found == owner or (found is None and not required):
+        return
+    if found is None:
+        raise ForeignHistory(
+            f"{ident} names no event store as its owner (it was made before tables recorded one): export "
+            "from this store once (`runstate events export`, or run_history_sensor), which claims it, then "
+            "try again; nothing was changed"
+        )
+    raise ForeignHistory(
+        f"{ident} belongs to the event store {found!r} (database.schema), not to this one ({owner!r}): "
+        "each store keeps its run history in a namespace of its own (RUNSTATE_HISTORY_NAMESPACE, by default "
+        "the store's schema); nothing was changed"
+    )
 
 
 def _table_sql(ddl: str, partitions: str, properties: dict[str, str]) -> str:

@@ -99,14 +99,36 @@ RETURNING event_count, (SELECT count(*) FROM inserted);
 -- name: lake_archivable_runs
 -- archivable_runs for RUNSTATE_ARCHIVE_TO=lake: only runs whose every event in Postgres is at or below the
 -- position the lake has reached (the export has them all; the feed never adds an event below a position
--- it returned, so none can come later). The stream row lock keeps appends out until the transaction ends.
-SELECT s.run_id FROM run_streams s
+-- it returned, so none can come later), after `after` in run_id order (a run whose read-back failed is
+-- passed over, not met again), with the seq up to which the lake keeps the run already (0: nothing). The
+-- stream row lock keeps appends, restores and other archives out until the transaction ends.
+SELECT s.run_id, COALESCE(s.lake_upto, 0) FROM run_streams s
  WHERE s.completed_at < %(cutoff)s
+   AND s.run_id > %(after)s
    AND (s.archived_at IS NULL OR s.updated_at > s.archived_at)
    AND (s.restored_at IS NULL OR s.restored_at < %(cutoff)s)
    AND NOT EXISTS (SELECT 1 FROM run_events e WHERE e.run_id = s.run_id AND e.position > %(position)s)
    AND NOT EXISTS (SELECT 1 FROM run_events_archive a WHERE a.run_id = s.run_id AND a.position > %(position)s)
  ORDER BY s.run_id LIMIT %(limit)s FOR UPDATE OF s;
+
+-- name: lake_archive_rows
+-- Every row Postgres holds of the runs about to leave for the lake (both tables), locked: the rows the
+-- archive compares with what it reads back from the lake, and then deletes (drop_into_lake), in one
+-- transaction. The columns are fetch_run's.
+WITH live AS (
+  SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id,
+         plan_version, event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id,
+         parent_event_id, emitted_at, persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref,
+         position
+    FROM run_events WHERE run_id = ANY(%(runs)s) FOR UPDATE
+), kept AS (
+  SELECT run_id, run_seq, event_id::text AS event_id, step_id, engine_attempt_id, logical_attempt_id,
+         plan_version, event_type, event_data::text AS event_data, idempotency_key, caused_by_signal_id,
+         parent_event_id, emitted_at, persisted_at, adapter_version, engine_run_ref::text AS engine_run_ref,
+         position
+    FROM run_events_archive WHERE run_id = ANY(%(runs)s) FOR UPDATE
+)
+SELECT * FROM live UNION ALL SELECT * FROM kept ORDER BY run_id, run_seq;
 
 -- name: lake_held_back_runs
 -- The runs old enough to archive that the lake does not have whole yet: (run_id, its highest position).
@@ -121,8 +143,10 @@ SELECT s.run_id, GREATEST((SELECT max(position) FROM run_events e WHERE e.run_id
  ORDER BY s.run_id;
 
 -- name: drop_into_lake
--- The events of runs the lake has whole leave Postgres (both tables), and each stream records how far
--- the lake keeps the run and how many events that is, in the same statement: all of it, or none.
+-- The events of runs whose rows the archive read back from the lake leave Postgres (both tables), and each
+-- stream records how far the lake keeps the run and how many events that is, in the same statement: all
+-- of it, or none. One row per run: how many of its rows were deleted (the archive compares it with the
+-- rows it verified, and rolls everything back on a difference).
 WITH live AS (
   DELETE FROM run_events WHERE run_id = ANY(%(runs)s) RETURNING run_id
 ), kept AS (
@@ -136,9 +160,10 @@ WITH live AS (
          lake_events = COALESCE(s.lake_events, 0) + COALESCE(gone.n, 0)
     FROM unnest(%(runs)s::text[]) AS r(run_id) LEFT JOIN gone ON gone.run_id = r.run_id
    WHERE s.run_id = r.run_id
-  RETURNING 1
+  RETURNING s.run_id
 )
-SELECT COALESCE(sum(n), 0)::bigint, (SELECT count(*) FROM marked) FROM gone;
+SELECT r.run_id, COALESCE(gone.n, 0)::bigint
+  FROM unnest(%(runs)s::text[]) AS r(run_id) LEFT JOIN gone ON gone.run_id = r.run_id;
 
 -- name: lake_record
 -- (lake_upto, lake_events) of a run archived to the lake; no row, or NULLs, when it is not.
