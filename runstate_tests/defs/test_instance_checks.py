@@ -12,7 +12,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from runstate.defs.instance.checks import missing_bounds, runstate_instance_check
+from runstate.defs.instance.checks import CHECK_INTERVAL_S, missing_bounds, report, runstate_instance_check
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 
 BIN = str(Path(sys.executable).parent)  # where `dagster` is, as on a user's PATH
@@ -22,6 +22,7 @@ STORAGE_ONLY_MISSING = [
     "run monitoring",
     "run retries",
     "the run launcher's health check",
+    "threads for the sensor daemon",
 ]
 
 
@@ -51,11 +52,13 @@ def test_the_sensor_says_it_on_its_tick_and_in_its_log(home, capfd):
         result = runstate_instance_check(dg.build_sensor_context(instance=instance))
 
     assert isinstance(result, dg.SkipReason)
-    assert result.skip_message.startswith("runstate: 5 setting(s) missing from this Dagster instance")
-    assert "add to dagster.yaml `{run_retries: {enabled: true, max_retries: 3}}`" in result.skip_message
+    assert result.skip_message.startswith("runstate: 6 setting(s) missing from this Dagster instance")
+    assert "add these lines to dagster.yaml:\nrun_retries:\n  enabled: true\n  max_retries: 3\n\n" in (
+        result.skip_message
+    )
     assert "run `dagster instance concurrency set runstate_spark 2`" in result.skip_message
     logged = [line for line in capfd.readouterr().err.splitlines() if " - dagster - WARNING - " in line]
-    assert len(logged) == 5 and "run retries: a run that fails to launch" in logged[3], logged
+    assert len(logged) == 6 and "run retries: a run that fails to launch" in logged[3], logged
 
 
 def test_adding_exactly_what_it_says_leaves_nothing_missing(home, fresh_database):
@@ -75,3 +78,35 @@ def test_adding_exactly_what_it_says_leaves_nothing_missing(home, fresh_database
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert missing_bounds(instance) == []
     assert commands == ["dagster instance concurrency set runstate_spark 2"]
+
+
+def test_the_printed_lines_pasted_into_dagster_yaml_as_they_are_start_the_instance(home):
+    """Each block the check prints goes below a storage-only dagster.yaml, as a user pastes it; the
+    instance starts and has each setting (before, a one-line `{run_retries: {...}}` stopped it)."""
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        printed = runstate_instance_check(dg.build_sensor_context(instance=instance)).skip_message
+    blocks = [item.split("\n", 1)[1] for item in printed.split("\n\n")[1:] if "\n" in item]
+    dagster_yaml = home / "dagster.yaml"
+    dagster_yaml.write_text(dagster_yaml.read_text() + "".join(f"{block}\n" for block in blocks))
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.get_runs(limit=1)  # its storage answers
+        assert [bound.name for bound in missing_bounds(instance)] == [STORAGE_ONLY_MISSING[0]]
+        assert instance.get_settings("sensors") == {"use_threads": True, "num_workers": 4}
+    assert len(blocks) == len(STORAGE_ONLY_MISSING) - 1  # all but the pool limit, a command
+
+
+@pytest.mark.parametrize("sensors, named", [({"use_threads": False}, True), ({"use_threads": True}, False)])
+def test_a_sensor_daemon_without_threads_is_named(tmp_path, fresh_database, sensors, named):
+    config = {**storage_only_config(fresh_database), "sensors": sensors}
+    with dg.DagsterInstance.from_config(str(write_home(tmp_path, config))) as instance:
+        missing = missing_bounds(instance)
+
+    assert ("threads for the sensor daemon" in [bound.name for bound in missing]) is named
+    assert ("sensors:\n  use_threads: true\n  num_workers: 4" in report(missing)) is named
+
+
+def test_the_check_ticks_soon_after_a_daemon_start_and_after_settings_change():
+    """The daemon ticks a sensor once its interval has passed since the last tick, across restarts: the
+    first check after a start came up to 5 minutes later, and the UI kept the old message as long."""
+    assert runstate_instance_check.minimum_interval_seconds == CHECK_INTERVAL_S <= 30
