@@ -77,6 +77,7 @@ class ConfigError(ValueError):
 # The bounds of each numeric knob: below them nothing would run, above them the machine or the
 # Dagster run queue would drown (a shard or a worker is a run process with its own code location).
 WAL_FLUSH_SHARDS_MAX = 256
+WAL_FLUSH_MODES = ("always-on", "on-demand")
 MAINTENANCE_WORKERS_MAX = 64
 APPLY_DELETES_AT_MAX = 10_000
 COPY_ON_WRITE_MAX_MB_MAX = 1 << 20
@@ -127,6 +128,9 @@ class Settings:
     wal_flush_shards: int = 2
     # A flush run stays this long for new rows of its shard after its plan (the WAL's freshness lever).
     wal_flush_linger_s: float = 20.0
+    # always-on: each flush shard has one live run that polls it and hands over to its successor;
+    # on-demand: a run per shard with work, lingering wal_flush_linger_s (docs/OPERATIONS.md).
+    wal_flush_mode: str = "on-demand"
     maintenance_workers: int = 2
     # Delete files a dataset table's merges may leave before a job applies them (0: the orchestrator's).
     apply_deletes_at: int = 8
@@ -177,6 +181,7 @@ class Settings:
                 env, "RUNSTATE_WAL_FLUSH_SHARDS", cls.wal_flush_shards, WAL_FLUSH_SHARDS_MAX
             ),
             wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", cls.wal_flush_linger_s),
+            wal_flush_mode=_choice(env, "RUNSTATE_WAL_FLUSH_MODE", WAL_FLUSH_MODES, cls.wal_flush_mode),
             maintenance_workers=_bounded_int(
                 env, "RUNSTATE_MAINTENANCE_WORKERS", cls.maintenance_workers, MAINTENANCE_WORKERS_MAX
             ),

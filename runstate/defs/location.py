@@ -14,11 +14,14 @@ def build_definitions(in_process_runs: bool = False) -> dg.Definitions:
     """The whole code location, its resources built from the settings as they are now.
 
     `in_process_runs` is for the CLI's ticks and the demo, which execute runs one after another in their
-    own process: there a flush run saves no process start by lingering, and would only hold up the next;
+    own process: there a flush run saves no process start by lingering (or by holding its shard), and
+    would only hold up the next;
     and the run interval, which spaces the run processes the daemon starts per shard, would only make the
     next tick wait (one live run per shard still holds).
     """
-    wal_overrides = {"flush_linger_s": 0, "min_run_interval_s": 0} if in_process_runs else {}
+    wal_overrides = (
+        {"flush_linger_s": 0, "min_run_interval_s": 0, "flush_always_on": False} if in_process_runs else {}
+    )
     return dataset_tables.link_to_maintenance(
         dg.Definitions.merge(
             shared_definitions(),

@@ -26,6 +26,9 @@ class WalConfig:
     flush_retry_delay_s: float = 1.0
     stale_run_seconds: int = 900
     flush_linger_s: float = Settings.wal_flush_linger_s
+    flush_always_on: bool = Settings.wal_flush_mode == "always-on"
+    flush_poll_s: float = 0.5
+    flush_lease_ttl_s: float = 60.0
     dataset_table_copy_on_write_max_mb: int = Settings.copy_on_write_max_mb
     flush_run_budget_s: float = 240.0
     retention_days: int = 30
@@ -35,13 +38,13 @@ class WalConfig:
     def __post_init__(self) -> None:
         # A run still STARTED after stale_run_seconds is taken as lost and its plan flushed again.
         if (
-            self.flush_linger_s
+            (self.flush_linger_s or self.flush_always_on)
             and self.stale_run_seconds
             and self.flush_run_budget_s >= self.stale_run_seconds / 2
         ):
             raise ValueError(
                 f"flush_run_budget_s ({self.flush_run_budget_s:g}) must be under half of stale_run_seconds "
-                f"({self.stale_run_seconds}), or a lingering flush run would be taken for a lost one"
+                f"({self.stale_run_seconds}), or a lingering (or always-on) flush run would be taken for a lost one"
             )
 
     @classmethod
@@ -54,5 +57,6 @@ class WalConfig:
             prefix=s.blob_prefix,
             flush_shards=s.wal_flush_shards,
             flush_linger_s=s.wal_flush_linger_s,
+            flush_always_on=s.wal_flush_mode == "always-on",
             dataset_table_copy_on_write_max_mb=s.copy_on_write_max_mb,
         )

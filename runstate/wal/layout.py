@@ -4,8 +4,9 @@ One DynamoDB table holds three kinds of item, all keyed (DatasetId S, SeqNo N):
 - WAL rows: (dataset, seq >= 1) with StatusIdx, Type, Checksum, CreatedAt, Payload, ClientToken (if any),
   and BlobKey + AppliedAt once applied;
 - the dataset meta row: (dataset, 0) with LastSeq (seq hint), LastAppliedSeq and Kind="DatasetMeta";
-- client-token rows: ("#token#<dataset>#<token>", 0) with Checksum, Floor and, once written, AssignedSeq.
-Dataset ids never start with '#', so token rows cannot collide with datasets. Producer rows have
+- client-token rows: ("#token#<dataset>#<token>", 0) with Checksum, Floor and, once written, AssignedSeq;
+- control items: ("#lease#...", 0) with Version and the lease's attributes (`lease.py`).
+Dataset ids never start with '#', so token rows and control items cannot collide with datasets. Producer rows have
 Type DELTA; SNAPSHOT blobs are written by compaction and referenced from the manifest only. BlobKey is
 the blob that holds the row (set when the row is applied: its key is only known once it is batched).
 """
@@ -36,6 +37,8 @@ APPLIED_PREFIX = "Applied#"
 META_SEQ = 0
 META_KIND = "DatasetMeta"
 TOKEN_PREFIX = "#token#"
+LEASE_PREFIX = "#lease#"
+VERSION = "Version"
 
 # GSI over every WAL row: StatusIdx = "Pending" | "Applied#YYYY-MM", sorted by CreatedAt (oldest first).
 STATUS_INDEX = "StatusIdx-CreatedAt"
@@ -49,6 +52,10 @@ def applied_status(year: int, month: int) -> str:
 
 def token_item_id(dataset_id: str, client_token: str) -> str:
     return f"{TOKEN_PREFIX}{dataset_id}#{client_token}"
+
+
+def lease_item_id(name: str) -> str:
+    return f"{LEASE_PREFIX}{name}"
 
 
 def table_spec(table: str) -> dict[str, Any]:

@@ -316,6 +316,25 @@ class WalTable:
         )
         return response is not None
 
+    # --- control items (shard leases): a version compare-and-set, the lease's fence --------------------
+
+    def control_item(self, item_id: str) -> dict[str, Any] | None:
+        return self.get_item(item_id, 0)
+
+    def put_control(self, item_id: str, attributes: dict[str, Any], version: int) -> bool:
+        """Write the control item as Version `version` + 1 only if it is still at `version` (0: absent);
+        False when another writer moved it first."""
+        item = {**_key(item_id, 0), **attributes, t.VERSION: {"N": str(version + 1)}}
+        condition = "attribute_not_exists(#version)" if version == 0 else "#version = :version"
+        values = {":version": {"N": str(version)}} if version else None
+        request: dict[str, Any] = {"ExpressionAttributeNames": {"#version": t.VERSION}}
+        if values:
+            request["ExpressionAttributeValues"] = values
+        response = self._call(
+            "put_item", conditional=True, Item=item, ConditionExpression=condition, **request
+        )
+        return response is not None
+
     # --- the table itself ----------------------------------------------------------------------------------
 
     def stream_arn(self) -> str | None:

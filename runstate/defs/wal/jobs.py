@@ -1,7 +1,7 @@
 """`flush_wal` (one shard's planned batches to delta blobs) and `compact_wal` (snapshots, trim, archive)."""
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import dagster as dg
 from pydantic import Field
@@ -12,6 +12,8 @@ from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.tags import PRIORITY_TAG, REPLANNED_BY_SENSOR_TAGS, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
+from runstate.wal.holding import ShardRounds, ShardTerm
+from runstate.wal.lease import ShardLease
 from runstate.wal.linger import Linger, LingerPlans
 from runstate.wal.shards import DatasetOutcome, flush_shard
 
@@ -51,6 +53,11 @@ class ShardFlushConfig(dg.Config):
 
     shard: int = Field(ge=0, description="The flush shard (runstate/wal_shard tag) the datasets map to.")
     batches: list[BatchConfig] = Field(description="The shard's planned batches, in (dataset, seq) order.")
+    hold: bool = Field(
+        default=False,
+        description="Always-on: hold the shard's lease, poll and flush it until flush_run_budget_s, then "
+        "hand it to the successor wal_sensor requests.",
+    )
 
 
 class CompactConfig(dg.Config):
@@ -109,6 +116,37 @@ def shard_metadata(shard: int, outcomes: list[DatasetOutcome]) -> dict[str, obje
     }
 
 
+def hold_shard(
+    context: dg.OpExecutionContext,
+    shard: int,
+    planned: list[Batch],
+    wal: WalResource,
+    flush: Callable[[list[Batch]], list[DatasetOutcome]],
+) -> list[DatasetOutcome]:
+    """The always-on run: hold the shard's lease and flush its rows as they come, until it hands over."""
+    table = wal.wal_table()
+    rounds = ShardRounds(
+        ShardLease(table, shard, wal.flush_shards, ttl_s=wal.flush_lease_ttl_s),
+        table,
+        holder=context.run_id,
+        shard=shard,
+        shards=wal.flush_shards,
+        term=ShardTerm(budget_s=wal.flush_run_budget_s, poll_s=wal.flush_poll_s),
+        max_batch_size=wal.max_batch_size,
+        initial=planned,
+    )
+    outcomes: list[DatasetOutcome] = []
+    try:
+        for batches in rounds:
+            more = flush(batches)
+            rounds.record(more)
+            outcomes += more
+    finally:
+        rounds.stop()  # an interrupt or an error lets the lease go: the next run takes it at once
+    context.log.info(rounds.ended)
+    return outcomes
+
+
 def build_flush_job(
     retry_policy: dg.RetryPolicy = FLUSH_RETRY_POLICY, name: str = "flush_wal"
 ) -> dg.JobDefinition:
@@ -141,8 +179,12 @@ def build_flush_job(
             report(context, outcomes)
             return outcomes
 
-        outcomes = flush([Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches])
-        if wal.flush_linger_s > 0:
+        planned = [Batch(batch.dataset_id, tuple(batch.seqs)) for batch in config.batches]
+        if config.hold:
+            outcomes = hold_shard(context, config.shard, planned, wal, flush)
+        else:
+            outcomes = flush(planned)
+        if wal.flush_linger_s > 0 and not config.hold:
             plans = LingerPlans(
                 table,
                 shard=config.shard,

@@ -70,6 +70,21 @@ class WalResource(dg.ConfigurableResource):
         description="After its plan, a flush run keeps flushing its shard's new rows until none has come for "
         "this long (saves a run start per row; RUNSTATE_WAL_FLUSH_LINGER_S). 0: no linger.",
     )
+    flush_always_on: bool = Field(
+        default=WalConfig.flush_always_on,
+        description="Each flush shard keeps one live run that polls its shard and hands over to its "
+        "successor at flush_run_budget_s (RUNSTATE_WAL_FLUSH_MODE=always-on); off: a run per shard with "
+        "work, lingering flush_linger_s.",
+    )
+    flush_poll_s: float = Field(
+        default=WalConfig.flush_poll_s, gt=0, description="An always-on run looks at its shard this often."
+    )
+    flush_lease_ttl_s: float = Field(
+        default=WalConfig.flush_lease_ttl_s,
+        gt=0,
+        description="A shard's lease expires this long after its holder's last renewal (a run found dead "
+        "loses it at once). Longer than the slowest flush round.",
+    )
     dataset_table_copy_on_write_max_mb: int = Field(
         default=WalConfig.dataset_table_copy_on_write_max_mb,
         ge=0,

@@ -1,5 +1,9 @@
 """`wal_sensor`: the flush timer. It tails the WAL stream, sweeps the Pending index, plans batches, groups
-them by flush shard and requests at most one `flush_wal` run per shard that has work.
+them by flush shard and requests at most one `flush_wal` run per shard that has work. With always-on
+flush runs (the resource's flush_always_on), every shard instead keeps one live run that holds its lease
+and polls it: the sensor starts it (with the shard's plan) when the shard has none, starts its successor
+when it asks for one, and takes the lease from a holder found dead (`runstate.defs.wal.always_on`). The
+rest of this docstring is the on-demand mode.
 
 Timing. The sensor evaluates every SENSOR_INTERVAL_S; a shard gets a run when it has Pending rows, no
 live flush run (queued, starting or running), and its last flush run was requested at least
@@ -31,6 +35,7 @@ import dagster as dg
 
 from runstate.defs.runs.liveness import HOLDING_STATUSES, RunLiveness, check_runs
 from runstate.defs.tags import MAX_RUNTIME_TAG, WAL_BATCH_TAG, WAL_SHARD_TAG
+from runstate.defs.wal.always_on import FLUSH_JOB, WAL_FLUSHER_TAG, hold_shard
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import read_stream
@@ -38,7 +43,6 @@ from runstate.wal.planning import plan_flush
 from runstate.wal.shards import ShardPlan
 
 SENSOR_INTERVAL_S = 5
-FLUSH_JOB = "flush_wal"
 CURSOR_VERSION = 1
 
 
@@ -108,10 +112,16 @@ class ShardRuns:
 
 
 def shard_runs(instance: dg.DagsterInstance, shard: int) -> ShardRuns:
-    """The shard's live run, of any job and whoever started it (runs found dead are reported failed
-    first), and when its latest flush run was requested."""
+    """The shard's live run, of any job and whoever started it, its always-on run included (runs found
+    dead are reported failed first), and when its latest flush run was requested."""
     tags = {WAL_SHARD_TAG: str(shard)}
-    holding = instance.get_run_records(filters=dg.RunsFilter(tags=tags, statuses=list(HOLDING_STATUSES)))
+    holding = [
+        record
+        for tag in (WAL_SHARD_TAG, WAL_FLUSHER_TAG)
+        for record in instance.get_run_records(
+            filters=dg.RunsFilter(tags={tag: str(shard)}, statuses=list(HOLDING_STATUSES))
+        )
+    ]
     latest = instance.get_run_records(filters=dg.RunsFilter(job_name=FLUSH_JOB, tags=tags), limit=1)
     last = latest[0].create_timestamp.timestamp() if latest else None
     live = [verdict for verdict in check_runs(instance, holding) if verdict.alive]
@@ -168,7 +178,14 @@ def evaluate_wal_tick(
     requests: list[dg.RunRequest] = []
     holders: dict[int, RunLiveness] = {}
     waiting: dict[int, float] = {}
-    for plan in planned.shards:
+    if wal.flush_always_on:  # every shard has its run, with or without work (runstate.defs.wal.always_on)
+        by_shard = {plan.shard: plan for plan in planned.shards}
+        for shard_no in range(wal.flush_shards):
+            held = hold_shard(instance, wal, shard_no, by_shard.get(shard_no))
+            requests += [held.request] if held.request else []
+            holders.update({shard_no: held.holder} if held.holder else {})
+    on_demand = () if wal.flush_always_on else planned.shards
+    for plan in on_demand:
         shard = shard_runs(instance, plan.shard)
         if shard.holder is not None:  # it (or the daemon's retry of it) flushes; new rows wait for the next
             holders[plan.shard] = shard.holder
