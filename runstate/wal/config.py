@@ -29,6 +29,7 @@ class WalConfig:
     flush_always_on: bool = Settings.wal_flush_mode == "always-on"
     flush_poll_s: float = 0.5
     flush_lease_ttl_s: float = 60.0
+    flush_handover_wait_s: float = 120.0
     dataset_table_copy_on_write_max_mb: int = Settings.copy_on_write_max_mb
     flush_run_budget_s: float = 240.0
     retention_days: int = 30
@@ -36,6 +37,13 @@ class WalConfig:
     aws_secret_access_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        # An always-on run lives its budget plus the wait for its successor: under the stale bound too.
+        held_s = self.flush_run_budget_s + self.flush_handover_wait_s
+        if self.flush_always_on and self.stale_run_seconds and held_s >= self.stale_run_seconds / 2:
+            raise ValueError(
+                f"flush_run_budget_s + flush_handover_wait_s ({held_s:g}) must be under half of "
+                f"stale_run_seconds ({self.stale_run_seconds}), or an always-on run would be taken for a lost one"
+            )
         # A run still STARTED after stale_run_seconds is taken as lost and its plan flushed again.
         if (
             (self.flush_linger_s or self.flush_always_on)

@@ -131,7 +131,11 @@ def hold_shard(
         holder=context.run_id,
         shard=shard,
         shards=wal.flush_shards,
-        term=ShardTerm(budget_s=wal.flush_run_budget_s, poll_s=wal.flush_poll_s),
+        term=ShardTerm(
+            budget_s=wal.flush_run_budget_s,
+            handover_wait_s=wal.flush_handover_wait_s,
+            poll_s=wal.flush_poll_s,
+        ),
         max_batch_size=wal.max_batch_size,
         initial=planned,
     )

@@ -85,6 +85,12 @@ class WalResource(dg.ConfigurableResource):
         description="A shard's lease expires this long after its holder's last renewal (a run found dead "
         "loses it at once). Longer than the slowest flush round.",
     )
+    flush_handover_wait_s: float = Field(
+        default=WalConfig.flush_handover_wait_s,
+        ge=0,
+        description="An always-on run past its budget waits this long for its successor, flushing, then "
+        "lets the shard go (wal_sensor starts a new run).",
+    )
     dataset_table_copy_on_write_max_mb: int = Field(
         default=WalConfig.dataset_table_copy_on_write_max_mb,
         ge=0,
