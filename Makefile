@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: setup system-deps services demo lint test dev bench down clean
+.PHONY: setup system-deps services demo lint test docs dev bench down clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,10 @@ lint: setup
 
 test: lint services
 	$(BIN)/pytest -n 3 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml) into site/, strict: a broken link or reference fails it.
+docs: setup
+	$(BIN)/mkdocs build --strict
 
 dev: services
 	$(BIN)/runstate dev
