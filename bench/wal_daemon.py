@@ -10,6 +10,12 @@ later -> row visible). Each counts only the time after the append, so a row that
 up shows no tick, queue or start.
 Baseline, same run: direct_flush_s, a shard flush of one appended row called in-process (no daemon).
 Floor: lag_p99_s <= 45; goal <= 35.
+
+Idle gaps (issue 52): then, for each of --daemon-idle-gaps (default 30,120,600 s), nothing is appended
+for that long, then a burst of one row per dataset: `idle_gaps` gives each burst's lag (p50, max) and the
+flush runs started for it. While idle, the live flush runs' processes are sampled every 10 s: `idle_cost`
+is their count, RSS and CPU (the price of RUNSTATE_WAL_FLUSH_MODE=always-on; run it once per mode).
+--quick: 24 rows over 30 s, gaps of 10 and 30 s.
 """
 
 from __future__ import annotations
@@ -41,6 +47,14 @@ def add_arguments(parser: Any) -> None:
     )
     parser.add_argument(
         "--daemon-datasets", type=int, default=12, help="datasets the rows go to (default 12)"
+    )
+    parser.add_argument(
+        "--daemon-idle-gaps",
+        default="30,120,600",
+        help="idle seconds before each burst, comma-separated; empty: no idle phase (default 30,120,600)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="--daemon: 24 rows over 30 s and idle gaps of 10 and 30 s"
     )
 
 
@@ -132,13 +146,126 @@ def direct_flush_s(target: Target, table: WalTable, rounds: int = 10) -> float:
     return median(durations) or 0.0
 
 
+def idle_gaps(args: Any) -> list[float]:
+    raw = "10,30" if args.quick else args.daemon_idle_gaps
+    try:
+        gaps = [float(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise SystemExit(
+            f"Error: --daemon-idle-gaps must be seconds separated by commas, got {raw!r}"
+        ) from None
+    if any(gap < 0 for gap in gaps):
+        raise SystemExit(f"Error: --daemon-idle-gaps must not be negative, got {raw!r}")
+    return gaps
+
+
+def live_run_processes(instance: Any) -> dict[str, int]:
+    """run id -> pid of each flush run in progress (where it recorded itself when it began to beat)."""
+    import dagster as dg
+
+    from runstate.defs.runs.beats import worker_of
+    from runstate.defs.runs.workers import WorkerProcess
+
+    started = dg.RunsFilter(job_name="flush_wal", statuses=[dg.DagsterRunStatus.STARTED])
+    pids = {}
+    for record in instance.get_run_records(filters=started):
+        text = worker_of(instance, record.dagster_run.run_id)
+        worker = WorkerProcess.from_text(text) if text else None
+        if worker is not None:
+            pids[record.dagster_run.run_id] = worker.pid
+    return pids
+
+
+def cpu_and_rss(pid: int) -> tuple[float, int] | None:
+    """CPU seconds so far and resident bytes, from /proc; None once the process is gone."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_s, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class IdleCost:
+    """Samples of the live flush runs' processes, taken while nothing is appended."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.rss: list[int] = []
+        self.cpu_rates: list[float] = []
+        self._last: dict[int, tuple[float, float]] = {}  # pid -> (when, CPU seconds)
+
+    def sample(self, instance: Any) -> None:
+        pids, now = live_run_processes(instance), time.time()
+        self.counts.append(len(pids))
+        for pid in pids.values():
+            seen = cpu_and_rss(pid)
+            if seen is None:
+                continue
+            self.rss.append(seen[1])
+            if pid in self._last:
+                when, cpu = self._last[pid]
+                self.cpu_rates.append((seen[0] - cpu) / max(now - when, 1e-6))
+            self._last[pid] = (now, seen[0])
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "runs_alive_avg": round(sum(self.counts) / len(self.counts), 2) if self.counts else 0,
+            "run_rss_mib_max": round(max(self.rss, default=0) / 2**20, 1),
+            "run_rss_mib_p50": round((median([float(r) for r in self.rss]) or 0) / 2**20, 1),
+            "run_cpu_pct_p50": round((median(self.cpu_rates) or 0) * 100, 2),
+        }
+
+
+def measure_idle_gaps(
+    target: Target, instance: Any, datasets: list[str], gaps: list[float]
+) -> dict[str, Any]:
+    """Per gap: idle for it (sampling the runs' cost), then a burst of one row per dataset until visible."""
+    cost, bursts = IdleCost(), []
+    for gap in gaps:
+        idle_until = time.time() + gap
+        while time.time() < idle_until:
+            cost.sample(instance)
+            time.sleep(min(10.0, max(0.0, idle_until - time.time())))
+        before = time.time()
+        appended: dict[tuple[str, int], float] = {}
+        append_at_random_moments(target, datasets, [0.0] * len(datasets), before, appended)
+        seen: dict[tuple[str, int], float] = {}
+        deadline = time.time() + 300
+        while len(seen) < len(appended) and time.time() < deadline:
+            mark_visible(target, datasets, appended, seen)
+            time.sleep(0.1)
+        lags = [seen[row] - appended[row] for row in seen]
+        bursts.append(
+            {
+                "gap_s": gap,
+                "rows": len(appended),
+                "visible": len(seen),
+                "lag_p50_s": round(percentile(lags, 0.5), 2) if lags else None,
+                "lag_max_s": round(max(lags), 2) if lags else None,
+                "flush_runs_started": len(
+                    [run for run in flush_runs(instance, before) if run.created >= before]
+                ),
+            }
+        )
+    return {"idle_gaps": bursts, "idle_cost": cost.summary()}
+
+
 def main(args: Any) -> dict[str, Any]:
     rng = random.Random(args.seed)
+    if args.quick:
+        args.daemon_rows, args.daemon_seconds = 24, 30.0
+    gaps = idle_gaps(args)
     result: dict[str, Any] = {"bench": "wal_daemon", "load_avg_start": load_average()}
     with contextlib.contextmanager(start_dev)() as dev:
         from runstate.config import Settings
 
-        shards = Settings.from_env(dev.env).wal_flush_shards
+        settings = Settings.from_env(dev.env)
+        shards = settings.wal_flush_shards
+        result["flush_mode"] = settings.wal_flush_mode
         target, instance = Target(dev), dev.instance()
         table = WalTable(target.producer.dynamodb, target.producer.table)
         datasets = [f"lag{i:02d}-{int(time.time())}" for i in range(args.daemon_datasets)]
@@ -162,8 +289,10 @@ def main(args: Any) -> dict[str, Any]:
             time.sleep(POLL_S)
         done.set()
         reader.join()
-        wait_for_flush_runs(instance, time.time() + 300)  # a lingering run ends after its idle time
+        if settings.wal_flush_mode == "on-demand":  # an always-on run never ends on its own
+            wait_for_flush_runs(instance, time.time() + 300)  # a lingering run ends after its idle time
         runs = flush_runs(instance, start - 60)
+        idle = measure_idle_gaps(target, instance, datasets, gaps) if gaps else {}
         baseline = direct_flush_s(target, table)
     if len(seen) < len(appended):
         raise SystemExit(f"{len(appended) - len(seen)} of {len(appended)} appended rows never became visible")
@@ -181,6 +310,7 @@ def main(args: Any) -> dict[str, Any]:
             "load_avg_end": load_average(),
             "floor_met": percentile(lags, 0.99) <= 45.0,
             **breakdown(appended, seen, shards, runs),
+            **idle,
         }
     )
     return result

@@ -131,6 +131,8 @@ class Settings:
     # always-on: each flush shard has one live run that polls it and hands over to its successor;
     # on-demand: a run per shard with work, lingering wal_flush_linger_s (docs/OPERATIONS.md).
     wal_flush_mode: str = "on-demand"
+    # An always-on run's age before it hands its shard to a successor (each hand-over starts a run).
+    wal_flush_run_budget_s: float = 240.0
     maintenance_workers: int = 2
     # Delete files a dataset table's merges may leave before a job applies them (0: the orchestrator's).
     apply_deletes_at: int = 8
@@ -182,6 +184,9 @@ class Settings:
             ),
             wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", cls.wal_flush_linger_s),
             wal_flush_mode=_choice(env, "RUNSTATE_WAL_FLUSH_MODE", WAL_FLUSH_MODES, cls.wal_flush_mode),
+            wal_flush_run_budget_s=_seconds(
+                env, "RUNSTATE_WAL_FLUSH_RUN_BUDGET_S", cls.wal_flush_run_budget_s, minimum=10
+            ),
             maintenance_workers=_bounded_int(
                 env, "RUNSTATE_MAINTENANCE_WORKERS", cls.maintenance_workers, MAINTENANCE_WORKERS_MAX
             ),

@@ -31,7 +31,7 @@ class WalConfig:
     flush_lease_ttl_s: float = 60.0
     flush_handover_wait_s: float = 120.0
     dataset_table_copy_on_write_max_mb: int = Settings.copy_on_write_max_mb
-    flush_run_budget_s: float = 240.0
+    flush_run_budget_s: float = Settings.wal_flush_run_budget_s
     retention_days: int = 30
     aws_access_key_id: str | None = field(default=None, repr=False)
     aws_secret_access_key: str | None = field(default=None, repr=False)
@@ -66,5 +66,6 @@ class WalConfig:
             flush_shards=s.wal_flush_shards,
             flush_linger_s=s.wal_flush_linger_s,
             flush_always_on=s.wal_flush_mode == "always-on",
+            flush_run_budget_s=s.wal_flush_run_budget_s,
             dataset_table_copy_on_write_max_mb=s.copy_on_write_max_mb,
         )
