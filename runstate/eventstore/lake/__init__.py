@@ -7,7 +7,7 @@ back without a JVM. Plain Python; never imports dagster or another domain.
 """
 
 from runstate.eventstore.lake.config import HistoryConfig
-from runstate.eventstore.lake.errors import FeedRefused, HistoryConflict, HistoryError
+from runstate.eventstore.lake.errors import FeedRefused, ForeignHistory, HistoryConflict, HistoryError
 from runstate.eventstore.lake.export import (
     EventsCommitted,
     ExportStep,
@@ -24,15 +24,17 @@ from runstate.eventstore.lake.reader import (
     history_lag,
 )
 from runstate.eventstore.lake.runs import RunsMerged
-from runstate.eventstore.lake.tables import POSITION_PROPERTY
+from runstate.eventstore.lake.tables import OWNER_PROPERTY, POSITION_PROPERTY
 
 __all__ = [
+    "OWNER_PROPERTY",
     "POSITION_PROPERTY",
     "EventsCommitted",
     "ExportDue",
     "ExportStep",
     "ExportTally",
     "FeedRefused",
+    "ForeignHistory",
     "HistoryCatalog",
     "HistoryConfig",
     "HistoryConflict",

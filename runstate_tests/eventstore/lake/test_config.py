@@ -85,3 +85,22 @@ def test_a_bad_archive_target_is_a_config_error_naming_the_variable(env, message
 def test_the_store_config_refuses_a_bad_archive_target():
     with pytest.raises(ValueError, match="RUNSTATE_ARCHIVE_TO must be one of postgres, lake, got 'ftp'"):
         EventStoreConfig(archive_to="ftp")
+
+
+def test_the_namespace_follows_the_stores_schema_unless_set():
+    """Two stores in one database must not share lake tables (issue 51): schema b's history is lake.b.*,
+    the default schema's stays lake.runstate.*; RUNSTATE_HISTORY_NAMESPACE still wins."""
+
+    def namespace(**env: str) -> str:
+        return HistoryConfig.from_settings(Settings.from_env(env)).namespace
+
+    assert namespace() == "runstate"
+    assert (
+        namespace(RUNSTATE_SCHEMA="b")
+        == "b"
+        == EventStoreConfig.from_settings(Settings.from_env({"RUNSTATE_SCHEMA": "b"})).lake_namespace
+    )
+    assert namespace(RUNSTATE_SCHEMA="Audit_2") == "audit_2"
+    assert namespace(RUNSTATE_SCHEMA="b", RUNSTATE_HISTORY_NAMESPACE="shared") == "shared"
+    with pytest.raises(ConfigError, match="RUNSTATE_SCHEMA must be an identifier"):
+        namespace(RUNSTATE_SCHEMA="b-c")
