@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from runstate.maintenance.dangling import drop_unused_position_deletes
 from runstate.maintenance.errors import UnknownAction
 from runstate.maintenance.figures import iceberg_table, table_figures
 from runstate.maintenance.identifiers import ACTIONS, TableRef, validate_identifier
@@ -175,11 +176,49 @@ class ActionRunner:
                 "would_rewrite_bytes_count": int(row["b"]),
             }
             return _figures_message(figures, "dry run: "), figures
+        if self._has_list_or_map_column():
+            return self._apply_position_deletes()
         # After a rewrite that applied deletes, the old delete files point at files that are gone; Iceberg
         # keeps them (their sequence numbers still cover the new file) unless every one is rewritten.
         arguments = ["options => map('rewrite-all', 'true')"] if self.settings.delete_file_threshold else []
         figures = _sum_rows(self._call("rewrite_position_delete_files", *arguments))
         return _figures_message(figures), figures
+
+    def _has_list_or_map_column(self) -> bool:
+        """Iceberg 1.10's position-delete reader fails on a table with a list or map column at any depth
+        ("Invalid partition field parent: list<...>", Iceberg issue 15080): it reads the deleted row's
+        struct, the whole table schema, as if each primitive in it could be a partition source."""
+        from pyspark.sql.types import ArrayType, MapType, StructType
+
+        pending = [self.spark.table(self.ref.in_catalog(self.catalog)).schema]  # analysis only, no job
+        while pending:
+            kind = pending.pop()
+            if isinstance(kind, ArrayType | MapType):
+                return True
+            if isinstance(kind, StructType):
+                pending.extend(f.dataType for f in kind.fields)
+        return False
+
+    def _apply_position_deletes(self) -> tuple[str, dict]:
+        """Where the delete files cannot be read, apply them instead: rewrite every data file that has one,
+        under the new snapshot's sequence number (above every delete's), so every delete file is left
+        dangling and dropped, with the rewrite or after it. No delete file is left to compact."""
+        options = {
+            "delete-file-threshold": "1",
+            "use-starting-sequence-number": "false",
+            "remove-dangling-deletes": "true",
+            "target-file-size-bytes": str(int(self.settings.target_file_size_bytes)),
+        }
+        pairs = ", ".join(f"'{key}', '{value}'" for key, value in options.items())
+        figures = _sum_rows(self._call("rewrite_data_files", f"options => map({pairs})"))
+        if figures.get("failed_data_files_count"):
+            raise RuntimeError(f"applying the position deletes failed ({_figures_message(figures)})")
+        # What is left applies to no file: delete files of the same sequence as a rewrite before this one.
+        table = iceberg_table(self.spark, self.ref.in_catalog(self.catalog))
+        figures["dropped_delete_files_count"] = drop_unused_position_deletes(
+            self.spark.sparkContext._jvm, table
+        )
+        return _figures_message(figures, "applied as a data-file rewrite (a list or map column): "), figures
 
     def rewrite_manifests(self, dry_run: bool) -> tuple[str, dict]:
         if dry_run:
