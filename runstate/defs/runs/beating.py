@@ -27,7 +27,7 @@ from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, Lau
 from runstate.config import ConfigError, settings
 from runstate.defs.instance.pools import bound_spark_pool
 from runstate.defs.runs.heartbeat import heartbeat
-from runstate.defs.runs.liveness import LivenessPolicy, judge, observe
+from runstate.defs.runs.liveness import LivenessPolicy, end_worker, judge, observe
 from runstate.defs.tags import SPARK_POOL
 from runstate.services.dev import STOPPING_FILE_ENV
 
@@ -101,4 +101,6 @@ class HeartbeatRunLauncher(DefaultRunLauncher):
         verdict = judge(record, signs, policy) if signs is not None else None
         if verdict is None or verdict.alive:
             return CheckRunHealthResult(WorkerStatus.RUNNING, verdict.describe() if verdict else "")
-        return CheckRunHealthResult(WorkerStatus.FAILED, f"{verdict.describe()}: {verdict.reason}")
+        # The monitor fails the run (freeing its slots) on this answer: its processes end first.
+        ended = end_worker(self._instance, run.run_id)
+        return CheckRunHealthResult(WorkerStatus.FAILED, f"{verdict.describe()}: {verdict.reason}{ended}")

@@ -23,7 +23,10 @@ from sqlalchemy.sql.expression import FunctionElement
 
 BEAT_PREFIX = "runstate.heartbeat."
 SEEN_PREFIX = "runstate.seen."
-PREFIXES = (BEAT_PREFIX, SEEN_PREFIX)
+# Where a run's process runs (runstate.defs.runs.workers): its value is text, not a time.
+WORKER_PREFIX = "runstate.worker."
+AGE_PREFIXES = (BEAT_PREFIX, SEEN_PREFIX)
+PREFIXES = (*AGE_PREFIXES, WORKER_PREFIX)
 
 
 class db_epoch(FunctionElement):  # noqa: N801 - reads as the SQL function it compiles to
@@ -95,7 +98,7 @@ def ages(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, Ages
     ids = list(dict.fromkeys(run_ids))
     if not ids:
         return {}
-    keys = [prefix + run_id for run_id in ids for prefix in PREFIXES]
+    keys = [prefix + run_id for run_id in ids for prefix in AGE_PREFIXES]
     query = sa.select(KeyValueStoreTable.c.key, KeyValueStoreTable.c.value, db_epoch()).where(
         KeyValueStoreTable.c.key.in_(keys)
     )
@@ -109,6 +112,22 @@ def ages(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, Ages
         except (TypeError, ValueError):  # a value not written by us: as if there were none
             continue
     return {run_id: Ages(v.get(BEAT_PREFIX), v.get(SEEN_PREFIX)) for run_id, v in found.items()}
+
+
+def record_worker(instance: dg.DagsterInstance, run_id: str, worker: str) -> None:
+    """Record where `run_id`'s process runs (written once, when it starts to beat)."""
+    key = WORKER_PREFIX + run_id
+    with _connect(instance) as conn:
+        conn.execute(KeyValueStoreTable.delete().where(KeyValueStoreTable.c.key == key))
+        conn.execute(KeyValueStoreTable.insert().values(key=key, value=worker))
+
+
+def worker_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """What `record_worker` recorded for `run_id`, if anything."""
+    query = sa.select(KeyValueStoreTable.c.value).where(KeyValueStoreTable.c.key == WORKER_PREFIX + run_id)
+    with _connect(instance) as conn:
+        row = conn.execute(query).fetchone()
+    return row[0] if row else None
 
 
 def beat_ages(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:

@@ -31,6 +31,7 @@ import dagster as dg
 
 from runstate.defs.runs import beats
 from runstate.defs.runs.liveness import DEAD_STATUSES, LivenessPolicy
+from runstate.defs.runs.workers import this_process
 
 BEAT_INTERVAL_S = 2.0
 REAPED_EVENTS = {dg.DagsterEventType.RUN_FAILURE, dg.DagsterEventType.RUN_CANCELED}
@@ -122,6 +123,12 @@ class Heartbeat:
         self._check_status(full=full)
 
     def start(self) -> Heartbeat:
+        worker = this_process()
+        if worker is not None:  # whoever declares the run dead ends this process (and its Spark JVM)
+            try:
+                beats.record_worker(self._instance, self.run_id, worker.as_text())
+            except Exception as error:  # noqa: BLE001 - the run goes on; only the record of it is lost
+                log.warning("run %s: its process was not recorded: %s", self.run_id, error)
         self._thread.start()
         return self
 

@@ -22,9 +22,11 @@ A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
   loads the code location before it beats, a minute and more on a loaded machine).
 
 Whoever looks next (a sensor tick, the CLI, the daemon's run monitoring through `HeartbeatRunLauncher`)
-reports such a run failed, which frees its shard and slots. Reaping a run by mistake is safe: its
-process, should it still live, finds its run failed and stops before it changes anything
-(`runstate.defs.runs.heartbeat`).
+reports such a run failed, which frees its shard and slots, having first ended its process and the
+processes below it when they run on this machine (`runstate.defs.runs.workers`: a frozen worker's Spark
+JVM goes on with its job, and a slot freed under it let a new JVM start beside it). Reaping a run by
+mistake is safe: its process, should it still live elsewhere, finds its run failed and stops before it
+changes anything (`runstate.defs.runs.heartbeat`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from runstate.config import Settings, settings
 from runstate.defs.runs import beats
+from runstate.defs.runs.workers import WorkerProcess, end_process
 
 log = logging.getLogger(__name__)
 
@@ -246,11 +249,28 @@ def _reap(instance: dg.DagsterInstance, run: dg.DagsterRun, verdict: RunLiveness
     current = instance.get_run_by_id(run.run_id)
     if current is None or current.is_finished:  # it ended while we looked
         return verdict.ended(current.status if current is not None else dg.DagsterRunStatus.FAILURE)
-    message = f"runstate: the run's process is gone ({verdict.reason}); marked failed so its shard and slots are freed"
+    ended = end_worker(instance, run.run_id)
+    message = (
+        f"runstate: the run's process is gone ({verdict.reason}){ended}; marked failed so its shard and "
+        "slots are freed"
+    )
     log.warning("run %s: %s", run.run_id, message)
     instance.report_run_failed(current, message)
     beats.forget(instance, [run.run_id])
     return verdict.ended(dg.DagsterRunStatus.FAILURE)
+
+
+def end_worker(instance: dg.DagsterInstance, run_id: str) -> str:
+    """End the recorded process of a run found dead, with every process below it (its Spark JVM keeps
+    running its job while a frozen worker holds its pipe open): before its slot is freed. Returns "; "
+    and what was done, or "" when no process of it was recorded."""
+    try:
+        recorded = beats.worker_of(instance, run_id)
+    except Exception as error:  # noqa: BLE001 - the verdict stands; the process is left to its fence
+        log.warning("run %s: could not read where its process runs: %s", run_id, error)
+        return ""
+    worker = WorkerProcess.from_text(recorded) if recorded else None
+    return f"; {end_process(worker)}" if worker is not None else ""
 
 
 def sweep_rows(instance: dg.DagsterInstance) -> int:
