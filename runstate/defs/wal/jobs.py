@@ -12,6 +12,7 @@ from runstate.defs.runs.interrupts import ends_run_when_interrupted
 from runstate.defs.tags import PRIORITY_TAG, REPLANNED_BY_SENSOR_TAGS, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
+from runstate.wal.codec import warm_up
 from runstate.wal.holding import ShardRounds, ShardTerm
 from runstate.wal.lease import ShardLease
 from runstate.wal.linger import Linger, LingerPlans
@@ -140,6 +141,7 @@ def hold_shard(
         initial=planned,
     )
     outcomes: list[DatasetOutcome] = []
+    warm_up()
     try:
         for batches in rounds:
             more = flush(batches)
