@@ -17,6 +17,7 @@ TABLES_ASSET = dg.AssetKey("dataset_tables")
 MERGE_JOB = "merge_dataset_tables"
 MERGE_OP = "merge_datasets"
 PERMANENT_ERRORS = (BlobIntegrityError, WalInputError)
+COMMITTED_EARLIER = "an earlier run, which committed this merge but stopped before it recorded it"
 
 
 class MergeConfig(dg.Config):
@@ -45,6 +46,31 @@ def merge_metadata(result: MergeResult) -> dict[str, object]:
     return metadata
 
 
+def recorded_version(instance: dg.DagsterInstance, dataset_id: str) -> int | None:
+    """The version of the partition's latest materialization (None: it has none)."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=TABLES_ASSET, asset_partitions=[dataset_id]), limit=1
+    ).records
+    materialization = records[0].asset_materialization if records else None
+    if materialization is None:
+        return None
+    metadata = materialization.metadata
+    if "versions" in metadata:  # a rebuild of several partitions in one run (assets.py)
+        value = (metadata["versions"].value or {}).get(dataset_id)
+    else:
+        value = metadata["version"].value if "version" in metadata else None
+    return value if isinstance(value, int) else None
+
+
+def _unrecorded(instance: dg.DagsterInstance, result: MergeResult) -> bool:
+    """Whether a table found current got there by a merge whose run never recorded it: a run killed
+    after its commit, before its materialization (its partition would read missing, or behind, forever)."""
+    if result.version <= 0:  # no table, or nothing merged into it yet
+        return False
+    recorded = recorded_version(instance, result.dataset_id)
+    return recorded is None or recorded < result.version
+
+
 @dg.op(
     name=MERGE_OP,
     pool=SPARK_POOL,
@@ -58,7 +84,9 @@ def merge_datasets(
     """Merge each dataset in turn; one dataset's failure does not stop the others, but fails the run.
 
     A merged table is a materialization of its partition; a table that was already current is an
-    observation, so whoever reads the run (the CLI) sees every dataset it was asked for.
+    observation, so whoever reads the run (the CLI) sees every dataset it was asked for, unless no
+    materialization of its partition records that version: then the merge was committed by a run that
+    stopped before it recorded it, and this run records it (a materialization, `committed_by` saying so).
 
     Before each merge and before reporting it, the run's fence (a run declared dead stops here); a
     SIGTERM cancels the Spark job in flight, so the run fails and records its end at once."""
@@ -87,7 +115,9 @@ def merge_datasets(
                 f"dataset {dataset_id!r}: {result.table} {result.from_version} -> {result.version}"
             )
             metadata = merge_metadata(result)
-            if result.merged:
+            if not result.merged and _unrecorded(context.instance, result):
+                metadata["committed_by"] = COMMITTED_EARLIER
+            if result.merged or "committed_by" in metadata:
                 context.log_event(
                     dg.AssetMaterialization(TABLES_ASSET, partition=dataset_id, metadata=metadata)
                 )

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from runstate.cli import main
 from runstate.commands.ticking import tick_sensor
 from runstate.defs import dataset_tables as dataset_tables_defs
+from runstate.defs.dataset_tables.jobs import COMMITTED_EARLIER, MERGE_JOB, MERGE_OP
 from runstate.defs.dataset_tables.sensors import MERGE_SHARDS, MergeCursor, evaluate_merge_tick
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import MERGE_SHARD_TAG
@@ -20,7 +21,7 @@ from runstate.defs.wal import build_defs as wal_defs
 from runstate.defs.wal.partitions import datasets_partitions
 from runstate.defs.wal.resources import WalResource
 from runstate.wal.changes import Change
-from runstate.wal.dataset_tables import read_table
+from runstate.wal.dataset_tables import merge_dataset, read_table
 from runstate.wal.shards import shard_of
 from runstate_tests.wal.dataset_tables.conftest import cli_on
 
@@ -205,3 +206,28 @@ def test_wal_merge_of_an_unknown_dataset_is_refused_and_makes_no_table(spark, cl
     assert result.exit_code == 1
     assert result.output.strip() == f"Error: dataset {dataset_id!r} is unknown: it has no WAL rows"
     assert not spark.catalog.tableExists(f"lake.datasets.{dataset_id}")
+
+
+def test_a_merge_committed_by_a_run_killed_before_it_recorded_it_is_recorded_by_the_next_merge(
+    spark, wal, location, feed, defs, instance, dataset_ids
+):
+    """The killed run's MERGE committed (and its version property), but no materialization was stored:
+    the next merge finds the table current, and records the partition materialized, saying by whom."""
+    dataset_id = dataset_ids()
+    _flushed(feed, [dataset_id])
+    instance.add_dynamic_partitions(datasets_partitions.name, [dataset_id])
+    assert merge_dataset(spark, location, dataset_id, s3=wal.s3).merged  # the killed run's commit
+    job = defs.resolve_job_def(MERGE_JOB)
+    config = {"ops": {MERGE_OP: {"config": {"dataset_ids": [dataset_id]}}}}
+
+    first = job.execute_in_process(instance=instance, run_config=config)
+    again = job.execute_in_process(instance=instance, run_config=config)
+
+    [recorded] = first.asset_materializations_for_node(MERGE_OP)
+    assert recorded.partition == dataset_id and recorded.metadata["version"].value == 1
+    assert recorded.metadata["committed_by"].value == COMMITTED_EARLIER
+    assert first.asset_observations_for_node(MERGE_OP) == []
+    assert instance.get_materialized_partitions(dg.AssetKey("dataset_tables")) == {dataset_id}
+    # Once recorded, a table found current again is an observation, as before.
+    assert again.asset_materializations_for_node(MERGE_OP) == []
+    assert [o.partition for o in again.asset_observations_for_node(MERGE_OP)] == [dataset_id]
