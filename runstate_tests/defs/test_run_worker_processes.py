@@ -14,7 +14,8 @@ import sys
 
 import dagster as dg
 
-from runstate.defs.runs.beats import beat_ages, worker_of
+from runstate.defs.runs.beating import HeartbeatRunLauncher
+from runstate.defs.runs.beats import beat, beat_ages, record_worker, worker_of
 from runstate.defs.runs.liveness import LivenessPolicy, check_runs
 from runstate.defs.runs.workers import WorkerProcess, end_process, host_key, this_process
 from runstate_tests.defs.conftest import started_run
@@ -105,3 +106,25 @@ def this_process_of(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as stat:
         started = int(stat.read().rsplit(")", 1)[1].split()[19])
     return WorkerProcess(host_key() or "", pid, started).as_text()
+
+
+def test_the_launchers_health_check_ends_the_process_of_a_run_it_answers_failed(bare_instance):
+    """Run monitoring fails the run (and frees its slots) on a FAILED answer: the process ends first."""
+    launcher = HeartbeatRunLauncher()
+    launcher.register_instance(bare_instance)
+    run = started_run(bare_instance, marking_job)
+    worker = subprocess.Popen(["sleep", "60"])
+    try:
+        record_worker(bare_instance, run.run_id, this_process_of(worker.pid))
+        beat(bare_instance, run.run_id)
+        healthy = launcher.check_run_worker_health(run)
+        assert healthy.status.value == "RUNNING" and alive(worker.pid)
+
+        beat(bare_instance, run.run_id, age_s=600)
+        gone = launcher.check_run_worker_health(run)
+
+        assert gone.status.value == "FAILED" and f"its process {worker.pid} and the 0 below it" in gone.msg
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        worker.kill()
+        worker.wait()
