@@ -103,6 +103,8 @@ def end_process(worker: WorkerProcess) -> str:
     if worker.pid == os.getpid() or _start_ticks(worker.pid) != worker.started:
         return f"its process {worker.pid} had already ended"
     tree = [*_descendants(worker.pid), worker.pid]  # read first: the children are orphaned once it dies
+    if os.getpid() in tree:  # the caller runs below the run's process (an in-process tick): its fence acts
+        return f"its process {worker.pid} runs above this one, left to its own fence"
     for pid in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):  # one left alive is reported
             os.kill(pid, signal.SIGKILL)
