@@ -1,5 +1,6 @@
 """Always-on flush runs through `runstate dev` (issue 52): after two idle minutes, during which each
-shard's run handed its shard to a successor at least once, a new row is visible within 5 s.
+shard's run handed its shard to a successor at least once, a new row is visible within 5 s; a held run
+frozen by SIGSTOP loses its shard to a new run, which applies the shard's next row once.
 
 A deployment of its own (RUNSTATE_WAL_FLUSH_MODE=always-on, a 45 s run budget so hand-overs happen
 within the idle time), started like the shared one. It prints what the idle shard runs cost (RSS and CPU
@@ -7,8 +8,10 @@ of their processes), the figures docs/OPERATIONS.md quotes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -167,6 +170,27 @@ def test_a_row_after_two_idle_minutes_is_visible_within_five_seconds(always_on: 
         after,
     )
     assert not [run for run in runs if run["status"] in ("FAILURE", "CANCELED")], runs
+
+    # SIGSTOP the shard's run: found dead, it loses its lease and a new run flushes the shard's new row once.
+    frozen_run = after[0].holder
+    [frozen] = worker_pids(always_on, [frozen_run])
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        dataset = dataset_in(0)
+        stopped = time.monotonic()
+        producer.append(dataset, [Change.upsert("k", "after the stop")])
+        poll(lambda: applied_rows(always_on, dataset), timeout=STARTUP_S, every=0.5, what="the row applied")
+        print(
+            f"a frozen holder: its shard's row applied {time.monotonic() - stopped:.1f} s after the SIGSTOP"
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGCONT)
+    replaced = ShardLease(table, 0, SHARDS).read()
+    assert replaced.holder != frozen_run and replaced.generation > after[0].generation
+    assert visible(always_on, dataset, 1) == (1, {"k": "after the stop"})
+    frozen_status = [run["status"] for run in flush_runs(always_on) if run["runId"] == frozen_run]
+    assert frozen_status == ["FAILURE"], frozen_status
 
 
 def _print_idle_cost(samples: list[dict], latencies: dict, runs: list[dict]) -> None:
