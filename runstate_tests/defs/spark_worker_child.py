@@ -13,7 +13,10 @@ from runstate.defs.runs.heartbeat import heartbeat
 
 
 def main(home: str, run_id: str) -> None:
-    with dg.DagsterInstance.from_config(home) as instance, heartbeat(instance, run_id, ends_run=False):
+    with (
+        dg.DagsterInstance.from_config(home) as instance,
+        heartbeat(instance, run_id, ends_run=False, worker=True),
+    ):
         spark = (
             SparkSession.builder.master("local[1]")
             .config("spark.driver.host", "127.0.0.1")

@@ -40,7 +40,7 @@ class HeartbeatExecutor(Executor):
 
     def execute(self, plan_context: Any, execution_plan: Any) -> Iterator[dg.DagsterEvent]:
         # The worker reports the run's end after the executor returns: the last beat covers that moment.
-        with heartbeat(plan_context.instance, plan_context.run_id, ends_run=False) as beating:
+        with heartbeat(plan_context.instance, plan_context.run_id, ends_run=False, worker=True) as beating:
             if beating is not None:  # a run reaped while it launched does nothing
                 beating.check(full=True)
             if any(step.pool == SPARK_POOL for step in execution_plan.steps):

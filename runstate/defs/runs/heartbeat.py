@@ -122,9 +122,11 @@ class Heartbeat:
         self._check_own_clock()
         self._check_status(full=full)
 
-    def start(self) -> Heartbeat:
-        worker = this_process()
-        if worker is not None:  # whoever declares the run dead ends this process (and its Spark JVM)
+    def start(self, *, record_process: bool = False) -> Heartbeat:
+        """Start beating; `record_process`: this process is the run's worker, which whoever declares the
+        run dead ends, with its Spark JVM (never a CLI's, whose exit code is 1 from its fence)."""
+        worker = this_process() if record_process else None
+        if worker is not None:
             try:
                 beats.record_worker(self._instance, self.run_id, worker.as_text())
             except Exception as error:  # noqa: BLE001 - the run goes on; only the record of it is lost
@@ -148,8 +150,11 @@ class Heartbeat:
 
 
 @contextmanager
-def heartbeat(instance: dg.DagsterInstance, run_id: str, *, ends_run: bool) -> Iterator[Heartbeat | None]:
-    """Beat for `run_id` while the block runs; `ends_run`: the run's end is stored when the block ends.
+def heartbeat(
+    instance: dg.DagsterInstance, run_id: str, *, ends_run: bool, worker: bool = False
+) -> Iterator[Heartbeat | None]:
+    """Beat for `run_id` while the block runs; `ends_run`: the run's end is stored when the block ends;
+    `worker`: this process is a run worker, recorded so that its run's reaper ends it (Heartbeat.start).
 
     An ephemeral instance (in-memory SQLite, one process) gets no beats: no other process can judge its
     runs, and a beat's write there locked the tables under the run's own writes ("database table is
@@ -158,7 +163,8 @@ def heartbeat(instance: dg.DagsterInstance, run_id: str, *, ends_run: bool) -> I
     if instance.is_ephemeral:
         yield None
         return
-    beating = Heartbeat(instance, run_id, dead_after_s=LivenessPolicy.from_settings().dead_after_s).start()
+    policy = LivenessPolicy.from_settings()
+    beating = Heartbeat(instance, run_id, dead_after_s=policy.dead_after_s).start(record_process=worker)
     _BEATING[run_id] = beating
     try:
         yield beating

@@ -22,7 +22,7 @@ A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
   loads the code location before it beats, a minute and more on a loaded machine).
 
 Whoever looks next (a sensor tick, the CLI, the daemon's run monitoring through `HeartbeatRunLauncher`)
-reports such a run failed, which frees its shard and slots, having first ended its process and the
+reports such a run failed, which frees its shard and slots, having first ended its run worker and the
 processes below it when they run on this machine (`runstate.defs.runs.workers`: a frozen worker's Spark
 JVM goes on with its job, and a slot freed under it let a new JVM start beside it). Reaping a run by
 mistake is safe: its process, should it still live elsewhere, finds its run failed and stops before it

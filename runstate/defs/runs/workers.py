@@ -4,8 +4,9 @@ A run worker frozen past the dead bound (SIGSTOP, a stuck VM) is reported failed
 pool slot, yet its Spark JVM, a child process of the worker, goes on running the job it was given: a new
 run then starts a JVM beside it, over the pool's limit. (A worker that ends frees its JVM: PySpark's
 gateway exits when its stdin, the worker's pipe, closes. A frozen one keeps the pipe open.) So each
-beating process records where it runs (`this_process`), and whoever declares its run dead ends that
-process and every process below it (`end_process`), JVM included, before it frees the run's slots.
+run worker records where it runs (`this_process`; a CLI's in-process run does not: its fence ends it with
+exit code 1), and whoever declares its run dead ends that process and every process below it
+(`end_process`), JVM included, before it frees the run's slots.
 
 Pids name processes only within one pid namespace of one boot of one machine: a record made elsewhere
 (another host, another container, an earlier boot) is never acted on, and neither is a pid that now
