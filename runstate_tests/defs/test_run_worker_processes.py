@@ -128,3 +128,28 @@ def test_the_launchers_health_check_ends_the_process_of_a_run_it_answers_failed(
     finally:
         worker.kill()
         worker.wait()
+
+
+def test_a_run_worker_records_its_process(bare_instance):
+    """The beating executor (a run worker's) records the worker: its pid, on this host."""
+    run = bare_instance.create_run_for_job(marking_job)
+    bare_instance.handle_run_event(
+        run.run_id, dg.DagsterEvent(dg.DagsterEventType.PIPELINE_STARTING.value, job_name=run.job_name)
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runstate_tests.defs.fence_child",
+            "execute",
+            bare_instance.root_directory,
+            run.run_id,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    out, _ = child.communicate(timeout=120)
+
+    assert child.returncode == 0 and "RETURNED" in out
+    recorded = WorkerProcess.from_text(worker_of(bare_instance, run.run_id) or "")
+    assert recorded is not None and recorded.pid == child.pid and recorded.host == host_key()
