@@ -112,3 +112,17 @@ def test_an_always_on_run_that_could_outlive_the_stale_run_limit_is_refused(budg
         WalResource(
             flush_always_on=True, flush_run_budget_s=budget, flush_handover_wait_s=wait, stale_run_seconds=900
         )
+
+
+def test_a_shard_whose_run_just_ended_waits_for_the_run_interval(
+    world: WalWorld, instance: dg.DagsterInstance
+) -> None:
+    resource = world.resource(**{**ALWAYS_ON, "min_run_interval_s": 60})
+    run = started_run(instance, FLUSH_RUN, tags={WAL_FLUSHER_TAG: "0"})
+    instance.report_run_failed(run)  # e.g. it crashed as it started
+
+    soon = evaluate_wal_tick(instance, WalSensorCursor(), resource)
+    later = evaluate_wal_tick(instance, WalSensorCursor(), resource, now=time.time() + 61)
+
+    assert [config_of(r)["shard"] for r in soon.requests] == [1]
+    assert [config_of(r)["shard"] for r in later.requests] == [0, 1]

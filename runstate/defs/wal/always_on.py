@@ -73,11 +73,18 @@ def held_run_request(shard: int, plan: ShardPlan | None, key: str, wal: WalResou
     )
 
 
+def _requested_within(instance: dg.DagsterInstance, shard: int, seconds: float, now: float) -> bool:
+    """Whether the shard's latest always-on run was requested less than `seconds` ago: a run that ends
+    at once (a crash at its start, say) is not replaced every tick."""
+    latest = instance.get_run_records(filters=dg.RunsFilter(tags={WAL_FLUSHER_TAG: str(shard)}), limit=1)
+    return bool(latest) and now - latest[0].create_timestamp.timestamp() < seconds
+
+
 def hold_shard(
-    instance: dg.DagsterInstance, wal: WalResource, shard: int, plan: ShardPlan | None
+    instance: dg.DagsterInstance, wal: WalResource, shard: int, plan: ShardPlan | None, now: float
 ) -> HeldShard:
-    """A run for a shard without a live flusher (with the shard's plan, flushed first), or a successor for
-    a holder that wants one; else the shard's holder."""
+    """A run for a shard without a live flusher (with the shard's plan, flushed first; at most one per
+    run interval), or a successor for a holder that wants one; else the shard's holder (or nothing)."""
     lease = ShardLease(wal.wal_table(), shard, wal.flush_shards, ttl_s=wal.flush_lease_ttl_s)
     live = live_flushers(instance, shard)
     state = lease.read()
@@ -86,6 +93,8 @@ def hold_shard(
     successor_wanted = len(live) == 1 and state.wanted and state.holder == live[0].run_id
     if live and not successor_wanted:
         return HeldShard(holder=live[0])
+    if not live and _requested_within(instance, shard, wal.min_run_interval_s, now):
+        return HeldShard()
     # Deterministic: a second look at the same state asks for the same run, which the daemon starts once.
     count = instance.get_runs_count(filters=dg.RunsFilter(tags={WAL_FLUSHER_TAG: str(shard)}))
     key = f"wal-shard{shard}-of{wal.flush_shards}-held-g{state.generation}-r{count}"

@@ -181,7 +181,7 @@ def evaluate_wal_tick(
     if wal.flush_always_on:  # every shard has its run, with or without work (runstate.defs.wal.always_on)
         by_shard = {plan.shard: plan for plan in planned.shards}
         for shard_no in range(wal.flush_shards):
-            held = hold_shard(instance, wal, shard_no, by_shard.get(shard_no))
+            held = hold_shard(instance, wal, shard_no, by_shard.get(shard_no), now)
             requests += [held.request] if held.request else []
             holders.update({shard_no: held.holder} if held.holder else {})
     on_demand = () if wal.flush_always_on else planned.shards
