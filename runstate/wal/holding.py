@@ -110,8 +110,14 @@ class ShardRounds:
         self._failed.update({outcome.dataset_id: until for outcome in outcomes if not outcome.ok})
 
     def stop(self) -> None:
-        """Let the lease go if still held (the run is ending early: an interrupt, an error)."""
-        if self.state is not None and not self.ended:
+        """The run is ending early (an interrupt, an error): let the lease go if held, or stop waiting for it
+        (a predecessor must not hand the shard to a run that is gone)."""
+        if self.ended:
+            return
+        if self.state is None:
+            self._lease.withdraw(self._holder)
+            self.ended = f"shard {self._shard}: stopped while waiting for the lease"
+        else:
             self._lease.release(self.state)
             self.ended = f"shard {self._shard}: stopped, lease released"
 

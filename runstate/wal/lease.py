@@ -141,6 +141,14 @@ class ShardLease:
             return False
         return self._write(state, replace(state, successor=holder, successor_seen_at=now)) is not None
 
+    def withdraw(self, holder: str) -> bool:
+        """`holder` no longer waits (its run is ending): it is not handed the lease. False if it was not
+        the registered successor."""
+        state = self.read()
+        if state.successor != holder:
+            return False
+        return self._write(state, replace(state, successor="", successor_seen_at=0.0)) is not None
+
     def want_successor(self, state: LeaseState) -> LeaseState | None:
         current = self.read()
         if current.holder != state.holder or current.generation != state.generation:

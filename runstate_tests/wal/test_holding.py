@@ -178,3 +178,33 @@ def _upsert(key: str, value: int):
 
 def _month() -> str:
     return time.strftime("%Y-%m", time.gmtime())
+
+
+def test_a_waiting_run_that_is_interrupted_withdraws_so_the_holder_keeps_the_shard(wal):
+    table = wal.wal_table()
+    lease = ShardLease(table, 0, SHARDS, ttl_s=TTL_S)
+    held = lease.acquire("run-p")
+
+    def interrupted(seconds: float) -> None:  # SIGTERM while it waits, after it registered
+        raise KeyboardInterrupt
+
+    waiting = ShardRounds(
+        lease,
+        table,
+        holder="run-s",
+        shard=0,
+        shards=SHARDS,
+        term=ShardTerm(budget_s=60),
+        max_batch_size=500,
+        sleep=interrupted,
+    )
+    try:  # as the flush op drives it
+        for _ in waiting:
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        waiting.stop()
+
+    assert waiting.ended == "shard 0: stopped while waiting for the lease"
+    assert lease.read().successor == "" and lease.hand_over(held) is None

@@ -105,3 +105,13 @@ def test_each_shard_count_has_leases_of_its_own(wal):
 def test_a_bad_lease_is_refused(wal, shard, shards, ttl):
     with pytest.raises(WalInputError):
         ShardLease(wal.wal_table(), shard, shards, ttl_s=ttl)
+
+
+def test_a_successor_that_withdrew_is_not_handed_the_lease(wal):
+    lease = lease_of(wal)
+    held = lease.acquire("run-a")
+    lease.offer("run-b")
+
+    assert not lease.withdraw("run-c") and lease.withdraw("run-b")
+
+    assert lease.hand_over(held) is None and lease.read().holder == "run-a"
