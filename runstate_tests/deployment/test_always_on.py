@@ -12,6 +12,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -38,7 +39,7 @@ from runstate_tests.deployment.conftest import (
 )
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.deployment.test_daemon import RUNS, visible
-from runstate_tests.devserver import free_port, launch_dev, poll, wait_for_graphql
+from runstate_tests.devserver import RUNSTATE, free_port, launch_dev, poll, wait_for_graphql
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
@@ -76,6 +77,7 @@ def always_on() -> Iterator[Deployment]:
     finally:
         _stop(dev)
         shutil.copy(log, Path(tempfile.gettempdir()) / "runstate-always-on-dev.log")  # for a failed run
+        subprocess.run([RUNSTATE, "services", "down"], env=env, capture_output=True, timeout=120)
         moto.stop()
         for name in databases:
             drop_database(name)
@@ -164,8 +166,9 @@ def test_a_row_after_two_idle_minutes_is_visible_within_five_seconds(always_on: 
     runs = flush_runs(always_on)
     _print_idle_cost(samples, latencies, runs)
     assert all(latency <= VISIBLE_WITHIN_S for latency in latencies.values()), latencies
-    # Each shard was handed over during the idle minutes (a budget of 45 s), and none of its runs failed.
-    assert all(a.generation >= g.generation + 2 for a, g in zip(after, generations, strict=True)), (
+    # Each shard was handed over during the idle minutes (a budget of 45 s, plus the successor's start),
+    # so the row went to a run that had flushed nothing yet; none of the runs failed.
+    assert all(a.generation >= g.generation + 1 for a, g in zip(after, generations, strict=True)), (
         generations,
         after,
     )
