@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -16,6 +17,8 @@ from runstate.defs.instance.checks import CHECK_INTERVAL_S, missing_bounds, repo
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 
 BIN = str(Path(sys.executable).parent)  # where `dagster` is, as on a user's PATH
+# How soon after a daemon start the check must tick, and how long a stale message may last.
+PROMPT_S = 30
 STORAGE_ONLY_MISSING = [
     "a limit for the pool runstate_spark",
     "one in-progress run per value of runstate/wal_shard, runstate/merge_shard, runstate/table in the run queue",
@@ -109,4 +112,46 @@ def test_a_sensor_daemon_without_threads_is_named(tmp_path, fresh_database, sens
 def test_the_check_ticks_soon_after_a_daemon_start_and_after_settings_change():
     """The daemon ticks a sensor once its interval has passed since the last tick, across restarts: the
     first check after a start came up to 5 minutes later, and the UI kept the old message as long."""
-    assert runstate_instance_check.minimum_interval_seconds == CHECK_INTERVAL_S <= 30
+    assert runstate_instance_check.minimum_interval_seconds == CHECK_INTERVAL_S <= PROMPT_S
+
+
+def test_after_a_daemon_restart_the_check_ticks_within_its_interval_and_drops_a_stale_message(home, tmp_path):
+    """The real sensor daemon's iteration, as after a restart (a new workspace, the last tick in storage):
+    it ticks the check again PROMPT_S later (before: 5 minutes), and the new tick no
+    longer names a setting added meanwhile (the pool limit, which lives in the instance's storage)."""
+    from dagster._core.scheduler.instigation import InstigatorType
+    from dagster._core.test_utils import create_test_daemon_workspace_context
+    from dagster._core.workspace.load_target import PythonFileTarget
+    from dagster._daemon.daemon import get_default_daemon_logger
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    from runstate.defs.instance.pools import set_spark_pool_limit
+
+    location = tmp_path / "location.py"
+    location.write_text(
+        "import dagster as dg\n"
+        "from runstate.defs.instance.checks import runstate_instance_check\n"
+        "defs = dg.Definitions(sensors=[runstate_instance_check])\n"
+    )
+    target = PythonFileTarget(str(location), "defs", str(tmp_path), "check")
+
+    def daemon_start(instance: dg.DagsterInstance) -> list[str]:
+        """One sensor daemon iteration in a new workspace; every skip message so far, newest first."""
+        with create_test_daemon_workspace_context(target, instance) as workspace:
+            list(execute_sensor_iteration(workspace, get_default_daemon_logger("SensorDaemon"), None, None))
+        states = instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+        (state,) = [s for s in states if s.name == "runstate_instance_check"]
+        return [
+            tick.skip_reason or ""
+            for tick in instance.get_ticks(state.instigator_origin_id, state.selector_id)
+        ]
+
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        first = daemon_start(instance)
+        set_spark_pool_limit(instance, 2)
+        time.sleep(PROMPT_S + 1)  # not CHECK_INTERVAL_S: the bound the check must keep
+        after = daemon_start(instance)
+
+    assert len(first) == 1 and STORAGE_ONLY_MISSING[0] in first[0]
+    assert len(after) == 2 and after[0].startswith("runstate: 5 setting(s) missing")
+    assert STORAGE_ONLY_MISSING[0] not in after[0]
