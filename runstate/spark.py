@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -31,6 +32,9 @@ LOOPBACK = "127.0.0.1"
 LOOPBACK_NAMES = (LOOPBACK, "localhost")
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 LOG_CONFIG = Path(__file__).with_name("spark_log4j2.properties")
+STANDALONE_PORT = 7077
+# How long a standalone master may take to accept a connection: Spark itself retries for over a minute.
+MASTER_CONNECT_TIMEOUT_S = 5.0
 
 
 class SparkSetupError(RuntimeError):
@@ -148,6 +152,9 @@ class SparkSettings:
             "spark.sql.warehouse.dir": str(Path(tempfile.gettempdir()) / "runstate-spark-warehouse"),
             # createDataFrame(pandas) sends Arrow batches to the JVM rather than a Row per row.
             "spark.sql.execution.arrow.pyspark.enabled": "true",
+            # SQL names tables, never files (``csv.`/etc/passwd` ``): runstate reads files through its own
+            # code only, and `runstate sql` must read the lake's tables alone.
+            "spark.sql.runSQLOnFiles": "false",
             **self.catalog_conf(),
         }
         conf.update(self.extra_conf)
@@ -193,6 +200,23 @@ def spark_config(settings: SparkSettings) -> dict[str, str]:
     return {"spark.app.name": settings.app_name, **settings.conf(), "spark.master": settings.master}
 
 
+def check_master_answers(master: str) -> None:
+    """SparkSetupError at once when no master of a standalone URL (spark://h1:p1,h2:p2) accepts a
+    connection; Spark would retry for over a minute, then fail with a traceback. Other masters: unchecked."""
+    if not master.startswith("spark://"):
+        return
+    errors = []
+    for part in master[len("spark://") :].split(","):
+        address = urlsplit(f"spark://{part}")
+        try:
+            host, port = address.hostname or "", address.port or STANDALONE_PORT
+            with socket.create_connection((host, port), timeout=MASTER_CONNECT_TIMEOUT_S):
+                return
+        except (OSError, ValueError) as error:
+            errors.append(f"{part}: {error}")
+    raise SparkSetupError(f"the Spark master {master} does not answer ({'; '.join(errors)})")
+
+
 def use_this_python_for_tasks() -> None:
     """Python tasks (the dataset merges' blob readers) run on the driver's interpreter, so they see the
     same packages. PySpark reads PYSPARK_PYTHON (not `spark.pyspark.python`) when the context starts;
@@ -205,6 +229,7 @@ def build_session(settings: SparkSettings) -> SparkSession:
     from pyspark.sql import SparkSession
 
     use_this_python_for_tasks()
+    check_master_answers(settings.master)
     builder = SparkSession.builder
     for key, value in spark_config(settings).items():
         builder = builder.config(key, value)
