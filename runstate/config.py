@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from runstate import backends
+from runstate.datastore.names import InvalidSchemaName, check_schema_name
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
 # Runs finished more than this many days ago move to the archive (the archive_events schedule, `runstate
@@ -159,7 +160,7 @@ class Settings:
         """The settings, or a ConfigError naming the first variable whose value cannot be used."""
         env = {**read_env_file(), **(environ if environ is not None else os.environ)}
         pg_url = env.get("RUNSTATE_PG_URL", cls.pg_url)
-        schema = env.get("RUNSTATE_SCHEMA", cls.schema)
+        schema = _schema(env, cls.schema)
         return cls(
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
@@ -276,12 +277,16 @@ def _lake_namespace(env: Mapping[str, str], name: str, default: str) -> str:
     return raw
 
 
+def _schema(env: Mapping[str, str], default: str) -> str:
+    try:
+        return check_schema_name(env.get("RUNSTATE_SCHEMA", default))
+    except InvalidSchemaName as error:
+        raise ConfigError(f"RUNSTATE_SCHEMA: {error}") from None
+
+
 def _history_namespace(env: Mapping[str, str], schema: str) -> str:
-    # Unset, the run history follows the store's schema: a table of the lake belongs to one store.
-    if not env.get("RUNSTATE_HISTORY_NAMESPACE") and not LAKE_NAMESPACE.match(schema.lower()):
-        raise ConfigError(
-            f"RUNSTATE_SCHEMA must be an identifier ([A-Za-z_][A-Za-z0-9_]*), got {_shown(schema)}"
-        )
+    # Unset, the run history follows the store's schema (lower-cased): a table of the lake belongs to
+    # one store.
     return _lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", schema.lower())
 
 

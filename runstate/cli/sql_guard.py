@@ -185,13 +185,20 @@ class QueryRefused(click.ClickException):
 
 def read_only_query(spark: Any, statement: str) -> Any:
     """The statement's DataFrame, analysed and not run, if it is one query that passes the allow lists
-    (module docstring); QueryRefused otherwise. Analysis errors (an unknown table, say) are Spark's own."""
+    (module docstring); QueryRefused otherwise, an analysis error (an unknown table or function) too:
+    the analyser runs nothing."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
     from pyspark.sql import DataFrame
 
     parsed = _parsed_query(spark, statement)
     spark.conf.set("spark.sql.runSQLOnFiles", "false")  # before the analyser: it would read the file
     jvm = spark.sparkContext._jvm
-    frame = DataFrame(jvm.org.apache.spark.sql.Dataset.ofRows(spark._jsparkSession, parsed), spark)
+    try:
+        analysed = jvm.org.apache.spark.sql.Dataset.ofRows(spark._jsparkSession, parsed)
+    except (PySparkException, Py4JJavaError) as error:
+        raise QueryRefused(f"{first_line(error)}; nothing was run") from None
+    frame = DataFrame(analysed, spark)
     AllowList(spark).check(frame._jdf.queryExecution().analyzed())
     return frame
 

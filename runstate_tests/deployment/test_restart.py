@@ -243,8 +243,10 @@ def pause_a_lingering_worker(server: Server, changes: list[Change]) -> float:
     """SIGSTOP the lingering flush run's worker past the dead bound, append, wait for the row; then SIGCONT
     the worker. Returns the seconds from the append to the row visible.
 
-    Issue 42.1: the paused run is failed, the row is applied by the run that replaced it, and the resumed
-    worker stops itself: its run stays FAILURE, with no success and no materialization after it."""
+    Issue 42.1: the paused run is failed, the row is applied by the run that replaced it, and nothing
+    is written for the paused run afterwards: its run stays FAILURE, with no success and no
+    materialization after it. Issue 51: whoever declares the run dead kills its worker (and the
+    worker's Spark JVM) before it reports the failure, so the worker is gone when the failure shows."""
     a_run_lingering(server)
     [paused] = lingering_runs(server.deployment)
     pid = worker_pid(server.deployment, paused)
@@ -252,15 +254,14 @@ def pause_a_lingering_worker(server: Server, changes: list[Change]) -> float:
     try:
         visible_after = append_until_visible(server, changes, "while-paused", FIRST_FLUSH_S)
         assert ends(server.deployment, [paused])[paused[:8]][0] == "FAILURE"
+        assert not alive(pid), f"run {paused} was failed while its worker {pid} was left frozen"
     finally:
-        os.kill(pid, signal.SIGCONT)
-    poll(lambda: not alive(pid), timeout=120, every=0.2, what="the resumed worker gone")
+        with contextlib.suppress(ProcessLookupError):  # killed, and reaped by its parent
+            os.kill(pid, signal.SIGCONT)
     assert ends(server.deployment, [paused])[paused[:8]][0] == "FAILURE"
     kinds = run_events(server.deployment, paused)
     after_failure = kinds[kinds.index("PIPELINE_FAILURE") :]
     assert "PIPELINE_SUCCESS" not in kinds and "ASSET_MATERIALIZATION" not in after_failure, kinds
-    said = [line for line in server.deployment.log.read_text(errors="replace").splitlines() if paused in line]
-    assert any(line.startswith(f"Error: run {paused} ") and "declared dead" in line for line in said), said
     return visible_after
 
 

@@ -101,11 +101,16 @@ def test_the_successor_holds_the_shard_before_its_predecessor_stops_with_no_gap_
         target=drive, args=(wal, timeline, "run-s", ShardTerm(budget_s=10.0, handover_wait_s=0.5, poll_s=0.1))
     )
     appended: list[tuple[str, int]] = []
+    rows_for_the_successor = 5
 
     def append_rows() -> None:
-        for i in range(25):
-            dataset = datasets[i % len(datasets)]
+        # Until the successor has had a few rows to flush: on a loaded machine the hand-over comes late,
+        # and a fixed number of rows could all be flushed before it.
+        deadline, left = time.monotonic() + 60, rows_for_the_successor
+        while left and time.monotonic() < deadline:
+            i, dataset = len(appended), datasets[len(appended) % len(datasets)]
             appended.append((dataset, producer.append(dataset, [_upsert(f"k{i}", i)])))
+            left -= "run-s" in timeline.taken
             time.sleep(0.1)
 
     appender = threading.Thread(target=append_rows)
@@ -118,7 +123,8 @@ def test_the_successor_holds_the_shard_before_its_predecessor_stops_with_no_gap_
     successor.start()
     for thread in (appender, predecessor, successor):
         thread.join(timeout=120)
-    assert not appender.is_alive() and len(appended) == 25  # all appended within the successor's budget
+    assert not appender.is_alive()
+    assert sum(w.applied for w in timeline.windows if w.holder == "run-s") >= 1, timeline.windows
 
     assert timeline.ended["run-p"] == "shard 0: generation 1 handed to run-s"
     handed, (taken, generation) = timeline.handed["run-p"], timeline.taken["run-s"]
