@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from runstate import backends
+from runstate import backends, defaults
 from runstate.datastore.names import InvalidSchemaName, check_schema_name
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
@@ -110,9 +110,9 @@ class Settings:
     dagster_pg_url: str
     warehouse_dir: Path
     pg_url: str = DEFAULT_PG_URL
-    schema: str = "runstate"
+    schema: str = defaults.SCHEMA
     aws_endpoint_url: str | None = None
-    aws_region: str = "us-east-1"
+    aws_region: str = defaults.AWS_REGION
     wal_table: str = "runstate_wal"
     blob_bucket: str = "runstate-blobs"
     blob_prefix: str = "datasets/"
@@ -147,7 +147,7 @@ class Settings:
     # store's schema lower-cased, so two stores in one database never share a table), the most
     # events one Iceberg commit (and one read of a runs merge) takes, how often run_history_sensor looks
     # at the feed, and the lag (events, minutes) beyond which the run_history_lag check fails.
-    history_namespace: str = "runstate"
+    history_namespace: str = defaults.SCHEMA
     history_batch_events: int = 100_000
     history_export_interval_s: int = 60
     history_max_lag_events: int = 10_000

@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool
 
+from runstate import defaults
 from runstate.datastore.names import check_schema_name
 
 # A connection used (or made) within this many seconds is handed out without a ping: a ping is a round
@@ -41,8 +42,8 @@ class PostgresDatastore:
         self,
         dsn: str,
         *,
-        schema: str = "runstate",
-        pool_size: int = 8,
+        schema: str = defaults.SCHEMA,
+        pool_size: int = defaults.POOL_SIZE,
         min_size: int = 0,
         connect_timeout: float = 10.0,
         application_name: str = "runstate",

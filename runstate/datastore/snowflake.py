@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from runstate import defaults
 from runstate.datastore.names import check_schema_name
 
 
@@ -33,8 +34,8 @@ class SnowflakeDatastore:
         connect_kwargs: Mapping[str, Any] | None = None,
         *,
         connection_factory: Callable[[], Any] | None = None,
-        schema: str = "RUNSTATE",
-        pool_size: int = 8,
+        schema: str = defaults.SNOWFLAKE_SCHEMA,
+        pool_size: int = defaults.POOL_SIZE,
     ) -> None:
         if (connection_factory is None) == (connect_kwargs is None):
             raise ValueError("give exactly one of connect_kwargs or connection_factory")

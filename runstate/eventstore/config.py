@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runstate import defaults
 from runstate.config import ARCHIVE_TARGETS, LAKE_NAMESPACE, Settings
 from runstate.eventstore.snapshots import DEFAULT_SNAPSHOT_INTERVAL
 
@@ -21,7 +22,7 @@ SNOWFLAKE_LOGIN_TIMEOUT_S = 20
 # Against a local emulator (plain http) only its own bugs answer HTTP 500, which the connector retries
 # until network_timeout (unset: for ever): give up after a second rather than never.
 SNOWFLAKE_HTTP_NETWORK_TIMEOUT_S = 1
-SNOWFLAKE_SCHEMA = "RUNSTATE"
+SNOWFLAKE_SCHEMA = defaults.SNOWFLAKE_SCHEMA
 
 
 @dataclass(frozen=True)

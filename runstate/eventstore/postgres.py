@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors
 
-from runstate import migrations, sqlfiles
+from runstate import defaults, migrations, sqlfiles
 from runstate.datastore import PostgresDatastore, check_schema_name, pipelined_transaction
 from runstate.eventstore.backend import (
     Guess,
@@ -416,9 +416,9 @@ class PostgresEventStore(EventStore):
         self,
         dsn: str | None = None,
         *,
-        schema: str = "runstate",
+        schema: str = defaults.SCHEMA,
         partitions: int = 0,
-        pool_size: int = 8,
+        pool_size: int = defaults.POOL_SIZE,
         connect_timeout: float = 10.0,
         datastore: PostgresDatastore | None = None,
         **store_options: Any,

@@ -45,7 +45,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-from runstate import migrations, sqlfiles
+from runstate import defaults, migrations, sqlfiles
 from runstate.datastore import SnowflakeDatastore, check_schema_name
 from runstate.datastore.snowflake import rollback_quietly
 from runstate.eventstore.backend import Rows, StoreBackend, Stream
@@ -390,9 +390,9 @@ class SnowflakeEventStore(EventStore):
         self,
         connection_factory: Callable[[], Any] | None = None,
         *,
-        schema: str = "RUNSTATE",
+        schema: str = defaults.SNOWFLAKE_SCHEMA,
         connect_kwargs: Mapping[str, Any] | None = None,
-        pool_size: int = 8,
+        pool_size: int = defaults.POOL_SIZE,
         merge_in_transactions: bool | None = None,
         datastore: SnowflakeDatastore | None = None,
         **store_options: Any,

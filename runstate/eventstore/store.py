@@ -31,7 +31,7 @@ from runstate.eventstore.hints import RunHints
 from runstate.eventstore.lake_archive import LakeArchive, LakeReader
 from runstate.eventstore.projector import Projector
 from runstate.eventstore.resume import Resume
-from runstate.eventstore.snapshots import SnapshotMetrics, SnapshotPolicy
+from runstate.eventstore.snapshots import DEFAULT_SNAPSHOT_INTERVAL, SnapshotMetrics, SnapshotPolicy
 
 T = TypeVar("T")
 
@@ -44,7 +44,7 @@ class EventStore:
         self,
         backend: StoreBackend,
         *,
-        snapshot_interval: int = 100,
+        snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
         keep_snapshots: int = 3,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         large_snapshot_bytes: int = 100 * 1024,

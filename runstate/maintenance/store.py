@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from runstate import migrations
+from runstate import defaults, migrations
 from runstate.datastore import PostgresDatastore, check_schema_name
 from runstate.maintenance.cache import CatalogCache
 from runstate.maintenance.commit_fence import install_commit_fence
@@ -45,7 +45,7 @@ class MaintenanceStore:
         self,
         dsn: str | None = None,
         *,
-        schema: str = "runstate",
+        schema: str = defaults.SCHEMA,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         datastore: PostgresDatastore | None = None,
     ) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runstate import defaults
 from runstate.config import Settings, state_dir
 from runstate.services import fakesnow, moto, postgres, spark_cluster
 from runstate.services.env_file import remove_env_block, user_env_values, write_env_file
@@ -216,7 +217,7 @@ def _prepare(
     if records["fakesnow"].kind == EMBEDDED:
         with _step("fakesnow: creating the database and applying migrations"):
             # The schema rule of the event store resource and `runstate db`: SNOWFLAKE_SCHEMA, else RUNSTATE.
-            schema = (settings.snowflake.get("schema") or "RUNSTATE").upper()
+            schema = (settings.snowflake.get("schema") or defaults.SNOWFLAKE_SCHEMA).upper()
             applied = fakesnow.prepare_database(records["fakesnow"].port, schema)
         notes.append(
             f"fakesnow: database {fakesnow.DATABASE} ready, {len(applied)} migration(s) applied to {schema}"

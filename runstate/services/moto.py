@@ -10,6 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from runstate import defaults
 from runstate.services.http import http_answers
 from runstate.services.state import (
     LOOPBACK,
@@ -25,7 +26,7 @@ SERVER_MODULE = "runstate.services.moto_server"
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": defaults.AWS_REGION,
 }
 
 

@@ -6,6 +6,8 @@ import os
 import threading
 from typing import Any
 
+from runstate import defaults
+
 # The flush marks rows Applied from thread pools (several datasets at once): keep a connection per thread.
 MAX_POOL_CONNECTIONS = 64
 
@@ -31,7 +33,7 @@ def aws_client(
     service: str,
     *,
     endpoint_url: str | None = None,
-    region: str = "us-east-1",
+    region: str = defaults.AWS_REGION,
     access_key_id: str | None = None,
     secret_access_key: str | None = None,
 ) -> Any:

@@ -125,11 +125,16 @@ def _check_existing_table(table: str, description: dict[str, Any]) -> None:
         raise ValueError(f"table {table!r} exists without the WAL indexes {sorted(missing)}")
 
 
+# S3's own rule, not runstate's default region (runstate.defaults.AWS_REGION): a bucket in us-east-1 is
+# created without a LocationConstraint, one anywhere else must name its region.
+S3_HOME_REGION = "us-east-1"
+
+
 def ensure_blob_bucket(s3: Any, bucket: str) -> None:
     """Create the blob bucket if missing. Idempotent."""
     region = s3.meta.region_name
     args: dict[str, Any] = {"Bucket": bucket}
-    if region and region != "us-east-1":
+    if region and region != S3_HOME_REGION:
         args["CreateBucketConfiguration"] = {"LocationConstraint": region}
     try:
         s3.create_bucket(**args)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runstate import defaults
 from runstate.eventstore.contract import InvalidEvent, StoredEvent, one_line
 from runstate.eventstore.lake.arrow import events_from_arrow
 from runstate.eventstore.lake.config import CATALOG, EVENTS_TABLE, RUNS_TABLE, HistoryConfig
@@ -161,7 +162,7 @@ class LakeRunReader:
     `owner` (the reading store's name, set by the store): a table another store owns is refused."""
 
     def __init__(
-        self, catalog: HistoryCatalog, namespace: str = "runstate", owner: str | None = None
+        self, catalog: HistoryCatalog, namespace: str = defaults.SCHEMA, owner: str | None = None
     ) -> None:
         self.catalog = catalog
         self.namespace = HistoryConfig(namespace=namespace).namespace

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from runstate import defaults
 from runstate.wal.blobs import BlobStore, Manifest
 from runstate.wal.changes import DELETE
 from runstate.wal.clients import aws_client
@@ -35,7 +36,7 @@ class BlobLocation:
     bucket: str
     prefix: str
     endpoint_url: str | None = None
-    region: str = "us-east-1"
+    region: str = defaults.AWS_REGION
     access_key_id: str | None = None
     secret_access_key: str | None = None
 
