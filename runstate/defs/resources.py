@@ -3,8 +3,8 @@
 Each resource holds the fields of its domain's config (`EventStoreConfig`, `WalConfig`,
 `MaintenanceConfig`), whose defaults are its field defaults, and builds its core objects from that
 config through `runstate.wiring`, as the CLI does. Here each builder parses the settings into the
-domain's config (`from_settings`) and gives the resource that config's fields: `config_fields` one
-way, `config_of` the other.
+domain's config (`from_settings`) and gives the resource that config's fields (`config_fields`; the
+resource reads its config back with `config_of`, both in `runstate.defs.config_fields`).
 
 The resources themselves are configuration plus a factory: their fields hold explicit values and
 never consult the environment. This module is the only route from the settings to them, so the
@@ -21,13 +21,13 @@ password and RUNSTATE_PG_URL when it holds a password (the event store's `pg_url
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
 from runstate.config import Settings, settings
+from runstate.defs.config_fields import config_fields
 
 # The domain packages (`runstate.defs.<domain>`) call these builders when they are imported, so the
 # resource classes, which live inside those packages, are imported when a builder runs, not here.
@@ -38,23 +38,7 @@ if TYPE_CHECKING:
     from runstate.defs.wal.resources import WalResource
     from runstate.eventstore.config import SnowflakeConfig
 
-Config = TypeVar("Config")
 PG_URL_VARIABLE = "RUNSTATE_PG_URL"
-
-
-def config_fields(config: Any) -> dict[str, Any]:
-    """A config's fields by name: the keyword arguments of the resource that holds them."""
-    return {field.name: getattr(config, field.name) for field in dataclasses.fields(config)}
-
-
-def config_of(resource: dg.ConfigurableResource, config_type: type[Config], **nested: Any) -> Config:
-    """The resource's config: its fields of the config's names (a secret given as an EnvVar, its value;
-    `nested`: the configs of its nested resources)."""
-    values = {field.name: getattr(resource, field.name) for field in dataclasses.fields(config_type)}
-    resolved = {
-        name: value.get_value() if isinstance(value, dg.EnvVar) else value for name, value in values.items()
-    }
-    return config_type(**{**resolved, **nested})
 
 
 def _secret(name: str) -> dg.EnvVar | None:

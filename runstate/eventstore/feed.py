@@ -11,6 +11,11 @@ from runstate.eventstore.contract import InvalidEvent, StoredEvent
 log = logging.getLogger("runstate.eventstore.feed")
 
 FEED_PAGE = 1000
+# What a store declares it can do (`EventStore.capabilities`), for the code that needs it to check instead
+# of the store's class. GAP_FREE_FEED: fetch_all() never returns an event above one that commits later (a
+# commit-ordered high-water mark: Postgres's), and the store bounds and names its feed for the run
+# history (feed_bound, lake_owner, runs_created_at, export_query); only such a feed is exported.
+GAP_FREE_FEED = "gap_free_feed"
 MAX_POLL_SECONDS = 3600.0
 
 

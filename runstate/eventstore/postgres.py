@@ -53,7 +53,7 @@ from runstate.eventstore.contract import (
     StoredEvent,
     one_line,
 )
-from runstate.eventstore.feed import check_position
+from runstate.eventstore.feed import GAP_FREE_FEED, check_position
 from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_feed import feed_page_params, feed_query, listening
 from runstate.eventstore.pg_indexes import compact_run_keyed_indexes
@@ -411,6 +411,9 @@ class PostgresEventStore(EventStore):
 
     `store_options` are EventStore's (snapshot_interval, keep_snapshots, max_event_bytes,
     large_snapshot_bytes, archive_to, lake)."""
+
+    # Its feed pages by a commit-ordered high-water mark (pg_feed.py): the run history exports it.
+    capabilities = frozenset({GAP_FREE_FEED})
 
     def __init__(
         self,

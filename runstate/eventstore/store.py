@@ -40,6 +40,9 @@ class EventStore:
     """An append-only, idempotent log of workflow runs' events, with snapshots and projections, over
     `backend`; thread-safe when the backend is (both shipped ones are)."""
 
+    # What this store can do beyond the contract (runstate.eventstore.feed: GAP_FREE_FEED).
+    capabilities: frozenset[str] = frozenset()
+
     def __init__(
         self,
         backend: StoreBackend,

@@ -14,7 +14,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from runstate import backends, wiring
 from runstate.config import ARCHIVE_TARGETS
-from runstate.defs.resources import config_of
+from runstate.defs.config_fields import config_of
 from runstate.eventstore import EventStore
 from runstate.eventstore.config import EventStoreConfig, SnowflakeConfig
 

@@ -11,7 +11,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from runstate import wiring
-from runstate.defs.resources import config_of
+from runstate.defs.config_fields import config_of
 from runstate.maintenance.config import MaintenanceConfig
 from runstate.maintenance.health import HealthThresholds
 from runstate.maintenance.options import ActionSettings

@@ -9,7 +9,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr, model_validator
 
 from runstate import wiring
-from runstate.defs.resources import config_of
+from runstate.defs.config_fields import config_of
 from runstate.wal import BlobStore, WalTable
 from runstate.wal.config import WalConfig
 

@@ -23,8 +23,9 @@ range.
 The tables belong to the store that exports into them (tables.py: OWNER_PROPERTY): another store's
 export is refused before it reads the position, which is a position in the owner's feed, not its own.
 
-Only a Postgres store is exported: its feed never skips an event that commits late. A Snowflake
-feed can (no commit-ordered high-water mark), and a history with holes is worse than none.
+Only a store that declares a gap-free feed (GAP_FREE_FEED: Postgres) is exported: its feed never skips
+an event that commits late. A Snowflake feed can (no commit-ordered high-water mark), and a history
+with holes is worse than none.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from runstate.eventstore.feed import GAP_FREE_FEED
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import FeedRefused, HistoryConflict
 from runstate.eventstore.lake.runs import RunsMerged, merge_runs
@@ -84,10 +86,9 @@ class ExportTally:
 
 
 def check_feed(feed: Any) -> None:
-    """FeedRefused unless `feed` is a store whose feed never skips an event (Postgres)."""
-    from runstate.eventstore.postgres import PostgresEventStore
-
-    if isinstance(feed, PostgresEventStore):
+    """FeedRefused unless `feed` is a store whose feed never skips an event (it declares GAP_FREE_FEED:
+    Postgres's)."""
+    if GAP_FREE_FEED in getattr(feed, "capabilities", ()):
         return
     raise FeedRefused(
         f"the run history is exported from a Postgres event store only, not from a {type(feed).__name__}: "
