@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg
 
-from runstate_tests.devserver import descendants
+from runstate_tests.support.devserver import descendants
 
 SHARD_TAGS = ("runstate/wal_shard", "runstate/merge_shard")
 IN_PROGRESS = ("NOT_STARTED", "STARTING", "STARTED", "CANCELING")
