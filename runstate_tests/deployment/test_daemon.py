@@ -22,8 +22,8 @@ from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
 from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
-from runstate_tests.devserver import poll
-from runstate_tests.procfs import command_line
+from runstate_tests.support.devserver import poll
+from runstate_tests.support.procfs import command_line
 
 # The suite's 600 s per-test timeout would cut a wait short on a loaded machine; each wait has a deadline.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
