@@ -36,7 +36,6 @@ from dagster._serdes import deserialize_value
 from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
-from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
 from runstate_tests.deployment.conftest import (
     Deployment,
     _location_loaded,
@@ -44,7 +43,16 @@ from runstate_tests.deployment.conftest import (
     deployment_env,
 )
 from runstate_tests.deployment.sampling import Sampler
-from runstate_tests.devserver import RUNSTATE, descendants, free_port, launch_dev, poll, wait_for_graphql
+from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.devserver import (
+    RUNSTATE,
+    descendants,
+    free_port,
+    launch_dev,
+    poll,
+    wait_for_graphql,
+)
+from runstate_tests.support.moto import MotoProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
