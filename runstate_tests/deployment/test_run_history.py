@@ -10,7 +10,7 @@ import pytest
 
 from runstate.eventstore.lake import HistoryCatalog, LakeRunReader
 from runstate_tests.deployment.conftest import Deployment
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
