@@ -30,11 +30,11 @@ import pytest
 
 from runstate.defs.instance.pools import spark_pool_limit
 from runstate.defs.tags import SPARK_POOL
-from runstate_tests.conftest import create_database, drop_database, unique
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 from runstate_tests.deployment.conftest import _stop
 from runstate_tests.deployment.sampling import spark_jvms
-from runstate_tests.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
+from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
 # In the deployment group: one deployment on these two cores at a time (its run workers and JVMs beside
 # another deployment's slowed both past their deadlines' margins). Each wait has its own deadline.
