@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from runstate.services.http import http_answers
-from runstate_tests.conftest import MotoProcess, create_database, drop_database, unique
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.devserver import (
+from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.devserver import (
     RUNSTATE,
     free_port,
     graphql,
@@ -32,6 +32,7 @@ from runstate_tests.devserver import (
     poll,
     wait_for_graphql,
 )
+from runstate_tests.support.moto import MotoProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
