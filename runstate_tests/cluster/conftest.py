@@ -27,13 +27,13 @@ import pytest
 
 from runstate.services import spark_cluster
 from runstate.services.state import free_port
-from runstate_tests.conftest import SHORT_LIVED_JVM_OPTIONS
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.devserver import poll
 
 # Fixtures of the maintenance and dataset-table tests, on this module's session.
 from runstate_tests.maintenance.conftest import store  # noqa: F401
 from runstate_tests.maintenance.test_commit_fence import commit_hold, rewrite_job  # noqa: F401
+from runstate_tests.support.devserver import poll
+from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS
 from runstate_tests.wal.conftest import WalEnv
 from runstate_tests.wal.dataset_tables.conftest import dataset_ids  # noqa: F401
 
