@@ -23,7 +23,7 @@ from typing import Any
 
 from common import create_database, drop_database
 
-from runstate_tests.devserver import RUNSTATE, free_port, graphql_version, launch_dev
+from runstate_tests.support.devserver import RUNSTATE, free_port, graphql_version, launch_dev
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ADMIN_URL = os.environ.get("RUNSTATE_BENCH_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

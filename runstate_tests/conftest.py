@@ -6,25 +6,22 @@ resources) and it is dropped afterwards, so tests and parallel workers never col
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.context
 import os
-import queue
 import shutil
 import signal
-import subprocess
 import tempfile
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import click
 import psycopg
 import pytest
 from hypothesis import settings as hypothesis_settings
 from psycopg import sql
+
+from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.moto import MotoProcess
+from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -35,12 +32,7 @@ os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
 # Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
 # checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
 os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="runstate-test-dagster-")
-# Every Spark driver the suite starts (each worker's session, CLI commands, the demo, the deployment's runs,
-# all of which inherit this variable through spark-submit) lives seconds to minutes, and spends much of its
-# CPU in the JIT's second tier and parallel GC threads, which pay off only in long-lived JVMs. With C1 only
-# and the serial collector, two Spark test modules took 118 CPU-s instead of 175 on 2 cores. Semantics are
-# the JVM's either way; a deployment keeps the JVM's defaults.
-SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# Spark drivers of the suite are short-lived JVMs (support/spark.py says why these options).
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS)
 
 # A suite started in the background (`make test &`, a CI runner) inherits SIGINT ignored. Dagster maps
@@ -79,61 +71,6 @@ def _load_alembic_scripts_once() -> None:
 
 
 _load_alembic_scripts_once()
-
-# The modules whose functions the suite's racing processes run: the fork server imports them once.
-RACER_MODULES = [
-    "runstate_tests.eventstore.test_concurrency",
-    "runstate_tests.maintenance.test_store_queue",
-    "runstate_tests.migrations.test_migrations",
-]
-
-
-def racing_processes() -> multiprocessing.context.ForkServerContext:
-    """Real processes for races, each forked from one server per test worker that imported runstate and
-    the racers' modules once. Spawned, each child imported them itself: about a CPU-second per process,
-    54 per suite. The fork server is a fresh single-threaded interpreter, so forking it is safe where
-    forking a test worker (its pools', Spark's and Dagster's threads) is not."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(RACER_MODULES)
-    return context
-
-
-def race_outcomes(results: Any, workers: list[Any], count: int, timeout: float = 600) -> list[Any]:
-    """`count` items from the racers' `results` queue. A racer that died fails the test at once, naming
-    its exit code (its traceback is in the captured stderr), instead of after `timeout`."""
-    outcomes: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(outcomes) < count:
-        try:
-            outcomes.append(results.get(timeout=1))
-        except queue.Empty:
-            died = [worker.exitcode for worker in workers if worker.exitcode not in (None, 0)]
-            assert not died, f"a racer died (exit codes {died}) after {len(outcomes)} of {count} outcomes"
-            assert time.monotonic() < deadline, f"{len(outcomes)} of {count} outcomes in {timeout:.0f} s"
-    return outcomes
-
-
-ADMIN_URL = os.environ.get("RUNSTATE_TEST_PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:10]}"
-
-
-def _with_database(admin_url: str, database: str) -> str:
-    base, _, _ = admin_url.rpartition("/")
-    return f"{base}/{database}"
-
-
-def create_database(name: str) -> str:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return _with_database(ADMIN_URL, name)
-
-
-def drop_database(name: str) -> None:
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -238,36 +175,6 @@ def pg_schema(pg_database: str) -> Iterator[str]:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-class MotoProcess:
-    """Our serialised moto server (`runstate.services.moto_server`) in a child process, on a free port.
-
-    A process, not a thread: moto keeps its tables in module globals, so two moto servers in one pytest
-    process share every table and bucket (the deployment tests' gated moto is one). Plain moto_server
-    lets two conditional PutItems on one key both succeed under load, which DynamoDB never does;
-    runstate_tests/services/test_moto_atomicity.py shows it."""
-
-    def __init__(self) -> None:
-        from runstate.services.moto import healthy, moto_argv
-        from runstate.services.state import free_port
-
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile()  # its output: a pipe nobody reads could fill and stall it
-        self.process = subprocess.Popen(moto_argv(port), stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while not healthy(self.url):
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                raise AssertionError(f"moto exited: {self.log.read().decode(errors='replace')[-2000:]}")
-            assert time.monotonic() < deadline, "moto did not answer within 300 s"
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        self.log.close()
-
-
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's real HTTP server, as `runstate services up` runs it."""
@@ -364,24 +271,3 @@ def iceberg_namespace(spark, spark_settings) -> Iterator[str]:
         drop_iceberg_table(spark, spark_settings.warehouse_dir, namespace, row.tableName)
     spark.sql(f"DROP NAMESPACE IF EXISTS lake.{namespace}")
     shutil.rmtree(spark_settings.warehouse_dir / namespace, ignore_errors=True)
-
-
-def drop_iceberg_table(spark, warehouse: Path, namespace: str, table: str) -> None:
-    """DROP TABLE, then its folder: DROP ... PURGE deletes the files one by one in a Spark job, tens of
-    seconds for a small table on a loaded machine. Test tables live where the catalog puts them by
-    default, `<warehouse>/<namespace>/<table>`."""
-    spark.sql(f"DROP TABLE IF EXISTS lake.{namespace}.{table}")
-    shutil.rmtree(warehouse / namespace / table, ignore_errors=True)
-
-
-def leaf_verbs(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], click.Command]]:
-    """Every verb under `group` with its path of names (the root's verbs load as `--help` loads them)."""
-    ctx = click.Context(group)
-    verbs = []
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if isinstance(command, click.Group):
-            verbs += leaf_verbs(command, (*path, name))
-        elif command is not None:
-            verbs.append(((*path, name), command))
-    return verbs

@@ -13,8 +13,8 @@ from runstate import backends, migrations, wiring
 from runstate.config import ConfigError, Settings
 from runstate.eventstore import NewEvent
 from runstate.eventstore.config import EventStoreConfig
-from runstate_tests.conftest import unique
 from runstate_tests.eventstore.memory_backend import MEMORY
+from runstate_tests.support.databases import unique
 
 
 def test_a_registered_backend_is_a_setting_that_wiring_builds():

@@ -14,8 +14,14 @@ from pathlib import Path
 import dagster
 import pytest
 
-from runstate_tests.devserver import RUNSTATE, free_port, graphql_version, launch_dev, wait_for_graphql
-from runstate_tests.procfs import command_line
+from runstate_tests.support.devserver import (
+    RUNSTATE,
+    free_port,
+    graphql_version,
+    launch_dev,
+    wait_for_graphql,
+)
+from runstate_tests.support.procfs import command_line
 
 SERVICE_VARS = (
     "RUNSTATE_PG_URL",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runstate.cli import main
-from runstate_tests.conftest import leaf_verbs
+from runstate_tests.support.cli import leaf_verbs
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATIONS = (ROOT / "docs" / "OPERATIONS.md").read_text()

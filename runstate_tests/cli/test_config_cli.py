@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from runstate.cli import main
 from runstate.config import settings
-from runstate_tests.conftest import leaf_verbs
+from runstate_tests.support.cli import leaf_verbs
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 KNOBS = [

@@ -24,7 +24,7 @@ from runstate.config import settings
 from runstate.defs.runs.beats import beat, beat_ages
 from runstate.defs.tags import SPARK_TAG
 from runstate.maintenance import CachedTable, MaintenanceStore
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 WORKER_JOB = "iceberg_maintenance"

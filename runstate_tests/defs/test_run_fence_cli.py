@@ -24,7 +24,7 @@ from runstate.commands.ticking import tick_sensor
 from runstate.defs.eventstore.resources import EventStoreResource
 from runstate.defs.runs.sensors import run_recorder
 from runstate.wal import DatasetReader
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 from runstate_tests.wal.shell import WalWorld
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")

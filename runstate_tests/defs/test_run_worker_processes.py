@@ -21,7 +21,7 @@ from runstate.defs.runs.workers import WorkerProcess, end_process, host_key, thi
 from runstate_tests.defs.conftest import started_run
 from runstate_tests.defs.fence_child import marking_job
 from runstate_tests.deployment.sampling import spark_jvms
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 
 DEAD_AFTER_S = 6
 

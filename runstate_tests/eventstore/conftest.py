@@ -18,8 +18,8 @@ import pytest
 from runstate import backends
 from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
 from runstate.eventstore.config import EventStoreConfig
-from runstate_tests.conftest import unique
 from runstate_tests.eventstore.memory_backend import MEMORY
+from runstate_tests.support.databases import unique
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -11,8 +11,8 @@ from runstate.eventstore import (
     PostgresEventStore,
     SnowflakeEventStore,
 )
-from runstate_tests.conftest import race_outcomes, racing_processes
 from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.races import race_outcomes, racing_processes
 
 WRITERS = 12
 

@@ -17,7 +17,7 @@ import pytest
 
 from runstate import sqlfiles
 from runstate.eventstore import PostgresEventStore
-from runstate_tests.conftest import create_database, drop_database, unique
+from runstate_tests.support.databases import create_database, drop_database, unique
 
 pytestmark = pytest.mark.slow
 

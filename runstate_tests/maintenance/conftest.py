@@ -16,7 +16,7 @@ import pytest
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.store import MaintenanceStore
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 
 WORKER_SCRIPT = Path(__file__).with_name("worker_process.py")
 

@@ -27,7 +27,6 @@ import pytest
 
 from runstate.maintenance.commit_fence import schema_tag, worker_tag
 from runstate.maintenance.runner import run_job
-from runstate_tests.conftest import unique
 from runstate_tests.maintenance.conftest import (
     WorkerProcess,
     cache,
@@ -38,6 +37,7 @@ from runstate_tests.maintenance.conftest import (
     sql,
     wait_for,
 )
+from runstate_tests.support.databases import unique
 
 # A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_group("commit_fence")]

@@ -20,7 +20,7 @@ import pytest
 from runstate.maintenance.http import HealthServer, make_server
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import HealthSnapshot
-from runstate_tests.devserver import poll
+from runstate_tests.support.devserver import poll
 
 
 def get(server: HealthServer, path: str) -> tuple[int, dict]:

@@ -17,7 +17,7 @@ from runstate import migrations, sqlfiles
 from runstate.cli import main as runstate_main
 from runstate.config import settings
 from runstate.datastore import PostgresDatastore, SnowflakeDatastore
-from runstate_tests.conftest import race_outcomes, racing_processes
+from runstate_tests.support.races import race_outcomes, racing_processes
 
 # A migration that fails when applied twice (duplicate primary key), so a lost race shows.
 COUNTED_MIGRATIONS = {

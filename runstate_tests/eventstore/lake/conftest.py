@@ -18,7 +18,7 @@ from runstate.eventstore.contract import RunSnapshot
 from runstate.eventstore.lake import HistoryConfig, export_history
 from runstate.eventstore.lake.arrow import collect_arrow, events_from_arrow, python_values
 from runstate.eventstore.lake.tables import events_position
-from runstate_tests.conftest import drop_iceberg_table
+from runstate_tests.support.spark import drop_iceberg_table
 
 T0 = datetime(2026, 3, 1, 9, 30, tzinfo=UTC)
 SMALL_BATCHES = 40

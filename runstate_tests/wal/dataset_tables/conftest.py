@@ -16,7 +16,7 @@ from runstate.wal import layout as t
 from runstate.wal.changes import Change, fold
 from runstate.wal.dataset_tables import BlobLocation
 from runstate.wal.dataset_tables.naming import NAMESPACE, table_name
-from runstate_tests.conftest import drop_iceberg_table
+from runstate_tests.support.spark import drop_iceberg_table
 
 
 @pytest.fixture
