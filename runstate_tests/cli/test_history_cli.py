@@ -26,12 +26,12 @@ from runstate.config import settings
 from runstate.eventstore import EventType
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
-from runstate_tests.devserver import poll
 from runstate_tests.eventstore import conftest as eventstore_fixtures
 from runstate_tests.eventstore.conftest import ev
 from runstate_tests.eventstore.lake import conftest as lake
 from runstate_tests.eventstore.lake.conftest import append_randomly, exported_to_the_end, feed_from_start
-from runstate_tests.procfs import command_line, processes_marked
+from runstate_tests.support.devserver import poll
+from runstate_tests.support.procfs import command_line, processes_marked
 from runstate_tests.wal import conftest as wal_fixtures
 from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
