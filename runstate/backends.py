@@ -12,11 +12,18 @@ Each entry names, as `module:attribute` strings imported on first use (so that r
   statements and transactions);
 - `migrations`: the module applying the backend's `sql/<backend>/<domain>/NNN_*.sql` files, with
   `upgrade(datastore, domain, migrations, *, session_settings, lock_timeout_s)` and
-  `applied(datastore, domain, migrations, *, pooled)`; None for a backend that keeps no schema.
+  `applied(datastore, domain, migrations, *, pooled)`; None for a backend that keeps no schema;
+- `connection` (a backend whose connection needs values of its own, as Snowflake's account and
+  password): `(settings) -> config | None`, its connection's config parsed from the Settings (None when
+  they configure none), which `EventStoreConfig` holds in its field of the backend's name;
+- `resource`: the Dagster resource class holding that config's fields (for the launchpad and the UI),
+  with `of(config)` (secrets as `dg.EnvVar`) and `config()`; `EventStoreResource` holds it in its field of
+  the backend's name. A backend with `connection` has `resource`, and neither otherwise.
 
 A datastore knows its backend's name (`datastore.backend`), so code holding one (the migrations, say)
 finds its entry with `get(datastore.backend)`. Adding a backend is its module, its `sql/<backend>/`
-folder and one `register(...)` (docs/ARCHITECTURE.md).
+folder and one `register(...)`; one with a connection of its own also declares the field of its name in
+`EventStoreConfig` and `EventStoreResource` (docs/ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -40,6 +47,12 @@ class Backend:
     event_store: str
     migrations: str | None
     needs: str = ""
+    connection: str | None = None
+    resource: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.connection is None) != (self.resource is None):
+            raise ValueError(f"backend {self.name!r}: a connection of its own needs a resource, and one only")
 
     def build_datastore(self, config: Any, **options: Any) -> Any:
         """The backend's datastore from the event store's config, or None when it has no connection for it."""
@@ -51,6 +64,16 @@ class Backend:
 
     def migrations_module(self) -> ModuleType | None:
         return importlib.import_module(self.migrations) if self.migrations else None
+
+    def connection_config(self, settings: Any) -> Any:
+        """Its connection's config from the Settings; None when they configure none (or it has none)."""
+        return _resolve(self.connection)(settings) if self.connection else None
+
+    def connection_resource(self, config: Any) -> Any:
+        """The Dagster resource holding `config` (its secrets as EnvVars); None for no config."""
+        if self.resource is None or config is None:
+            return None
+        return _resolve(self.resource).of(config)
 
 
 _REGISTRY: dict[str, Backend] = {}
@@ -91,6 +114,11 @@ def all_backends() -> tuple[Backend, ...]:
     return tuple(_REGISTRY.values())
 
 
+def with_connections() -> tuple[Backend, ...]:
+    """The backends whose connection needs values of their own (`connection` and `resource`)."""
+    return tuple(backend for backend in _REGISTRY.values() if backend.connection)
+
+
 def _resolve(reference: str) -> Any:
     module, _, attribute = reference.partition(":")
     return getattr(importlib.import_module(module), attribute)
@@ -111,5 +139,7 @@ register(
         event_store="runstate.eventstore.snowflake:open_store",
         migrations="runstate.migrations.snowflake",
         needs="SNOWFLAKE_ACCOUNT (and user, password, ...), or the event_store resource's `snowflake`",
+        connection="runstate.eventstore.config:snowflake_config",
+        resource="runstate.defs.eventstore.resources:SnowflakeConnection",
     )
 )

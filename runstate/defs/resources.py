@@ -26,24 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
+from runstate import backends
 from runstate.config import Settings, settings
-from runstate.defs.config_fields import config_fields
+from runstate.defs.config_fields import config_fields, secret
 
 # The domain packages (`runstate.defs.<domain>`) call these builders when they are imported, so the
 # resource classes, which live inside those packages, are imported when a builder runs, not here.
 if TYPE_CHECKING:
-    from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
+    from runstate.defs.eventstore.resources import EventStoreResource
     from runstate.defs.maintenance.resources import MaintenanceResource
     from runstate.defs.spark import SparkResource
     from runstate.defs.wal.resources import WalResource
-    from runstate.eventstore.config import SnowflakeConfig
 
 PG_URL_VARIABLE = "RUNSTATE_PG_URL"
-
-
-def _secret(name: str) -> dg.EnvVar | None:
-    """An EnvVar when the variable is set, so the secret never lands in run config; else None."""
-    return dg.EnvVar(name) if os.environ.get(name) else None
 
 
 def dsn_password(dsn: str) -> str | None:
@@ -77,17 +72,6 @@ def spark_resource(s: Settings | None = None) -> SparkResource:
     )
 
 
-def _snowflake_connection(config: SnowflakeConfig | None) -> SnowflakeConnection | None:
-    """The SnowflakeConnection of `config` (the password as an EnvVar when SNOWFLAKE_PASSWORD is set)."""
-    from runstate.defs.eventstore.resources import SnowflakeConnection
-
-    if config is None:
-        return None
-    return SnowflakeConnection(
-        **{**config_fields(config), "password": _secret("SNOWFLAKE_PASSWORD") or config.password}
-    )
-
-
 def event_store_resource(s: Settings | None = None) -> EventStoreResource:
     from runstate.defs.eventstore.resources import EventStoreResource
     from runstate.eventstore.config import EventStoreConfig
@@ -98,7 +82,11 @@ def event_store_resource(s: Settings | None = None) -> EventStoreResource:
         **{
             **config_fields(config),
             "pg_url": _pg_url(s),
-            "snowflake": _snowflake_connection(config.snowflake),
+            # Each backend's connection as its resource (runstate.backends: `resource`), secrets as EnvVars.
+            **{
+                entry.name: entry.connection_resource(getattr(config, entry.name))
+                for entry in backends.with_connections()
+            },
         }
     )
 
@@ -108,8 +96,8 @@ def wal_resource(s: Settings | None = None, **overrides: Any) -> WalResource:
     from runstate.wal.config import WalConfig
 
     secrets = {
-        "aws_access_key_id": _secret("AWS_ACCESS_KEY_ID"),
-        "aws_secret_access_key": _secret("AWS_SECRET_ACCESS_KEY"),
+        "aws_access_key_id": secret("AWS_ACCESS_KEY_ID"),
+        "aws_secret_access_key": secret("AWS_SECRET_ACCESS_KEY"),
     }
     return WalResource(**{**config_fields(WalConfig.from_settings(s or settings())), **secrets, **overrides})
 

@@ -9,11 +9,12 @@ migrates them through the same datastores.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from runstate import defaults
+from runstate import backends, defaults
 from runstate.config import ARCHIVE_TARGETS, LAKE_NAMESPACE, Settings
 from runstate.eventstore.snapshots import DEFAULT_SNAPSHOT_INTERVAL
 
@@ -65,6 +66,11 @@ class SnowflakeConfig:
         return kwargs
 
 
+def snowflake_config(s: Settings) -> SnowflakeConfig | None:
+    """The snowflake backend's connection (its `runstate.backends` entry's `connection`): SNOWFLAKE_*."""
+    return SnowflakeConfig.from_settings(s.snowflake)
+
+
 @dataclass(frozen=True)
 class EventStoreConfig:
     """The backend behind the store (RUNSTATE_EVENTSTORE), each backend's connection and schema, the
@@ -73,7 +79,10 @@ class EventStoreConfig:
 
     `lake_namespace` and `lake_warehouse` say where runs archived to the lake are read back from: the run
     history's namespace (RUNSTATE_HISTORY_NAMESPACE) in the JDBC catalog of `pg_url`'s database, whose
-    warehouse is `lake_warehouse` (None: RUNSTATE_WAREHOUSE's default)."""
+    warehouse is `lake_warehouse` (None: RUNSTATE_WAREHOUSE's default).
+
+    A backend whose connection needs values of its own has a field of its name holding its connection's
+    config (`runstate.backends`: its entry's `connection` parses it from the Settings)."""
 
     backend: str = Settings.eventstore
     pg_url: str = Settings.pg_url
@@ -101,10 +110,21 @@ class EventStoreConfig:
             backend=s.eventstore,
             pg_url=s.pg_url,
             pg_schema=s.schema,
-            snowflake=SnowflakeConfig.from_settings(s.snowflake),
+            **cls.connections_from_settings(s),
             # SNOWFLAKE_SCHEMA: the schema of the Snowflake event store and its migrations.
             snowflake_schema=(s.snowflake.get("schema") or cls.snowflake_schema).upper(),
             archive_to=s.archive_to,
             lake_namespace=s.history_namespace,
             lake_warehouse=str(s.warehouse_dir),
         )
+
+    @classmethod
+    def connections_from_settings(cls, s: Settings) -> dict[str, Any]:
+        """Each backend's connection config by its name, as the registry's entries parse them."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        connections = {}
+        for entry in backends.with_connections():
+            if entry.name not in fields:
+                raise TypeError(f"backend {entry.name!r} has a connection: EventStoreConfig needs its field")
+            connections[entry.name] = entry.connection_config(s)
+        return connections

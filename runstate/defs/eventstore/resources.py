@@ -2,8 +2,10 @@
 
 The backend comes from configuration (`RUNSTATE_EVENTSTORE`, default postgres). Snowflake is reached
 through `SnowflakeConnection`, the connector's arguments as a small nested resource (secrets as
-`dg.EnvVar`): dagster-snowflake's SnowflakeResource would import the Snowflake connector (about a
-second) whenever the code location loads, and the store opens its own connections anyway.
+`dg.EnvVar`), the snowflake backend's `resource` in `runstate.backends`. Not dagster-snowflake's
+SnowflakeResource: importing it took 2.2-2.4 s at every load of the code location, and its
+get_connection() opens a connection per call where the store reuses a pool (20 `select 1`: 5.8 s
+against 0.10 s; docs/ARCHITECTURE.md, "The configuration path").
 Nothing connects until `get_store()` is first called.
 """
 
@@ -14,7 +16,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from runstate import backends, wiring
 from runstate.config import ARCHIVE_TARGETS
-from runstate.defs.config_fields import config_of
+from runstate.defs.config_fields import config_fields, config_of, secret
 from runstate.eventstore import EventStore
 from runstate.eventstore.config import EventStoreConfig, SnowflakeConfig
 
@@ -44,6 +46,12 @@ class SnowflakeConnection(dg.ConfigurableResource):
         default=SnowflakeConfig.network_timeout,
         description="Seconds before the connector gives up (default: for ever; 1 over http).",
     )
+
+    @classmethod
+    def of(cls, config: SnowflakeConfig) -> SnowflakeConnection:
+        """The resource of `config`, its password as an EnvVar when SNOWFLAKE_PASSWORD is set (the snowflake
+        backend's `resource` in runstate.backends)."""
+        return cls(**{**config_fields(config), "password": secret("SNOWFLAKE_PASSWORD") or config.password})
 
     def config(self) -> SnowflakeConfig:
         return config_of(self, SnowflakeConfig)
@@ -104,8 +112,12 @@ class EventStoreResource(dg.ConfigurableResource):
         return value
 
     def config(self) -> EventStoreConfig:
+        # A backend with a connection of its own holds it as a nested resource of its name.
+        connections = {entry.name: getattr(self, entry.name) for entry in backends.with_connections()}
         return config_of(
-            self, EventStoreConfig, snowflake=self.snowflake.config() if self.snowflake else None
+            self,
+            EventStoreConfig,
+            **{name: held.config() if held else None for name, held in connections.items()},
         )
 
     def get_store(self, backend: str | None = None) -> EventStore:
