@@ -4,6 +4,7 @@ settings through that config, and opens its connections as the CLI does."""
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
 import pytest
@@ -42,6 +43,18 @@ def test_a_resource_s_fields_are_its_config_s_with_the_config_s_defaults(
     for name, field in config_fields.items():
         if field.default is not dataclasses.MISSING:
             assert resource_type.model_fields[name].default == field.default, name
+
+
+@pytest.mark.parametrize(
+    "resource_type, config_type, own_fields", HOLDERS, ids=lambda h: getattr(h, "__name__", "")
+)
+def test_a_resource_s_fields_have_its_config_s_types(resource_type, config_type, own_fields):
+    # A connection of a backend's own is held as its resource (runstate.backends: `resource`).
+    nested = {"snowflake": SnowflakeConnection | None}
+    types = typing.get_type_hints(config_type)
+
+    for name in types:
+        assert resource_type.model_fields[name].annotation == nested.get(name, types[name]), name
 
 
 def test_a_resource_of_defaults_holds_the_default_config():
