@@ -15,7 +15,8 @@ Each entry names, as `module:attribute` strings imported on first use (so that r
   `applied(datastore, domain, migrations, *, pooled)`; None for a backend that keeps no schema;
 - `connection` (a backend whose connection needs values of its own, as Snowflake's account and
   password): `(settings) -> config | None`, its connection's config parsed from the Settings (None when
-  they configure none), which `EventStoreConfig` holds in its field of the backend's name;
+  they configure none), which `EventStoreConfig` holds in its field of the backend's name; `env_prefix`
+  names its variables (SNOWFLAKE_), which the Settings keep for it in `backend_env[name]`;
 - `resource`: the Dagster resource class holding that config's fields (for the launchpad and the UI),
   with `of(config)` (secrets as `dg.EnvVar`) and `config()`; `EventStoreResource` holds it in its field of
   the backend's name. A backend with `connection` has `resource`, and neither otherwise.
@@ -49,6 +50,7 @@ class Backend:
     needs: str = ""
     connection: str | None = None
     resource: str | None = None
+    env_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if (self.connection is None) != (self.resource is None):
@@ -140,6 +142,7 @@ register(
         migrations="runstate.migrations.snowflake",
         needs="SNOWFLAKE_ACCOUNT (and user, password, ...), or the event_store resource's `snowflake`",
         connection="runstate.eventstore.config:snowflake_config",
+        env_prefix="SNOWFLAKE_",
         resource="runstate.defs.eventstore.resources:SnowflakeConnection",
     )
 )

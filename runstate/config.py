@@ -118,7 +118,9 @@ class Settings:
     blob_prefix: str = "datasets/"
     eventstore: str = "postgres"
     archive_to: str = "postgres"
-    snowflake: Mapping[str, str] = field(default_factory=dict)
+    # Each backend's own variables by its name (runstate.backends: `env_prefix`), the prefix cut and the
+    # rest lower-cased: {"snowflake": {"account": ..., "user": ...}} from SNOWFLAKE_ACCOUNT, SNOWFLAKE_USER.
+    backend_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     # The address executors reach the driver at; None: loopback for local and loopback masters, else Spark's.
@@ -155,6 +157,11 @@ class Settings:
     # A run in progress whose heartbeat is older than this is dead (runstate.defs.runs.liveness).
     run_dead_after_s: float = 20.0
 
+    @property
+    def snowflake(self) -> Mapping[str, str]:
+        """The SNOWFLAKE_* variables (`backend_env["snowflake"]`)."""
+        return self.backend_env.get("snowflake", {})
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The settings, or a ConfigError naming the first variable whose value cannot be used."""
@@ -172,9 +179,7 @@ class Settings:
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", cls.blob_prefix),
             eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names(), cls.eventstore),
             archive_to=_archive_to(env, cls.archive_to, cls.iceberg_catalog),
-            snowflake={
-                k[len("SNOWFLAKE_") :].lower(): v for k, v in env.items() if k.startswith("SNOWFLAKE_")
-            },
+            backend_env=_backend_env(env),
             spark_master=_spark_master(env, cls.spark_master),
             spark_conf=spark_conf_from_json(env.get("RUNSTATE_SPARK_CONF") or "{}"),
             spark_driver_host=_spark_driver_host(env),
@@ -239,6 +244,14 @@ class Settings:
                 RUN_DEAD_AFTER_MAX_S,
             ),
         )
+
+
+def _backend_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    prefixes = {backend.name: backend.env_prefix for backend in backends.all_backends() if backend.env_prefix}
+    return {
+        name: {key[len(prefix) :].lower(): value for key, value in env.items() if key.startswith(prefix)}
+        for name, prefix in prefixes.items()
+    }
 
 
 def _shown(raw: str) -> str:

@@ -5,6 +5,7 @@ told about it."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,3 +86,12 @@ def test_the_snowflake_entry_carries_its_connection_and_its_resource():
     assert EventStoreConfig.from_settings(s).snowflake == config
     assert entry.connection_config(Settings.from_env({"SNOWFLAKE_ACCOUNT": ""})) is None
     assert backends.with_connections() == (entry,)
+
+
+def test_the_settings_keep_a_registered_backend_s_own_variables():
+    entry = dataclasses.replace(TWIN, env_prefix="PGTWIN_")
+    with backends.registered(entry):
+        s = Settings.from_env({"PGTWIN_HOST": "db.example", "PGTWIN_PORT": "6543", "SNOWFLAKE_USER": "me"})
+
+    assert s.backend_env["pgtwin"] == {"host": "db.example", "port": "6543"}
+    assert s.snowflake["user"] == "me" and "user" not in s.backend_env["pgtwin"]

@@ -68,7 +68,7 @@ class SnowflakeConfig:
 
 def snowflake_config(s: Settings) -> SnowflakeConfig | None:
     """The snowflake backend's connection (its `runstate.backends` entry's `connection`): SNOWFLAKE_*."""
-    return SnowflakeConfig.from_settings(s.snowflake)
+    return SnowflakeConfig.from_settings(s.backend_env.get("snowflake", {}))
 
 
 @dataclass(frozen=True)
