@@ -10,9 +10,10 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -22,6 +23,13 @@ from psycopg import sql
 from runstate_tests.support.databases import create_database, drop_database, unique
 from runstate_tests.support.moto import MotoProcess
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
+
+if TYPE_CHECKING:  # runstate itself is imported after the environment below is set
+    from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
+    from runstate.eventstore.lake import HistoryConfig
+    from runstate.maintenance.identifiers import TableRef
+    from runstate_tests.support.commit_fence import CommitHold
+    from runstate_tests.support.wal import Feed, WalEnv
 
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
@@ -271,3 +279,116 @@ def iceberg_namespace(spark, spark_settings) -> Iterator[str]:
         drop_iceberg_table(spark, spark_settings.warehouse_dir, namespace, row.tableName)
     spark.sql(f"DROP NAMESPACE IF EXISTS lake.{namespace}")
     shutil.rmtree(spark_settings.warehouse_dir / namespace, ignore_errors=True)
+
+
+# Fixtures of more than one folder: the event store's (pg_store, sf_store), the run history's lake
+# (own_store, history), the WAL's (wal, feed, dataset_ids) and the commit fence's (commit_hold,
+# rewrite_job). The cluster tests request them on their own session, moto and store.
+
+
+@pytest.fixture
+def pg_store(pg_database: str, pg_schema: str) -> Iterator[PostgresEventStore]:
+    from runstate.eventstore import PostgresEventStore
+
+    store = PostgresEventStore(pg_database, schema=pg_schema)
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def sf_store(snowflake_schema) -> Iterator[SnowflakeEventStore]:
+    from runstate.eventstore import SnowflakeEventStore
+
+    kwargs, schema = snowflake_schema
+    store = SnowflakeEventStore(connect_kwargs=kwargs, schema=schema)
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def own_store(fresh_database: str) -> Iterator[PostgresEventStore]:
+    """A store in a database of the test's own: its feed waits for no transaction of another test (nor for
+    the catalog's commits, whose tables live in the worker's database)."""
+    from runstate.eventstore import PostgresEventStore
+
+    store = PostgresEventStore(fresh_database, schema="runstate")
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def history(spark, spark_settings) -> Iterator[HistoryConfig]:
+    """A HistoryConfig on a namespace of the test's own; `SMALL_BATCHES` of it makes an export commit often."""
+    from runstate.eventstore.lake import HistoryConfig
+
+    config = HistoryConfig(namespace=unique("hist"), batch_events=1000)
+    yield config
+    for table in ("run_events", "runs"):
+        drop_iceberg_table(spark, spark_settings.warehouse_dir, config.namespace, table)
+    spark.sql(f"DROP NAMESPACE IF EXISTS lake.{config.namespace}")
+    shutil.rmtree(spark_settings.warehouse_dir / config.namespace, ignore_errors=True)
+
+
+@pytest.fixture
+def wal(moto_endpoint: str, dynamodb: Any, s3: Any) -> Iterator[WalEnv]:
+    """A WAL table and blob bucket of the test's own on moto's server."""
+    import boto3
+
+    from runstate.wal import ensure_blob_bucket, ensure_wal_table
+    from runstate_tests.support.wal import WalEnv
+
+    env = WalEnv(
+        endpoint=moto_endpoint,
+        dynamodb=dynamodb,
+        s3=s3,
+        streams=boto3.client("dynamodbstreams", endpoint_url=moto_endpoint, region_name="us-east-1"),
+        table=f"wal_{uuid.uuid4().hex[:10]}",
+        bucket=f"blobs-{uuid.uuid4().hex[:12]}",
+    )
+    ensure_wal_table(dynamodb, env.table)
+    ensure_blob_bucket(s3, env.bucket)
+    yield env
+    dynamodb.delete_table(TableName=env.table)
+
+
+@pytest.fixture
+def feed(wal: WalEnv) -> Feed:
+    from runstate_tests.support.wal import Feed
+
+    return Feed(wal)
+
+
+@pytest.fixture
+def dataset_ids(spark, spark_settings) -> Iterator[Callable[[str], str]]:
+    """new_id(stem) -> a unique dataset id; every table made for one is dropped after the test."""
+    from runstate.wal.dataset_tables.naming import NAMESPACE, table_name
+
+    made: list[str] = []
+
+    def new_id(stem: str = "ds") -> str:
+        made.append(f"{stem}{uuid.uuid4().hex[:8]}")
+        return made[-1]
+
+    yield new_id
+    for dataset_id in made:
+        drop_iceberg_table(spark, spark_settings.warehouse_dir, NAMESPACE, table_name(dataset_id))
+
+
+@pytest.fixture
+def commit_hold(pg_database: str, pg_schema: str, spark) -> Iterator[CommitHold]:
+    """Holds the Iceberg commits of this schema's attempts (but those let through) until release()."""
+    from runstate_tests.support.commit_fence import holding_commits
+
+    with holding_commits(pg_database, pg_schema, spark) as hold:
+        yield hold
+
+
+@pytest.fixture
+def rewrite_job(spark, iceberg_namespace: str, store) -> tuple[TableRef, list[tuple], str]:
+    """(table, its rows, the id of a queued rewrite_data_files job on it): `store` is a MaintenanceStore."""
+    from runstate_tests.support.commit_fence import queued_rewrite
+
+    return queued_rewrite(spark, iceberg_namespace, store)

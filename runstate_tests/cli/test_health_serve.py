@@ -94,7 +94,7 @@ def test_serve_refuses_bad_identifiers_with_400_and_answers_cached_reads(served_
 
 @pytest.mark.spark
 def test_serve_analyzes_live_with_the_same_json_as_the_cli_and_404s_unknown_tables(spark, iceberg_namespace):
-    from runstate_tests.maintenance.conftest import make_table
+    from runstate_tests.support.maintenance import make_table
 
     ref = make_table(spark, iceberg_namespace, files=6, rows=60)
     analyzer = HealthAnalyzer(spark)

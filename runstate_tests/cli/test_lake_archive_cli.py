@@ -20,15 +20,17 @@ from runstate.config import settings
 from runstate.eventstore import EventType
 from runstate.eventstore.lake import HistoryConfig
 from runstate.eventstore.lake.reader import HistoryCatalog
-from runstate_tests.eventstore import conftest as eventstore_fixtures
-from runstate_tests.eventstore.conftest import ev
-from runstate_tests.eventstore.lake import conftest as lake
-from runstate_tests.eventstore.lake.conftest import exported_to_the_end
+from runstate_tests.support.events import ev
+from runstate_tests.support.lake import exported_to_the_end
 
 pytestmark = [pytest.mark.spark]
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
-history = lake.history
-store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
+
+
+@pytest.fixture
+def store(pg_store):
+    """The test's schema in the worker's database, where the catalog is."""
+    return pg_store
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from runstate.cli import main
 from runstate.cli.sql import QueryRefused, refuse_what_starts_no_query
 from runstate.config import settings
 from runstate.spark import SparkSetupError, check_master_answers
-from runstate_tests.eventstore import conftest as eventstore_fixtures
 
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 
@@ -75,7 +74,9 @@ def test_the_cli_refuses_it_before_spark_could_start(monkeypatch):
 
 # The tests below need Spark (or, for the master's check, a store): the fixtures give the CLI the worker's
 # catalog database and warehouse, so its session is the worker's shared one (getOrCreate).
-store = eventstore_fixtures.pg_store
+@pytest.fixture
+def store(pg_store):
+    return pg_store
 
 
 @pytest.fixture

@@ -32,14 +32,3 @@ def bare_instance(tmp_path: Path) -> Iterator[dg.DagsterInstance]:
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with dg.DagsterInstance.from_config(str(tmp_path)) as inst:
         yield inst
-
-
-def started_run(
-    on: dg.DagsterInstance, job: dg.JobDefinition, tags: dict[str, str] | None = None
-) -> dg.DagsterRun:
-    """A run of `job` that the instance `on` reads as STARTED, with no process behind it."""
-    run = on.create_run_for_job(job, run_config={}, tags=tags)
-    on.handle_run_event(
-        run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name)
-    )
-    return on.get_run_by_id(run.run_id)

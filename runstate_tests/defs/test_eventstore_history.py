@@ -18,18 +18,16 @@ from runstate.defs.spark import SparkResource
 from runstate.defs.tags import HOUSEKEEPING_TAG, HOUSEKEEPING_TAGS, SPARK_TAG
 from runstate.eventstore import EventType, NewEvent
 from runstate.eventstore.lake import HistoryConfig
-from runstate_tests.defs.conftest import started_run
-from runstate_tests.eventstore.lake import conftest as lake
-from runstate_tests.eventstore.lake.conftest import append_randomly, assert_lake_equals_feed
+from runstate_tests.support.lake import append_randomly, assert_lake_equals_feed
+from runstate_tests.support.runs import started_run
 
 pytestmark = [pytest.mark.spark]
-history = lake.history  # the fixture: a lake namespace of the test's own
 MAX_LAG_EVENTS = 5
 
 
 @pytest.fixture
 def own_resource(fresh_database: str) -> Iterator[EventStoreResource]:
-    """The event store resource on a database of the test's own (lake/conftest.py's own_store says why)."""
+    """The event store resource on a database of the test's own (the root conftest's own_store says why)."""
     resource = EventStoreResource(backend="postgres", pg_url=fresh_database, pg_schema="runstate")
     yield resource
     resource.close()

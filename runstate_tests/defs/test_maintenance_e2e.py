@@ -14,7 +14,7 @@ from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.identifiers import TableRef
-from runstate_tests.maintenance.conftest import make_table as shared_make_table
+from runstate_tests.support.maintenance import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 

@@ -10,7 +10,7 @@ from runstate.defs.maintenance import build_defs
 from runstate.defs.maintenance.resources import MaintenanceResource
 from runstate.defs.spark import SparkResource
 from runstate.maintenance.models import CachedTable
-from runstate_tests.maintenance.conftest import make_table
+from runstate_tests.support.maintenance import make_table
 
 pytestmark = pytest.mark.spark
 NUMERIC = {

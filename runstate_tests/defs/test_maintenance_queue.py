@@ -20,7 +20,7 @@ from runstate.defs.runs.beats import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
-from runstate_tests.defs.conftest import started_run
+from runstate_tests.support.runs import started_run
 
 
 @pytest.fixture

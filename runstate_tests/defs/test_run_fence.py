@@ -18,9 +18,9 @@ from pathlib import Path
 import dagster as dg
 
 from runstate.defs.runs.beats import beat_ages
-from runstate_tests.defs.conftest import started_run
 from runstate_tests.defs.fence_child import marking_job
 from runstate_tests.support.devserver import poll
+from runstate_tests.support.runs import started_run
 
 DEAD_AFTER_S = 6
 

@@ -33,8 +33,8 @@ from runstate.defs.runs.liveness import (
     sweep_rows,
 )
 from runstate.services.dev import STOPPING_FILE_ENV
-from runstate_tests.defs.conftest import started_run
 from runstate_tests.support.devserver import poll
+from runstate_tests.support.runs import started_run
 
 POLICY = LivenessPolicy(dead_after_s=20, start_grace_s=60, launch_grace_s=300, ask_server_after_s=10)
 

@@ -18,10 +18,10 @@ from runstate.defs.runs.beating import HeartbeatRunLauncher
 from runstate.defs.runs.beats import beat, beat_ages, record_worker, worker_of
 from runstate.defs.runs.liveness import LivenessPolicy, check_runs
 from runstate.defs.runs.workers import WorkerProcess, end_process, host_key, this_process
-from runstate_tests.defs.conftest import started_run
 from runstate_tests.defs.fence_child import marking_job
 from runstate_tests.deployment.sampling import spark_jvms
 from runstate_tests.support.devserver import poll
+from runstate_tests.support.runs import started_run
 
 DEAD_AFTER_S = 6
 

@@ -17,7 +17,7 @@ from runstate.defs.wal.sensors import WalSensorCursor, evaluate_wal_tick
 from runstate.wal import DatasetReader
 from runstate.wal.lease import ShardLease
 from runstate.wal.shards import shard_of
-from runstate_tests.defs.conftest import started_run
+from runstate_tests.support.runs import started_run
 from runstate_tests.wal.shell import WalWorld
 
 # A run the instance reads as flush_wal's, with no process behind it (its liveness is its first sighting).

@@ -22,7 +22,7 @@ from runstate.wal import Change, DatasetReader
 from runstate.wal.changes import fold
 from runstate.wal.layout import APPLIED_PREFIX, PENDING, ensure_wal_table
 from runstate.wal.shards import shard_of
-from runstate_tests.defs.conftest import started_run
+from runstate_tests.support.runs import started_run
 from runstate_tests.wal.shell import PUT_FAILURES, FlakyS3WalResource, WalWorld, unique_name
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

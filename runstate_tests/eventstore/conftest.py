@@ -7,46 +7,18 @@ test that reaches for it is skipped there.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
 from runstate import backends
-from runstate.eventstore import NewEvent, PostgresEventStore, SnowflakeEventStore
+from runstate.eventstore import PostgresEventStore, SnowflakeEventStore
 from runstate.eventstore.config import EventStoreConfig
 from runstate_tests.eventstore.memory_backend import MEMORY
 from runstate_tests.support.databases import unique
-
-T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-
-def ev(run_id: str, event_type: str, n: int = 0, **kw: Any) -> NewEvent:
-    """A NewEvent at T0 + n seconds; `key` kw sets an explicit idempotency key."""
-    if "key" in kw:
-        kw["idempotency_key"] = kw.pop("key")
-    return NewEvent(run_id=run_id, event_type=event_type, emitted_at=T0 + timedelta(seconds=n), **kw)
-
-
-def events_table(backend: Backend) -> str:
-    return "run_events" if backend.name == "postgres" else "RUN_EVENTS"
-
-
-def count_rows(backend: Backend, table: str, run_id: str) -> int:
-    return backend.sql(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))[0][0]
-
-
-@dataclass
-class Backend:
-    name: str
-    make: Callable[..., Any]
-    sql: Callable[[str, tuple], list[tuple]]
-    # Divides the thread tests' work: fakesnow is one DuckDB behind HTTP, orders of magnitude slower.
-    # Snowflake's 100 leaves 5 appends a thread, the fewest that still re-send an earlier key.
-    scale: int
+from runstate_tests.support.events import Backend
 
 
 def _postgres_backend(dsn: str, schema: str) -> Backend:
@@ -133,20 +105,3 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
 @pytest.fixture
 def store(backend: Backend):
     return backend.make()
-
-
-@pytest.fixture
-def pg_store(pg_database: str, pg_schema: str) -> Iterator[PostgresEventStore]:
-    store = PostgresEventStore(pg_database, schema=pg_schema)
-    store.ensure_schema()
-    yield store
-    store.close()
-
-
-@pytest.fixture
-def sf_store(snowflake_schema) -> Iterator[SnowflakeEventStore]:
-    kwargs, schema = snowflake_schema
-    store = SnowflakeEventStore(connect_kwargs=kwargs, schema=schema)
-    store.ensure_schema()
-    yield store
-    store.close()

@@ -11,7 +11,7 @@ from runstate.eventstore import (
     PostgresEventStore,
     SnowflakeEventStore,
 )
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 from runstate_tests.support.races import race_outcomes, racing_processes
 
 WRITERS = 12

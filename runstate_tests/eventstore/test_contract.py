@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from runstate.eventstore import EventType, InvalidEvent, NewEvent, RunSnapshot, fold
-from runstate_tests.eventstore.conftest import T0, Backend, count_rows, ev, events_table
+from runstate_tests.support.events import T0, Backend, count_rows, ev, events_table
 
 # -- append, duplicates, fetch ------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from runstate.eventstore import EventType
-from runstate_tests.eventstore.conftest import T0, count_rows, ev, events_table
+from runstate_tests.support.events import T0, count_rows, ev, events_table
 
 LATER = T0 + timedelta(days=30)
 

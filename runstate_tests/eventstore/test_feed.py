@@ -15,8 +15,8 @@ from runstate.eventstore import InvalidEvent, StoredEvent
 from runstate.eventstore.feed import GAP_FREE_FEED
 from runstate.eventstore.lake.errors import FeedRefused
 from runstate.eventstore.lake.export import check_feed
-from runstate_tests.eventstore.conftest import ev
 from runstate_tests.support.databases import ADMIN_URL
+from runstate_tests.support.events import ev
 
 WRITERS = 8
 BATCHES_PER_WRITER = 12

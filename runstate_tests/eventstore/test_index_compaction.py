@@ -11,7 +11,7 @@ import pytest
 
 from runstate.eventstore import EventType, PostgresEventStore
 from runstate.eventstore.pg_indexes import REBUILD_FROM_ROWS, RUN_KEYED_INDEXES, compact_run_keyed_indexes
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def connect(dsn: str, schema: str) -> psycopg.Connection:

@@ -6,7 +6,7 @@ import pytest
 
 from runstate.eventstore import EventType, InvalidEvent, StoredEvent, migrate_events, verify_migration
 from runstate.eventstore.migrate import run_digest
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def _fill(pg_store) -> int:

@@ -20,7 +20,7 @@ from runstate.eventstore import (
 )
 from runstate.eventstore import appender as appender_module
 from runstate.eventstore.snapshots import decode_snapshot
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def _round_trips(trace: Path) -> int:

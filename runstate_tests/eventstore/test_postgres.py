@@ -13,7 +13,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from runstate.eventstore import EventStoreError, EventType, PostgresEventStore
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def test_hash_partitioned_run_events(pg_database, pg_schema):

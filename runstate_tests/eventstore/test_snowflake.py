@@ -9,7 +9,7 @@ import pytest
 from runstate import sqlfiles
 from runstate.eventstore import EventType, SnowflakeEventStore
 from runstate.migrations import discover
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def test_ensure_schema_is_idempotent_and_creates_the_tables(sf_store, snowflake_schema):

@@ -19,7 +19,7 @@ from runstate.eventstore import (
     validate_event,
 )
 from runstate.eventstore.validation import _validate_columns, _validate_events
-from runstate_tests.eventstore.conftest import ev
+from runstate_tests.support.events import ev
 
 
 def nested(depth: int) -> object:

@@ -12,7 +12,8 @@ from runstate.maintenance.actions import ActionRunner
 from runstate.maintenance.errors import InvalidActionOption
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.options import ActionSettings, timestamp_literal
-from runstate_tests.maintenance.conftest import make_table as shared_make_table
+from runstate_tests.support.maintenance import make_table as shared_make_table
+from runstate_tests.support.maintenance import table_location
 
 pytestmark = pytest.mark.spark
 
@@ -32,12 +33,6 @@ def file_counts(spark, ref: TableRef) -> tuple[int, int]:
     data = spark.table(f"lake.{ref.quoted}.data_files").count()
     deletes = spark.table(f"lake.{ref.quoted}.delete_files").count()
     return data, deletes
-
-
-def table_location(spark, ref: TableRef) -> Path:
-    rows = spark.sql(f"DESCRIBE TABLE EXTENDED lake.{ref.quoted}").collect()
-    location = next(r.data_type for r in rows if r.col_name == "Location")
-    return Path(location.replace("file://", "", 1).replace("file:", "", 1))
 
 
 def tree(path: Path) -> dict[str, float]:

@@ -10,7 +10,7 @@ from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.runner import run_job
 from runstate.maintenance.store import MaintenanceStore
-from runstate_tests.maintenance.conftest import make_table as shared_make_table
+from runstate_tests.support.maintenance import make_table as shared_make_table
 
 pytestmark = pytest.mark.spark
 

@@ -16,18 +16,16 @@ The zombie test runs in two orders:
 
 from __future__ import annotations
 
-import random
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from runstate.maintenance.commit_fence import schema_tag, worker_tag
 from runstate.maintenance.runner import run_job
-from runstate_tests.maintenance.conftest import (
+from runstate_tests.support.commit_fence import REACH_COMMIT_SECONDS
+from runstate_tests.support.maintenance import (
     WorkerProcess,
     cache,
     make_table,
@@ -37,7 +35,6 @@ from runstate_tests.maintenance.conftest import (
     sql,
     wait_for,
 )
-from runstate_tests.support.databases import unique
 
 # A worker JVM starting on a loaded, shared machine can take minutes: more than the suite-wide 600 s.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_group("commit_fence")]
@@ -45,72 +42,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800), pytest.mark.xdist_gr
 # machine ends it early (10 s once ran out between claim and lock in a full suite: the attempt was fenced
 # out before its commit, and the test waited for a hold that never came).
 LEASE_SECONDS = 300.0
-REACH_COMMIT_SECONDS = 900.0  # a worker JVM starting on a shared, loaded machine
-
-
-@dataclass
-class CommitHold:
-    dsn: str
-    name: str
-    key: int
-    holder: psycopg.Connection
-
-    def let_through(self, tag: str) -> None:
-        sql(self.dsn, f"INSERT INTO public.{self.name}_free VALUES (%s)", tag)
-
-    def release(self) -> None:
-        if not self.holder.closed:
-            self.holder.close()
-
-    def waiting(self, tag: str) -> bool:
-        query = (
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'"
-            " AND application_name = %s"
-        )
-        return sql(self.dsn, query, tag)[0][0] > 0
-
-
-@pytest.fixture
-def commit_hold(pg_database: str, pg_schema: str, spark):
-    """Holds the Iceberg commits of this schema's attempts (but those let through) until release()."""
-    name, key = unique("hold"), random.randrange(1 << 40)
-    spark.sql("SHOW NAMESPACES IN lake").collect()  # the JDBC catalog creates iceberg_tables on first use
-    prefix = f"rsf:{schema_tag(pg_schema)}:"
-    sql(pg_database, f"CREATE TABLE public.{name}_free (tag TEXT PRIMARY KEY)")
-    sql(
-        pg_database,
-        f"""
-        CREATE FUNCTION public.{name}() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF left(current_setting('application_name'), {len(prefix)}) = '{prefix}'
-               AND current_setting('application_name') NOT IN (SELECT tag FROM public.{name}_free) THEN
-                PERFORM pg_advisory_lock({key});
-                PERFORM pg_advisory_unlock({key});
-            END IF;
-            RETURN NULL;
-        END $$""",
-    )
-    # "aaa_": triggers fire in name order; statement level: before the UPDATE locks the table's row.
-    sql(
-        pg_database,
-        f"CREATE TRIGGER aaa_{name} BEFORE UPDATE ON public.iceberg_tables "
-        f"FOR EACH STATEMENT EXECUTE FUNCTION public.{name}()",
-    )
-    holder = psycopg.connect(pg_database, autocommit=True)
-    holder.execute("SELECT pg_advisory_lock(%s)", (key,))
-    yield CommitHold(pg_database, name, key, holder)
-    holder.close()
-    sql(pg_database, f"DROP TRIGGER IF EXISTS aaa_{name} ON public.iceberg_tables")
-    sql(pg_database, f"DROP FUNCTION IF EXISTS public.{name}()")
-    sql(pg_database, f"DROP TABLE IF EXISTS public.{name}_free")
-
-
-@pytest.fixture
-def rewrite_job(spark, iceberg_namespace, store):
-    """(table, its rows, the id of a queued rewrite_data_files job on it)."""
-    ref = make_table(spark, iceberg_namespace, files=6, rows=600)
-    cache(store, ref)
-    return ref, rows(spark, ref), store.submit(ref.database, ref.table, ["rewrite_data_files"])
 
 
 class WorkerJvm:

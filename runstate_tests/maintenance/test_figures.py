@@ -11,7 +11,7 @@ from runstate.maintenance.figures import current_snapshot, table_figures
 from runstate.maintenance.health import HealthAnalyzer
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.options import ActionSettings
-from runstate_tests.maintenance.conftest import make_table
+from runstate_tests.support.maintenance import make_table
 
 pytestmark = pytest.mark.spark
 

@@ -20,7 +20,7 @@ from runstate.maintenance.health import (
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import HealthSnapshot
 from runstate.maintenance.store import MaintenanceStore
-from runstate_tests.maintenance.conftest import make_table as shared_make_table
+from runstate_tests.support.maintenance import make_table as shared_make_table
 
 MB = 1024 * 1024
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runstate.maintenance.identifiers import TableRef
 from runstate.maintenance.models import CachedTable
-from runstate_tests.maintenance.conftest import run_out_lease
+from runstate_tests.support.maintenance import run_out_lease
 
 
 def test_the_next_attempt_takes_over_its_dead_predecessors_lock(store):

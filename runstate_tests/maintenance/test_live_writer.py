@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from runstate.maintenance.runner import run_job
-from runstate_tests.maintenance.conftest import cache, make_table
+from runstate_tests.support.maintenance import cache, make_table
 
 pytestmark = pytest.mark.spark
 ROUNDS = 10

@@ -17,7 +17,7 @@ from runstate.maintenance import (
     TableRef,
     UnknownAction,
 )
-from runstate_tests.maintenance.conftest import store_sql as _sql
+from runstate_tests.support.maintenance import store_sql as _sql
 
 
 def _expire_lock(store: MaintenanceStore, table_key: str) -> None:

@@ -33,8 +33,8 @@ from runstate.maintenance import (
     TableRef,
     UnknownAction,
 )
-from runstate_tests.maintenance.conftest import run_out_lease
-from runstate_tests.maintenance.conftest import store_sql as _sql
+from runstate_tests.support.maintenance import run_out_lease
+from runstate_tests.support.maintenance import store_sql as _sql
 from runstate_tests.support.races import racing_processes
 
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"

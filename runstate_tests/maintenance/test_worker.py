@@ -9,7 +9,7 @@ import pytest
 from runstate.maintenance.commit_fence import worker_tag
 from runstate.maintenance.models import CachedTable
 from runstate.maintenance.runner import QueueWorker
-from runstate_tests.maintenance.conftest import cache, make_table, sql, store_sql, wait_for
+from runstate_tests.support.maintenance import cache, make_table, sql, store_sql, wait_for
 
 pytestmark = pytest.mark.spark
 

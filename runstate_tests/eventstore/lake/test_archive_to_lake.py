@@ -14,9 +14,8 @@ import pytest
 from runstate.eventstore import ArchiveHeldBack, EventStoreError, EventType, PostgresEventStore
 from runstate.eventstore.lake import HistoryConfig
 from runstate.eventstore.lake_archive import lake_reader_factory
-from runstate_tests.eventstore.conftest import T0, ev
-
-from .conftest import exported_to_the_end
+from runstate_tests.support.events import T0, ev
+from runstate_tests.support.lake import exported_to_the_end
 
 pytestmark = [pytest.mark.spark]
 NOW = T0 + timedelta(days=30)

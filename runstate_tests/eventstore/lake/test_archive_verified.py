@@ -20,10 +20,9 @@ from runstate.eventstore.lake.errors import ForeignHistory
 from runstate.eventstore.lake.reader import HistoryCatalog
 from runstate.eventstore.lake.tables import OWNER_PROPERTY
 from runstate.eventstore.lake_archive import lake_reader_factory
-from runstate_tests.eventstore.conftest import T0, ev
+from runstate_tests.support.events import T0, ev
+from runstate_tests.support.lake import exported_to_the_end, feed_from_start, lake_events
 from runstate_tests.support.spark import drop_iceberg_table
-
-from .conftest import exported_to_the_end, feed_from_start, lake_events
 
 pytestmark = [pytest.mark.spark]
 NOW = T0 + timedelta(days=30)

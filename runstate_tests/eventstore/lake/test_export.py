@@ -26,8 +26,7 @@ from runstate.eventstore.lake.reader import HistoryCatalog, table_position
 from runstate.eventstore.lake.source import next_range
 from runstate.eventstore.lake.tables import ensure_tables, events_position
 from runstate.eventstore.validation import EARLIEST_EMITTED_AT, LATEST_EMITTED_AT
-
-from .conftest import (
+from runstate_tests.support.lake import (
     SMALL_BATCHES,
     append_randomly,
     assert_lake_equals_feed,

@@ -18,8 +18,8 @@ import pytest
 
 from runstate.eventstore.lake import export_history
 from runstate.eventstore.lake.tables import events_position, runs_position
+from runstate_tests.support import lake as helpers
 
-from . import conftest as helpers
 from .export_child import ExportChild
 
 ROUNDS = int(os.environ.get("RUNSTATE_HISTORY_MODEL_ROUNDS", "3"))

@@ -22,8 +22,7 @@ from runstate.eventstore.lake.export import commit_events
 from runstate.eventstore.lake.source import next_range
 from runstate.eventstore.lake.tables import events_position
 from runstate.spark import SparkSettings
-
-from .conftest import append_randomly, exported_to_the_end, feed_from_start
+from runstate_tests.support.lake import append_randomly, exported_to_the_end, feed_from_start
 
 pytestmark = [pytest.mark.spark]
 

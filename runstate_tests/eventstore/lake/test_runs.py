@@ -17,8 +17,7 @@ from runstate.eventstore.lake import RunsMerged, export_history
 from runstate.eventstore.lake.tables import POSITION_PROPERTY, created_days, record_runs_position
 from runstate.eventstore.projection import _HANDLERS as projection_handlers
 from runstate.sqlfiles import queries
-
-from .conftest import (
+from runstate_tests.support.lake import (
     STEPS,
     T0,
     append_randomly,

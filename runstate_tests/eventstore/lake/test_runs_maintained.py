@@ -9,11 +9,7 @@ import pytest
 from runstate.maintenance.actions import ActionRunner
 from runstate.maintenance.identifiers import ACTIONS, APPLY_DELETES_OPTIONS, TableRef
 from runstate.maintenance.options import ActionSettings
-from runstate_tests.eventstore.lake.conftest import (
-    append_randomly,
-    assert_lake_equals_feed,
-    exported_to_the_end,
-)
+from runstate_tests.support.lake import append_randomly, assert_lake_equals_feed, exported_to_the_end
 
 
 @pytest.mark.spark

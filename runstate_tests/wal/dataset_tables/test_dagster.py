@@ -23,7 +23,7 @@ from runstate.defs.wal.resources import WalResource
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import merge_dataset, read_table
 from runstate.wal.shards import shard_of
-from runstate_tests.wal.dataset_tables.conftest import cli_on
+from runstate_tests.support.wal import cli_on
 
 pytestmark = pytest.mark.spark
 SENSOR = "dataset_tables_sensor"

@@ -1,0 +1,38 @@
+"""The Spark cluster tests' view of an application's executors."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+from runstate_tests.support.devserver import poll
+
+WORKERS = 2
+
+
+class Executors:
+    """Completed tasks per live executor of an application, from its UI's executors REST endpoint."""
+
+    def __init__(self, spark: Any = None, ui: str | None = None) -> None:
+        self.ui = ui or spark.sparkContext.uiWebUrl
+
+    def counts(self) -> dict[str, int]:
+        [app] = self._get("/api/v1/applications")
+        executors = self._get(f"/api/v1/applications/{app['id']}/executors")
+        return {e["id"]: int(e["completedTasks"]) for e in executors if e["id"] != "driver" and e["isActive"]}
+
+    def _get(self, path: str) -> Any:
+        # Patient: on a loaded machine the UI's Jetty answers in seconds, not milliseconds.
+        with urllib.request.urlopen(f"{self.ui}{path}", timeout=60) as response:
+            return json.load(response)
+
+    def wait_until_each_ran_tasks_since(self, before: dict[str, int], executors: int = WORKERS) -> dict:
+        """Every one of `executors` executors completed tasks after `before` (the UI's listener lags a little)."""
+
+        def grown() -> dict[str, int] | None:
+            now = self.counts()
+            ran = {e: n - before.get(e, 0) for e, n in now.items() if n > before.get(e, 0)}
+            return ran if len(ran) >= executors else None
+
+        return poll(grown, timeout=120, every=0.25, what=f"tasks on {executors} executors")
