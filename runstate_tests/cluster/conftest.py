@@ -14,9 +14,7 @@ If that ever fails, the `spark` fixture below says so instead of running on the 
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,19 +23,15 @@ from typing import Any
 import boto3
 import pytest
 
+from runstate.maintenance.store import MaintenanceStore
 from runstate.services import spark_cluster
 from runstate.services.state import free_port
 from runstate_tests.deployment.gate import GatedMotoServer
-
-# Fixtures of the maintenance and dataset-table tests, on this module's session.
-from runstate_tests.maintenance.conftest import store  # noqa: F401
-from runstate_tests.maintenance.test_commit_fence import commit_hold, rewrite_job  # noqa: F401
+from runstate_tests.support.cluster import WORKERS, Executors
 from runstate_tests.support.devserver import poll
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS
-from runstate_tests.wal.conftest import WalEnv
-from runstate_tests.wal.dataset_tables.conftest import dataset_ids  # noqa: F401
+from runstate_tests.support.wal import WalEnv
 
-WORKERS = 2
 CLUSTER_DIR = Path(__file__).parent
 
 
@@ -113,31 +107,14 @@ def spark(spark_settings):
             os.environ["SPARK_LOCAL_IP"] = previous
 
 
-class Executors:
-    """Completed tasks per live executor of an application, from its UI's executors REST endpoint."""
-
-    def __init__(self, spark: Any = None, ui: str | None = None) -> None:
-        self.ui = ui or spark.sparkContext.uiWebUrl
-
-    def counts(self) -> dict[str, int]:
-        [app] = self._get("/api/v1/applications")
-        executors = self._get(f"/api/v1/applications/{app['id']}/executors")
-        return {e["id"]: int(e["completedTasks"]) for e in executors if e["id"] != "driver" and e["isActive"]}
-
-    def _get(self, path: str) -> Any:
-        # Patient: on a loaded machine the UI's Jetty answers in seconds, not milliseconds.
-        with urllib.request.urlopen(f"{self.ui}{path}", timeout=60) as response:
-            return json.load(response)
-
-    def wait_until_each_ran_tasks_since(self, before: dict[str, int], executors: int = WORKERS) -> dict:
-        """Every one of `executors` executors completed tasks after `before` (the UI's listener lags a little)."""
-
-        def grown() -> dict[str, int] | None:
-            now = self.counts()
-            ran = {e: n - before.get(e, 0) for e, n in now.items() if n > before.get(e, 0)}
-            return ran if len(ran) >= executors else None
-
-        return poll(grown, timeout=120, every=0.25, what=f"tasks on {executors} executors")
+@pytest.fixture
+def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
+    """The maintenance tests' store (runstate_tests/maintenance/conftest.py), for the fence tests here;
+    their other fixtures (commit_hold, rewrite_job, dataset_ids) are the root conftest's, on this
+    module's session."""
+    with MaintenanceStore(pg_database, schema=pg_schema) as store:
+        store.ensure_schema()
+        yield store
 
 
 @pytest.fixture
