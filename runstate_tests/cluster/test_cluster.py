@@ -28,12 +28,12 @@ from runstate.services.state import free_port
 from runstate.wal import DatasetReader
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, read_table, table_ident
-from runstate_tests.cluster.conftest import Executors
 from runstate_tests.deployment.gate import process_of_client
-from runstate_tests.maintenance import conftest as maintenance
-from runstate_tests.maintenance.test_actions import table_location
-from runstate_tests.maintenance.test_commit_fence import REACH_COMMIT_SECONDS
-from runstate_tests.wal.dataset_tables.conftest import Feed, cli_on
+from runstate_tests.support import maintenance
+from runstate_tests.support.cluster import Executors
+from runstate_tests.support.commit_fence import REACH_COMMIT_SECONDS
+from runstate_tests.support.maintenance import table_location
+from runstate_tests.support.wal import Feed, cli_on
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
 
