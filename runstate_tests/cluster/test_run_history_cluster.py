@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from runstate.eventstore.lake import export_history
-from runstate_tests.eventstore.lake import conftest as lake
-from runstate_tests.eventstore.lake.conftest import (
+from runstate_tests.support.lake import (
     SMALL_BATCHES,
     append_randomly,
     assert_lake_equals_feed,
@@ -29,9 +28,8 @@ from runstate_tests.eventstore.lake.conftest import (
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
-# Fixtures of the history tests, on this module's cluster session: a namespace and a store of the test's own.
-history = lake.history
-own_store = lake.own_store
+# The root conftest's history and own_store run on this module's cluster session: a namespace and a store
+# of the test's own.
 ROUNDS = 3
 SEED = 20261128
 
