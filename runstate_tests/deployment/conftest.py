@@ -7,114 +7,28 @@ through a moto server held by this process (see gate.py). Its tests carry the xd
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 
 from runstate.services.http import http_answers
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import STARTUP_S, Deployment, deployment_env
+from runstate_tests.support.deployment import location_loaded as _location_loaded
+from runstate_tests.support.deployment import stop_dev as _stop
 from runstate_tests.support.devserver import (
     RUNSTATE,
     free_port,
-    graphql,
     graphql_version,
     launch_dev,
     poll,
     wait_for_graphql,
 )
-from runstate_tests.support.moto import MotoProcess
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
-# Generous: two cores shared with other suites; a run worker alone takes 10-40 s to start there.
-STARTUP_S = 300
-# Issues 19 and 39: after a restart, a dead run stops holding its shard this soon. The flush run for a row
-# appended after the restart is launched within it, and applies the row within it of its worker's start.
-# The worker's own start between the two (a fresh Python process loading the code location) is reported,
-# not bounded: 2-5 s on a quiet machine, but once 50 s in CI, on 2 cores beside three test workers and two
-# Spark JVMs starting.
-RESTART_BOUND_S = 60
-
-
-@dataclass
-class Deployment:
-    port: int
-    env: dict[str, str]
-    home: Path
-    pg_url: str
-    moto: GatedMotoServer | MotoProcess  # what the tests use of either: its url
-    log: Path
-
-    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """`runstate ...` as a user types it, against this deployment."""
-        result = subprocess.run(
-            [RUNSTATE, *args], env=self.env, capture_output=True, text=True, timeout=timeout
-        )
-        assert result.returncode == 0, f"runstate {' '.join(args)}: {result.stderr[-3000:]}"
-        return result
-
-    def graphql(self, query: str, variables: dict | None = None) -> dict:
-        return graphql(self.port, query, variables)
-
-    def aws(self, service: str) -> Any:
-        import boto3
-
-        return boto3.client(
-            service,
-            endpoint_url=self.moto.url,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
-
-    def event_store(self) -> Any:
-        from runstate.eventstore import PostgresEventStore
-
-        return PostgresEventStore(self.pg_url, schema="runstate")
-
-    def log_tail(self, chars: int = 4000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-
-def deployment_dagster_yaml(home: Path) -> Path:
-    """The checkout's dagster.yaml, with run monitoring polling every few seconds for the tests."""
-    config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
-    config["run_monitoring"]["poll_interval_seconds"] = 5
-    dagster_home = home / "dagster"
-    dagster_home.mkdir()
-    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    return dagster_home
-
-
-def deployment_env(
-    home: Path, pg_url: str, dagster_url: str, moto_url: str, dagster_home: Path | None = None, **extra: str
-) -> dict[str, str]:
-    """The environment of a deployment of the tests' own: this process's, without any endpoint of it;
-    its Dagster home is `dagster_home`, else the checkout's dagster.yaml under `home`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(STRIPPED)}
-    env.update(
-        RUNSTATE_HOME=str(home),
-        DAGSTER_HOME=str(dagster_home or deployment_dagster_yaml(home)),
-        RUNSTATE_PG_URL=pg_url,
-        DAGSTER_PG_URL=dagster_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        RUNSTATE_AWS_ENDPOINT_URL=moto_url,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-        DAGSTER_TELEMETRY_ENABLED="false",
-        **extra,
-    )
-    return env
 
 
 @pytest.fixture(scope="package")
@@ -155,44 +69,3 @@ def deployment() -> Iterator[Deployment]:
         for name in databases:
             drop_database(name)
         shutil.rmtree(home, ignore_errors=True)
-
-
-def _location_loaded(deployment: Deployment) -> bool:
-    query = "{ workspaceOrError { ... on Workspace { locationEntries { loadStatus locationOrLoadError {"
-    query += " __typename }"
-    query += " } } } }"
-    entries = deployment.graphql(query)["workspaceOrError"]["locationEntries"]
-    return any(
-        (entry["locationOrLoadError"] or {}).get("__typename") == "RepositoryLocation" for entry in entries
-    )
-
-
-def _stop(dev: subprocess.Popen) -> None:
-    """SIGTERM as a user's Ctrl-C would be, then whatever is left of its process group."""
-    if dev.poll() is None:
-        dev.send_signal(signal.SIGTERM)
-        try:
-            dev.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(dev.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    dev.wait()
-
-
-def check_flush_after_restart(
-    what: str, appended: float, created: float, started: float | None, visible_after: float
-) -> None:
-    """RESTART_BOUND_S on the flush run that applied a row appended after a restart (epoch seconds: the
-    append, the run's creation and start; seconds from the append to the row visible); prints the figures."""
-    launched_after = created - appended
-    started_after = (started if started is not None else appended + visible_after) - appended
-    figures = (
-        f"{what}: flush run launched {launched_after:.1f} s, started {started_after:.1f} s, "
-        f"row visible {visible_after:.1f} s after the append"
-    )
-    print(figures)
-    assert launched_after <= RESTART_BOUND_S, figures
-    assert visible_after - started_after <= RESTART_BOUND_S, figures
