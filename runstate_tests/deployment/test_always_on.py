@@ -29,16 +29,11 @@ from runstate.wal import WalProducer, WalTable
 from runstate.wal.lease import ShardLease
 from runstate.wal.producer import Change
 from runstate.wal.shards import shard_of
-from runstate_tests.deployment.conftest import (
-    STARTUP_S,
-    Deployment,
-    _location_loaded,
-    _stop,
-    deployment_env,
-)
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.deployment.test_daemon import RUNS, visible
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import RUNS, STARTUP_S, Deployment, deployment_env, visible
+from runstate_tests.support.deployment import location_loaded as _location_loaded
+from runstate_tests.support.deployment import stop_dev as _stop
 from runstate_tests.support.devserver import RUNSTATE, free_port, launch_dev, poll, wait_for_graphql
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
