@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from runstate.maintenance import CachedTable, MaintenanceStore
-from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
-from runstate_tests.deployment.conftest import Deployment
 from runstate_tests.deployment.gate import process_of_client
+from runstate_tests.support.deployment import RUNS, Deployment, visible
 from runstate_tests.support.devserver import poll
 from runstate_tests.support.procfs import command_line
 
@@ -43,29 +42,6 @@ BACKFILL = """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill
   __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
 BACKFILL_STATUS = """query($id: String!) { partitionBackfillOrError(backfillId: $id) {
   __typename ... on PartitionBackfill { status } } }"""
-RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Runs { results {
-  runId status pipelineName } } } }"""
-
-
-def dataset_state(deployment: Deployment, dataset: str) -> tuple[int, dict]:
-    s3 = deployment.aws("s3")
-    reader = DatasetReader(s3, "runstate-blobs", "datasets/", dataset)
-    return reader.version, reader.state()
-
-
-def pending_rows(deployment: Deployment, dataset: str) -> int:
-    rows = [
-        row
-        for row in wal_status(WalTable(deployment.aws("dynamodb"), "runstate_wal"))
-        if row.dataset_id == dataset
-    ]
-    return rows[0].pending_count if rows else -1
-
-
-def visible(deployment: Deployment, dataset: str, version: int) -> tuple[int, dict] | None:
-    """The dataset's (version, state) once a reader sees `version` and no row is left Pending."""
-    seen = dataset_state(deployment, dataset)
-    return seen if seen[0] >= version and pending_rows(deployment, dataset) == 0 else None
 
 
 def run_status(deployment: Deployment, run_id: str) -> str:
