@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from runstate.defs.instance.pools import spark_pool_limit
-from runstate_tests.deployment.conftest import Deployment
+from runstate_tests.support.deployment import Deployment
 from runstate_tests.support.devserver import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(1200)]
