@@ -31,9 +31,9 @@ import pytest
 from runstate.defs.instance.pools import spark_pool_limit
 from runstate.defs.tags import SPARK_POOL
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
-from runstate_tests.deployment.conftest import _stop
 from runstate_tests.deployment.sampling import spark_jvms
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import stop_dev as _stop
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
 # In the deployment group: one deployment on these two cores at a time (its run workers and JVMs beside
