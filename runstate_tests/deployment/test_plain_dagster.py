@@ -28,9 +28,9 @@ from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
 from runstate.services.env_file import write_env_file
 from runstate.wal import Change, DatasetReader, WalProducer, WalTable
 from runstate.wal import layout as t
-from runstate_tests.deployment.conftest import RESTART_BOUND_S, check_flush_after_restart, deployment_env
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import RESTART_BOUND_S, check_flush_after_restart, deployment_env
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 from runstate_tests.support.moto import MotoProcess
 
