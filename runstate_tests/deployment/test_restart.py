@@ -36,14 +36,10 @@ from dagster._serdes import deserialize_value
 from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
-from runstate_tests.deployment.conftest import (
-    Deployment,
-    _location_loaded,
-    check_flush_after_restart,
-    deployment_env,
-)
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import Deployment, check_flush_after_restart, deployment_env
+from runstate_tests.support.deployment import location_loaded as _location_loaded
 from runstate_tests.support.devserver import (
     RUNSTATE,
     descendants,
