@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from runstate.eventstore.lake import HistoryCatalog, LakeRunReader
-from runstate_tests.deployment.conftest import Deployment
+from runstate_tests.support.deployment import Deployment
 from runstate_tests.support.devserver import poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
