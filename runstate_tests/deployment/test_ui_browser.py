@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runstate_tests.deployment.conftest import Deployment
+from runstate_tests.support.deployment import Deployment
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
