@@ -26,25 +26,22 @@ from runstate.config import settings
 from runstate.eventstore import EventType
 from runstate.wal.changes import Change
 from runstate.wal.dataset_tables import BlobLocation, merge_dataset, table_ident
-from runstate_tests.eventstore import conftest as eventstore_fixtures
-from runstate_tests.eventstore.conftest import ev
-from runstate_tests.eventstore.lake import conftest as lake
-from runstate_tests.eventstore.lake.conftest import append_randomly, exported_to_the_end, feed_from_start
+from runstate_tests.support import lake
 from runstate_tests.support.devserver import poll
+from runstate_tests.support.events import ev
+from runstate_tests.support.lake import append_randomly, exported_to_the_end, feed_from_start
 from runstate_tests.support.procfs import command_line, processes_marked
-from runstate_tests.wal import conftest as wal_fixtures
-from runstate_tests.wal.dataset_tables import conftest as dataset_fixtures
 
 pytestmark = [pytest.mark.spark]
 README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"  # moved from the README (issue 53)
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
-# Fixtures of other folders: a lake namespace of the test's own, a WAL, its feed and dataset ids.
-history = lake.history
-store = eventstore_fixtures.pg_store  # the test's schema in the worker's database, where the catalog is
-sf_store = eventstore_fixtures.sf_store
-wal = wal_fixtures.wal
-feed = dataset_fixtures.feed
-dataset_ids = dataset_fixtures.dataset_ids
+# The root conftest's fixtures: a lake namespace of the test's own (history), a WAL, its feed and dataset ids.
+
+
+@pytest.fixture
+def store(pg_store):
+    """The test's schema in the worker's database, where the catalog is."""
+    return pg_store
 
 
 @pytest.fixture
