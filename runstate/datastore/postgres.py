@@ -31,6 +31,8 @@ from runstate.datastore.names import check_schema_name
 # trip per checkout, which halved the maintenance queue's throughput, while a session that died that
 # recently is rare (its statement then fails with an OperationalError, and the pool replaces it).
 CHECK_AFTER_IDLE_SECONDS = 1.0
+# Seconds to connect (libpq's connect_timeout, unless the DSN sets its own) and to wait for a pooled one.
+CONNECT_TIMEOUT_S = 10.0
 
 
 class PostgresDatastore:
@@ -45,7 +47,7 @@ class PostgresDatastore:
         schema: str = defaults.SCHEMA,
         pool_size: int = defaults.POOL_SIZE,
         min_size: int = 0,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
         application_name: str = "runstate",
         check_after_idle_s: float | None = CHECK_AFTER_IDLE_SECONDS,
     ) -> None:

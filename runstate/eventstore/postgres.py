@@ -36,6 +36,7 @@ from psycopg import errors
 
 from runstate import defaults, migrations, sqlfiles
 from runstate.datastore import PostgresDatastore, check_schema_name, pipelined_transaction
+from runstate.datastore.postgres import CONNECT_TIMEOUT_S
 from runstate.eventstore.backend import (
     Guess,
     GuessRefused,
@@ -422,7 +423,7 @@ class PostgresEventStore(EventStore):
         schema: str = defaults.SCHEMA,
         partitions: int = 0,
         pool_size: int = defaults.POOL_SIZE,
-        connect_timeout: float = 10.0,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
         datastore: PostgresDatastore | None = None,
         **store_options: Any,
     ):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, Self, TypeVar
 
-from runstate.config import ARCHIVE_TARGETS
+from runstate.config import ARCHIVE_TARGETS, Settings
 from runstate.eventstore import archive as archival
 from runstate.eventstore.appender import Appender
 from runstate.eventstore.backend import StoreBackend, Tx
@@ -51,7 +51,7 @@ class EventStore:
         keep_snapshots: int = 3,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         large_snapshot_bytes: int = 100 * 1024,
-        archive_to: str = "postgres",
+        archive_to: str = Settings.archive_to,
         lake: Callable[[], LakeReader] | None = None,
     ):
         if int(max_event_bytes) < 1:
