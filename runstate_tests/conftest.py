@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Postgres database, moto's server, fakesnow's server and one Spark session.
+"""Shared fixtures: a real Postgres database, moto's server, fakesnow's server and one Spark session (their
+helpers, shared with bench/, in runstate_tests/support).
 
 Every test gets its own namespace (a Postgres schema, a Snowflake schema, uniquely named AWS
 resources) and it is dropped afterwards, so tests and parallel workers never collide.
@@ -20,7 +21,8 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from psycopg import sql
 
-from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.dagster import load_alembic_scripts_once
+from runstate_tests.support.databases import create_database, create_migrated_database, drop_database, unique
 from runstate_tests.support.moto import MotoProcess
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
 
@@ -57,28 +59,8 @@ hypothesis_settings.register_profile("runstate", deadline=None)
 hypothesis_settings.load_profile("runstate")
 
 
-def _load_alembic_scripts_once() -> None:
-    """Dagster's SQLite storage (each test's own instance, and each run's event log database in it) checks
-    its schema against alembic's migration scripts, which alembic reads from their files at every check:
-    about half the CPU of a new instance (0.45 of 1.0 s) and of a run (0.13 of 0.25 s). The scripts do not
-    change while the suite runs, so a test process loads each folder of them once. (A deployment on
-    Postgres storage checks once per process; the CLI and the deployment's processes are left as they are.)
-    """
-    from alembic.script import ScriptDirectory
-
-    loaded: dict[tuple[str | None, str | None], ScriptDirectory] = {}
-    load = ScriptDirectory.from_config.__func__
-
-    def from_config(cls: type[ScriptDirectory], config: Any) -> ScriptDirectory:
-        key = (config.config_file_name, config.get_alembic_option("script_location"))
-        if key not in loaded:
-            loaded[key] = load(cls, config)
-        return loaded[key]
-
-    ScriptDirectory.from_config = classmethod(from_config)
-
-
-_load_alembic_scripts_once()
+# Dagster's alembic scripts are read once per test process (support/dagster.py says why).
+load_alembic_scripts_once()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -157,6 +139,17 @@ def fresh_database() -> Iterator[str]:
     """A database of the test's own, for tests that need an empty server-side namespace."""
     name = unique("rs_fresh")
     dsn = create_database(name)
+    yield dsn
+    drop_database(name)
+
+
+@pytest.fixture
+def migrated_database() -> Iterator[str]:
+    """A database of the test's own whose schema `runstate` holds every migration (no event partitions),
+    copied from a template migrated once (support/databases.py), for tests that need a migrated store
+    in a database no other test touches."""
+    name = unique("rs_migrated")
+    dsn = create_migrated_database(name)
     yield dsn
     drop_database(name)
 
@@ -308,12 +301,12 @@ def sf_store(snowflake_schema) -> Iterator[SnowflakeEventStore]:
 
 
 @pytest.fixture
-def own_store(fresh_database: str) -> Iterator[PostgresEventStore]:
+def own_store(migrated_database: str) -> Iterator[PostgresEventStore]:
     """A store in a database of the test's own: its feed waits for no transaction of another test (nor for
     the catalog's commits, whose tables live in the worker's database)."""
     from runstate.eventstore import PostgresEventStore
 
-    store = PostgresEventStore(fresh_database, schema="runstate")
+    store = PostgresEventStore(migrated_database, schema="runstate")
     store.ensure_schema()
     yield store
     store.close()

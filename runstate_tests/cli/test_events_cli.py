@@ -34,10 +34,10 @@ def cli_env(pg_database: str, pg_schema: str, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture
-def own_database_env(fresh_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
+def own_database_env(migrated_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """The CLI on a database of the test's own: the feed stops below the oldest transaction still open in
     its database, and the worker's shared one may hold a stray transaction of an earlier test."""
-    yield from point_the_cli_at(monkeypatch, fresh_database, "runstate")
+    yield from point_the_cli_at(monkeypatch, migrated_database, "runstate")
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ MAX_LAG_EVENTS = 5
 
 
 @pytest.fixture
-def own_resource(fresh_database: str) -> Iterator[EventStoreResource]:
+def own_resource(migrated_database: str) -> Iterator[EventStoreResource]:
     """The event store resource on a database of the test's own (the root conftest's own_store says why)."""
-    resource = EventStoreResource(backend="postgres", pg_url=fresh_database, pg_schema="runstate")
+    resource = EventStoreResource(backend="postgres", pg_url=migrated_database, pg_schema="runstate")
     yield resource
     resource.close()
 

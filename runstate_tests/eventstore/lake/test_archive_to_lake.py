@@ -35,10 +35,10 @@ def archive_to(request) -> str:
 
 
 @pytest.fixture
-def store(fresh_database, spark_settings, history, archive_to) -> Iterator[PostgresEventStore]:
+def store(migrated_database, spark_settings, history, archive_to) -> Iterator[PostgresEventStore]:
     """A store in a database of the test's own (its feed waits on no other test's transaction), archiving
     to `archive_to`, whose lake is the test's namespace in the worker's catalog."""
-    store = make_store(fresh_database, spark_settings, history.namespace, archive_to)
+    store = make_store(migrated_database, spark_settings, history.namespace, archive_to)
     yield store
     store.close()
 
@@ -75,7 +75,7 @@ def live_rows(dsn: str, run_id: str) -> int:
 
 
 def test_archive_then_read_then_restore_gives_every_row_back(
-    spark, store, history, fresh_database, archive_to
+    spark, store, history, migrated_database, archive_to
 ):
     append_runs(store)
     exported_to_the_end(spark, store, history)
@@ -85,7 +85,9 @@ def test_archive_then_read_then_restore_gives_every_row_back(
     moved = store.archive(7, now=NOW)
 
     assert moved == 8
-    assert [rows_in_postgres(fresh_database, r) for r in OLD] == ([0, 0] if archive_to == "lake" else [4, 4])
+    assert [rows_in_postgres(migrated_database, r) for r in OLD] == (
+        [0, 0] if archive_to == "lake" else [4, 4]
+    )
     for run_id in OLD:
         assert store.fetch(run_id) == before[run_id]
         assert store.fetch(run_id, after_seq=1, limit=2) == before[run_id][1:3]
@@ -100,16 +102,16 @@ def test_archive_then_read_then_restore_gives_every_row_back(
     again = store.restore("old-a")
 
     assert (restored, again) == (4, 0)
-    assert live_rows(fresh_database, "old-a") == 4
+    assert live_rows(migrated_database, "old-a") == 4
     assert store.fetch("old-a") == before["old-a"]
     assert store.fetch("old-b") == before["old-b"]  # still archived
     assert store.archive(7, now=NOW) == 0  # a restored run stays live for one archive age
 
 
 def test_an_append_to_a_run_archived_to_the_lake_knows_its_keys_and_reads_on(
-    spark, fresh_database, spark_settings, history
+    spark, migrated_database, spark_settings, history
 ):
-    store = make_store(fresh_database, spark_settings, history.namespace, "lake")
+    store = make_store(migrated_database, spark_settings, history.namespace, "lake")
     append_runs(store)
     exported_to_the_end(spark, store, history)
     before = store.fetch("old-a")
@@ -127,8 +129,10 @@ def test_an_append_to_a_run_archived_to_the_lake_knows_its_keys_and_reads_on(
     store.close()
 
 
-def test_a_run_the_lake_lacks_stays_in_postgres_and_is_named(spark, fresh_database, spark_settings, history):
-    store = make_store(fresh_database, spark_settings, history.namespace, "lake")
+def test_a_run_the_lake_lacks_stays_in_postgres_and_is_named(
+    spark, migrated_database, spark_settings, history
+):
+    store = make_store(migrated_database, spark_settings, history.namespace, "lake")
     append_runs(store)
     exported_to_the_end(spark, store, history)
     store.append(ev("old-b", "Note", 70, key="after-the-export"))  # old-b's newest event is not in the lake
@@ -139,16 +143,16 @@ def test_a_run_the_lake_lacks_stays_in_postgres_and_is_named(spark, fresh_databa
         store.archive(7, now=NOW)
 
     assert held.value.moved == 4 and [run_id for run_id, _ in held.value.held_back] == ["old-b"]
-    assert rows_in_postgres(fresh_database, "old-a") == 0 and live_rows(fresh_database, "old-b") == 5
+    assert rows_in_postgres(migrated_database, "old-a") == 0 and live_rows(migrated_database, "old-b") == 5
     exported_to_the_end(spark, store, history)
-    assert store.archive(7, now=NOW) == 5 and rows_in_postgres(fresh_database, "old-b") == 0
+    assert store.archive(7, now=NOW) == 5 and rows_in_postgres(migrated_database, "old-b") == 0
     store.close()
 
 
 def test_a_restore_killed_halfway_left_nothing_and_a_repeat_does_it_all(
-    spark, fresh_database, spark_settings, history, monkeypatch
+    spark, migrated_database, spark_settings, history, monkeypatch
 ):
-    store = make_store(fresh_database, spark_settings, history.namespace, "lake")
+    store = make_store(migrated_database, spark_settings, history.namespace, "lake")
     append_runs(store)
     exported_to_the_end(spark, store, history)
     before = store.fetch("old-a")
@@ -164,21 +168,21 @@ def test_a_restore_killed_halfway_left_nothing_and_a_repeat_does_it_all(
         store.restore("old-a")
     monkeypatch.undo()
 
-    assert rows_in_postgres(fresh_database, "old-a") == 0 and store.fetch("old-a") == before
+    assert rows_in_postgres(migrated_database, "old-a") == 0 and store.fetch("old-a") == before
     assert store.restore("old-a") == 4 and store.restore("old-a") == 0
-    assert store.fetch("old-a") == before and live_rows(fresh_database, "old-a") == 4
+    assert store.fetch("old-a") == before and live_rows(migrated_database, "old-a") == 4
     store.close()
 
 
 def test_a_lake_that_lacks_an_archived_run_is_refused_and_nothing_changes(
-    spark, fresh_database, spark_settings, history
+    spark, migrated_database, spark_settings, history
 ):
-    store = make_store(fresh_database, spark_settings, history.namespace, "lake")
+    store = make_store(migrated_database, spark_settings, history.namespace, "lake")
     append_runs(store)
     exported_to_the_end(spark, store, history)
     store.archive(7, now=NOW)
     elsewhere = make_store(
-        fresh_database, spark_settings, HistoryConfig(namespace="no_such_ns").namespace, "lake"
+        migrated_database, spark_settings, HistoryConfig(namespace="no_such_ns").namespace, "lake"
     )
 
     with pytest.raises(EventStoreError, match=r"archived in the lake with 4 event\(s\).*the lake holds 0"):
@@ -186,13 +190,13 @@ def test_a_lake_that_lacks_an_archived_run_is_refused_and_nothing_changes(
     with pytest.raises(EventStoreError, match="the lake holds 0"):
         elsewhere.restore("old-a")
 
-    assert rows_in_postgres(fresh_database, "old-a") == 0 and len(store.fetch("old-a")) == 4
+    assert rows_in_postgres(migrated_database, "old-a") == 0 and len(store.fetch("old-a")) == 4
     elsewhere.close()
     store.close()
 
 
-def test_a_store_that_cannot_reach_the_lake_says_so(fresh_database):
-    store = PostgresEventStore(fresh_database, schema="runstate", archive_to="lake")  # no lake given
+def test_a_store_that_cannot_reach_the_lake_says_so(migrated_database):
+    store = PostgresEventStore(migrated_database, schema="runstate", archive_to="lake")  # no lake given
     store.ensure_schema()
 
     with pytest.raises(EventStoreError, match="no lake to read from"):
@@ -200,6 +204,6 @@ def test_a_store_that_cannot_reach_the_lake_says_so(fresh_database):
     store.close()
 
 
-def test_archive_to_must_be_postgres_or_lake(fresh_database):
+def test_archive_to_must_be_postgres_or_lake(migrated_database):
     with pytest.raises(ValueError, match="archive_to must be one of postgres, lake, got 's3'"):
-        PostgresEventStore(fresh_database, archive_to="s3")
+        PostgresEventStore(migrated_database, archive_to="s3")

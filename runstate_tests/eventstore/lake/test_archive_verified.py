@@ -58,10 +58,10 @@ def rows_in_postgres(dsn: str, run_id: str, schema: str = "runstate") -> int:
 
 
 @pytest.fixture
-def two_runs(spark, fresh_database, spark_settings, history) -> Iterator[PostgresEventStore]:
+def two_runs(spark, migrated_database, spark_settings, history) -> Iterator[PostgresEventStore]:
     """old-a and old-b, each exported in a commit of its own (their rows in files and manifests of their
     own), on days of their own."""
-    store = make_store(fresh_database, spark_settings, history.namespace)
+    store = make_store(migrated_database, spark_settings, history.namespace)
     finished_run(store, "old-a")
     exported_to_the_end(spark, store, history)
     finished_run(store, "old-b", day=1)
@@ -98,7 +98,7 @@ def assert_only_old_b_moved(store: PostgresEventStore, dsn: str, before: list[An
 
 
 def test_a_run_whose_data_file_is_gone_keeps_its_rows_and_is_named_and_the_others_move(
-    spark, two_runs, history, fresh_database
+    spark, two_runs, history, migrated_database
 ):
     before = two_runs.fetch("old-a")
     (gone,) = data_files_of(spark, history, "old-a")
@@ -110,11 +110,11 @@ def test_a_run_whose_data_file_is_gone_keeps_its_rows_and_is_named_and_the_other
     ) as held:
         two_runs.archive(7, now=NOW)
 
-    assert_only_old_b_moved(two_runs, fresh_database, before, held)
+    assert_only_old_b_moved(two_runs, migrated_database, before, held)
     assert "archived 4 event(s) to the lake" in str(held.value)
 
 
-def test_a_truncated_data_file_keeps_the_run_in_postgres(spark, two_runs, history, fresh_database):
+def test_a_truncated_data_file_keeps_the_run_in_postgres(spark, two_runs, history, migrated_database):
     before = two_runs.fetch("old-a")
     (damaged,) = data_files_of(spark, history, "old-a")
     damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
@@ -122,11 +122,11 @@ def test_a_truncated_data_file_keeps_the_run_in_postgres(spark, two_runs, histor
     with pytest.raises(ArchiveHeldBack, match=r"run 'old-a': its events could not be read") as held:
         two_runs.archive(7, now=NOW)
 
-    assert_only_old_b_moved(two_runs, fresh_database, before, held)
+    assert_only_old_b_moved(two_runs, migrated_database, before, held)
 
 
 def test_a_missing_manifest_keeps_the_run_whose_files_it_lists(
-    spark, spark_settings, two_runs, history, fresh_database
+    spark, spark_settings, two_runs, history, migrated_database
 ):
     before = two_runs.fetch("old-a")
     (manifest,) = manifests_of(spark_settings, history, data_files_of(spark, history, "old-a"))
@@ -135,11 +135,11 @@ def test_a_missing_manifest_keeps_the_run_whose_files_it_lists(
     with pytest.raises(ArchiveHeldBack, match=rf"run 'old-a': .*{manifest.name}") as held:
         two_runs.archive(7, now=NOW)
 
-    assert_only_old_b_moved(two_runs, fresh_database, before, held)
+    assert_only_old_b_moved(two_runs, migrated_database, before, held)
 
 
 def test_a_missing_table_metadata_file_archives_nothing_and_names_it(
-    spark, spark_settings, two_runs, history, fresh_database
+    spark, spark_settings, two_runs, history, migrated_database
 ):
     before = {run_id: two_runs.fetch(run_id) for run_id in ("old-a", "old-b")}
     catalog = HistoryCatalog(spark_settings.pg_url, spark_settings.warehouse_dir)
@@ -151,11 +151,11 @@ def test_a_missing_table_metadata_file_archives_nothing_and_names_it(
         two_runs.archive(7, now=NOW)
 
     for run_id, events in before.items():
-        assert rows_in_postgres(fresh_database, run_id) == 4 and two_runs.fetch(run_id) == events
+        assert rows_in_postgres(migrated_database, run_id) == 4 and two_runs.fetch(run_id) == events
 
 
 def test_a_payload_the_lake_holds_differently_keeps_the_run_and_says_so(
-    spark, two_runs, history, fresh_database
+    spark, two_runs, history, migrated_database
 ):
     before = two_runs.fetch("old-a")
     spark.sql(
@@ -167,7 +167,7 @@ def test_a_payload_the_lake_holds_differently_keeps_the_run_and_says_so(
     ) as held:
         two_runs.archive(7, now=NOW)
 
-    assert_only_old_b_moved(two_runs, fresh_database, before, held)
+    assert_only_old_b_moved(two_runs, migrated_database, before, held)
 
 
 @pytest.fixture
@@ -191,11 +191,11 @@ def schema_histories(spark, spark_settings) -> Iterator[tuple[HistoryConfig, His
 
 
 def test_two_stores_in_one_database_each_export_their_own_events_into_their_own_table(
-    spark, fresh_database, spark_settings, schema_histories
+    spark, migrated_database, spark_settings, schema_histories
 ):
     history, other_history = schema_histories
-    first = make_store(fresh_database, spark_settings, history.namespace)
-    second = make_store(fresh_database, spark_settings, other_history.namespace, schema="b")
+    first = make_store(migrated_database, spark_settings, history.namespace)
+    second = make_store(migrated_database, spark_settings, other_history.namespace, schema="b")
     finished_run(first, "old-a")
     finished_run(second, "old-b")
     finished_run(second, "old-c", day=1)
@@ -207,18 +207,18 @@ def test_two_stores_in_one_database_each_export_their_own_events_into_their_own_
     assert lake_events(spark, history) == feed_from_start(first)
     assert lake_events(spark, other_history) == feed_from_start(second)
     assert second.archive(7, now=NOW) == 8 and first.archive(7, now=NOW) == 4
-    assert rows_in_postgres(fresh_database, "old-b", "b") == 0 and len(second.fetch("old-b")) == 4
+    assert rows_in_postgres(migrated_database, "old-b", "b") == 0 and len(second.fetch("old-b")) == 4
     first.close()
     second.close()
 
 
 def test_a_store_pointed_at_another_stores_table_is_refused_and_deletes_nothing(
-    spark, fresh_database, spark_settings, history
+    spark, migrated_database, spark_settings, history
 ):
-    owner = make_store(fresh_database, spark_settings, history.namespace)
+    owner = make_store(migrated_database, spark_settings, history.namespace)
     finished_run(owner, "old-a")
     exported_to_the_end(spark, owner, history)
-    stranger = make_store(fresh_database, spark_settings, history.namespace, schema="b")
+    stranger = make_store(migrated_database, spark_settings, history.namespace, schema="b")
     finished_run(stranger, "old-b")
     finished_run(stranger, "old-a")  # the same run id in the other store
 
@@ -228,8 +228,8 @@ def test_a_store_pointed_at_another_stores_table_is_refused_and_deletes_nothing(
         stranger.archive(7, now=NOW)
 
     assert (
-        rows_in_postgres(fresh_database, "old-a", "b") == 4
-        and rows_in_postgres(fresh_database, "old-b", "b") == 4
+        rows_in_postgres(migrated_database, "old-a", "b") == 4
+        and rows_in_postgres(migrated_database, "old-b", "b") == 4
     )
     assert lake_events(spark, history) == feed_from_start(owner)
     owner.close()
@@ -237,9 +237,9 @@ def test_a_store_pointed_at_another_stores_table_is_refused_and_deletes_nothing(
 
 
 def test_a_table_made_before_owners_is_claimed_by_the_next_export_and_archived_only_then(
-    spark, fresh_database, spark_settings, history
+    spark, migrated_database, spark_settings, history
 ):
-    store = make_store(fresh_database, spark_settings, history.namespace)
+    store = make_store(migrated_database, spark_settings, history.namespace)
     finished_run(store, "old-a")
     exported_to_the_end(spark, store, history)
     for table in (history.events_table, history.runs_table):
@@ -247,12 +247,12 @@ def test_a_table_made_before_owners_is_claimed_by_the_next_export_and_archived_o
 
     with pytest.raises(ForeignHistory, match="names no event store as its owner"):
         store.archive(7, now=NOW)
-    assert rows_in_postgres(fresh_database, "old-a") == 4
+    assert rows_in_postgres(migrated_database, "old-a") == 4
 
     list(export_history(spark, store, history))
-    other = make_store(fresh_database, spark_settings, history.namespace, schema="b")
+    other = make_store(migrated_database, spark_settings, history.namespace, schema="b")
     with pytest.raises(ForeignHistory):
         list(export_history(spark, other, history))
-    assert store.archive(7, now=NOW) == 4 and rows_in_postgres(fresh_database, "old-a") == 0
+    assert store.archive(7, now=NOW) == 4 and rows_in_postgres(migrated_database, "old-a") == 0
     other.close()
     store.close()

@@ -44,13 +44,13 @@ def _killed_export(child_args: dict, hold_after: str | None, delay_s: float) -> 
 
 
 def test_killed_and_repeated_exports_leave_the_lake_equal_to_the_feed(
-    spark, spark_settings, fresh_database, own_store, history
+    spark, spark_settings, migrated_database, own_store, history
 ):
     rng = random.Random(SEED)
     child_args = {
         "catalog_url": spark_settings.pg_url,
         "warehouse": str(spark_settings.warehouse_dir),
-        "store_url": fresh_database,
+        "store_url": migrated_database,
         "schema": own_store.schema,
         "namespace": history.namespace,
         "batch_events": helpers.SMALL_BATCHES,  # so kills land between commits

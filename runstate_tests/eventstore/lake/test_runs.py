@@ -189,12 +189,14 @@ def test_a_merge_reads_only_the_run_events_of_its_range(spark, own_store, histor
 
 
 @pytest.mark.spark
-def test_a_merge_opens_only_the_partitions_of_the_runs_it_touches(spark, own_store, fresh_database, history):
+def test_a_merge_opens_only_the_partitions_of_the_runs_it_touches(
+    spark, own_store, migrated_database, history
+):
     """The runs of two years ago are in partitions of their own; with their data files gone from disk, an
     export that touches only today's runs still merges, so it never opened those files."""
     append_randomly(own_store, random.Random(5), runs=6, appends=20)
     old = ("run-00", "run-01")
-    with psycopg.connect(fresh_database, autocommit=True) as conn:
+    with psycopg.connect(migrated_database, autocommit=True) as conn:
         conn.execute(
             "UPDATE runstate.run_streams SET created_at = created_at - interval '730 days' WHERE run_id = ANY(%s)",
             (list(old),),
