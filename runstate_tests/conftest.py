@@ -22,7 +22,7 @@ from hypothesis import settings as hypothesis_settings
 from psycopg import sql
 
 from runstate_tests.support.dagster import load_alembic_scripts_once
-from runstate_tests.support.databases import create_database, create_migrated_database, drop_database, unique
+from runstate_tests.support.databases import MigratedDatabases, create_database, drop_database, unique
 from runstate_tests.support.moto import MotoProcess
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
 
@@ -143,15 +143,21 @@ def fresh_database() -> Iterator[str]:
     drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def migrated_databases() -> Iterator[MigratedDatabases]:
+    supply = MigratedDatabases()
+    yield supply
+    supply.close()
+
+
 @pytest.fixture
-def migrated_database() -> Iterator[str]:
+def migrated_database(migrated_databases: MigratedDatabases) -> Iterator[str]:
     """A database of the test's own whose schema `runstate` holds every migration (no event partitions),
-    copied from a template migrated once (support/databases.py), for tests that need a migrated store
-    in a database no other test touches."""
-    name = unique("rs_migrated")
-    dsn = create_migrated_database(name)
-    yield dsn
-    drop_database(name)
+    copied from a template migrated once and made while the test before ran (support/databases.py), for
+    tests that need a migrated store in a database no other test touches."""
+    name, url = migrated_databases.take()
+    yield url
+    migrated_databases.drop(name)
 
 
 @pytest.fixture

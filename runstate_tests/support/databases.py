@@ -6,6 +6,7 @@ import hashlib
 import os
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import psycopg
 import psycopg.errors
@@ -132,3 +133,33 @@ def _build_template(admin: psycopg.Connection, name: str) -> None:
     except BaseException:
         drop_database(building)
         raise
+
+
+class MigratedDatabases:
+    """Migrated databases made one ahead, in a thread of their own: a test takes the copy made while the
+    test before it ran, and its copy is dropped in that thread too. A copy's CREATE DATABASE (about
+    0.3 s, mostly the server's fsync of each new relation file) then stays off the tests' path."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="migrated-databases")
+        self._next: Future[tuple[str, str]] | None = None
+
+    def take(self) -> tuple[str, str]:
+        """(name, URL) of a migrated database of the caller's own; it gives it back with `drop`."""
+        ready = self._next or self._make()
+        self._next = None
+        name, url = ready.result()
+        self._next = self._make()
+        return name, url
+
+    def drop(self, name: str) -> None:
+        self._thread.submit(drop_database, name)
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next.add_done_callback(lambda made: made.exception() or drop_database(made.result()[0]))
+        self._thread.shutdown(wait=True)
+
+    def _make(self) -> Future[tuple[str, str]]:
+        name = unique("rs_migrated")
+        return self._thread.submit(lambda: (name, create_migrated_database(name)))
