@@ -77,7 +77,14 @@ class RunstateGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         errors = domain_errors()  # imported before the verb runs: a stop signal then raises in the verb
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except Exception as error:
+                if not isinstance(error, click.exceptions.Exit):
+                    # A failure after a stop signal is the stop's doing: SIGTERM to the process group
+                    # (systemd, `timeout`) stops the Spark JVM too, and py4j's calls then fail.
+                    stop_if_signalled()
+                raise
         except errors as error:
             raise click.ClickException(one_line(error)) from None
         except KeyboardInterrupt as interrupt:
