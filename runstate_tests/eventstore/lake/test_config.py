@@ -102,5 +102,5 @@ def test_the_namespace_follows_the_stores_schema_unless_set():
     )
     assert namespace(RUNSTATE_SCHEMA="Audit_2") == "audit_2"
     assert namespace(RUNSTATE_SCHEMA="b", RUNSTATE_HISTORY_NAMESPACE="shared") == "shared"
-    with pytest.raises(ConfigError, match="RUNSTATE_SCHEMA must be an identifier"):
+    with pytest.raises(ConfigError, match="RUNSTATE_SCHEMA: schema name .b-c. must match"):
         namespace(RUNSTATE_SCHEMA="b-c")
