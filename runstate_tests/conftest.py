@@ -22,7 +22,13 @@ from hypothesis import settings as hypothesis_settings
 from psycopg import sql
 
 from runstate_tests.support.dagster import load_alembic_scripts_once
-from runstate_tests.support.databases import MigratedDatabases, create_database, drop_database, unique
+from runstate_tests.support.databases import (
+    DatabasesMadeAhead,
+    create_database,
+    create_migrated_database,
+    drop_database,
+    unique,
+)
 from runstate_tests.support.moto import MotoProcess
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
 
@@ -134,30 +140,34 @@ def pg_database() -> Iterator[str]:
     drop_database(name)
 
 
-@pytest.fixture
-def fresh_database() -> Iterator[str]:
-    """A database of the test's own, for tests that need an empty server-side namespace."""
-    name = unique("rs_fresh")
-    dsn = create_database(name)
-    yield dsn
-    drop_database(name)
-
-
 @pytest.fixture(scope="session")
-def migrated_databases() -> Iterator[MigratedDatabases]:
-    supply = MigratedDatabases()
-    yield supply
-    supply.close()
+def databases_made_ahead() -> Iterator[dict[str, DatabasesMadeAhead]]:
+    supplies = {
+        "empty": DatabasesMadeAhead("rs_fresh", create_database),
+        "migrated": DatabasesMadeAhead("rs_migrated", create_migrated_database),
+    }
+    yield supplies
+    for supply in supplies.values():
+        supply.close()
 
 
 @pytest.fixture
-def migrated_database(migrated_databases: MigratedDatabases) -> Iterator[str]:
+def fresh_database(databases_made_ahead: dict[str, DatabasesMadeAhead]) -> Iterator[str]:
+    """A database of the test's own, for tests that need an empty server-side namespace (made while the
+    test before ran)."""
+    name, url = databases_made_ahead["empty"].take()
+    yield url
+    databases_made_ahead["empty"].drop(name)
+
+
+@pytest.fixture
+def migrated_database(databases_made_ahead: dict[str, DatabasesMadeAhead]) -> Iterator[str]:
     """A database of the test's own whose schema `runstate` holds every migration (no event partitions),
     copied from a template migrated once and made while the test before ran (support/databases.py), for
     tests that need a migrated store in a database no other test touches."""
-    name, url = migrated_databases.take()
+    name, url = databases_made_ahead["migrated"].take()
     yield url
-    migrated_databases.drop(name)
+    databases_made_ahead["migrated"].drop(name)
 
 
 @pytest.fixture

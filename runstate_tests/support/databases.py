@@ -6,6 +6,7 @@ import hashlib
 import os
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import psycopg
@@ -135,17 +136,19 @@ def _build_template(admin: psycopg.Connection, name: str) -> None:
         raise
 
 
-class MigratedDatabases:
-    """Migrated databases made one ahead, in a thread of their own: a test takes the copy made while the
-    test before it ran, and its copy is dropped in that thread too. A copy's CREATE DATABASE (about
-    0.3 s, mostly the server's fsync of each new relation file) then stays off the tests' path."""
+class DatabasesMadeAhead:
+    """Databases made one ahead, in a thread of their own: a test takes the database made while the test
+    before it ran, and its database is dropped in that thread too. A CREATE DATABASE (about 0.3 s, mostly
+    the server's fsync of each new relation file, a template's copy as much as an empty one) then stays
+    off the tests' path."""
 
-    def __init__(self) -> None:
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="migrated-databases")
+    def __init__(self, prefix: str, create: Callable[[str], str]) -> None:
+        self.prefix, self.create = prefix, create
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"{prefix}-databases")
         self._next: Future[tuple[str, str]] | None = None
 
     def take(self) -> tuple[str, str]:
-        """(name, URL) of a migrated database of the caller's own; it gives it back with `drop`."""
+        """(name, URL) of a database of the caller's own; it gives it back with `drop`."""
         ready = self._next or self._make()
         self._next = None
         name, url = ready.result()
@@ -161,5 +164,5 @@ class MigratedDatabases:
         self._thread.shutdown(wait=True)
 
     def _make(self) -> Future[tuple[str, str]]:
-        name = unique("rs_migrated")
-        return self._thread.submit(lambda: (name, create_migrated_database(name)))
+        name = unique(self.prefix)
+        return self._thread.submit(lambda: (name, self.create(name)))
