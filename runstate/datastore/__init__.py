@@ -11,10 +11,10 @@ backend); the event store, the maintenance queue and the migrations take them. N
 domain, and both let the driver's errors through: each domain translates them into its own error root.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runstate.datastore.names import InvalidSchemaName, check_schema_name
+from runstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from runstate.datastore.postgres import PostgresDatastore, pipelined_transaction, redact
@@ -22,20 +22,15 @@ if TYPE_CHECKING:
 
 # Each datastore loads its driver (psycopg and its pool, the Snowflake connector): imported on first use,
 # so that `runstate.config`, which checks RUNSTATE_SCHEMA by names.py's rule, loads no driver.
-_LAZY = {
-    "PostgresDatastore": "runstate.datastore.postgres",
-    "pipelined_transaction": "runstate.datastore.postgres",
-    "redact": "runstate.datastore.postgres",
-    "SnowflakeDatastore": "runstate.datastore.snowflake",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresDatastore": "runstate.datastore.postgres",
+        "pipelined_transaction": "runstate.datastore.postgres",
+        "redact": "runstate.datastore.postgres",
+        "SnowflakeDatastore": "runstate.datastore.snowflake",
+    },
+)
 
 
 class Datastore(Protocol):

@@ -3,8 +3,7 @@
 from runstate.eventstore import PostgresEventStore, NewEvent, EventType
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runstate.config import DEFAULT_ARCHIVE_AFTER_DAYS
 from runstate.eventstore.contract import (
@@ -36,6 +35,7 @@ from runstate.eventstore.validation import (
     validate_batch,
     validate_event,
 )
+from runstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from runstate.eventstore.migrate import migrate_events, verify_migration
@@ -44,20 +44,15 @@ if TYPE_CHECKING:
 
 # The backends load their drivers (psycopg, the Snowflake connector): imported on first use, so that a
 # module under runstate.eventstore (the CLI's `--help` reads feed.py) does not pay for them.
-_LAZY = {
-    "PostgresEventStore": "runstate.eventstore.postgres",
-    "SnowflakeEventStore": "runstate.eventstore.snowflake",
-    "migrate_events": "runstate.eventstore.migrate",
-    "verify_migration": "runstate.eventstore.migrate",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "PostgresEventStore": "runstate.eventstore.postgres",
+        "SnowflakeEventStore": "runstate.eventstore.snowflake",
+        "migrate_events": "runstate.eventstore.migrate",
+        "verify_migration": "runstate.eventstore.migrate",
+    },
+)
 
 
 __all__ = [
