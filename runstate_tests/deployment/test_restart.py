@@ -33,6 +33,7 @@ import pytest
 from dagster._core.events.log import EventLogEntry
 from dagster._serdes import deserialize_value
 
+from runstate.procfs import alive
 from runstate.wal import DatasetReader, WalProducer, WalTable, wal_status
 from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
@@ -111,14 +112,6 @@ def service_pids(home: Path) -> set[int]:
     path = home / ".runstate" / "services.json"
     records = json.loads(path.read_text()) if path.exists() else {}
     return {record["pid"] for record in records.values() if record.get("pid")}
-
-
-def alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 @pytest.fixture

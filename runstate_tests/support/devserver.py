@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from runstate.procfs import descendants
+
 RUNSTATE = str(Path(sys.executable).parent / "runstate")
 
 
@@ -91,21 +93,6 @@ def _fd_targets(proc: Path) -> set[str]:
         with contextlib.suppress(OSError):
             targets.add(os.readlink(fd))
     return targets
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, whatever its session (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def graphql(port: int, query: str, variables: dict | None = None, timeout: float = 60) -> dict:

@@ -21,9 +21,9 @@ import signal
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
+from runstate.procfs import PROC, alive, descendants, stat_fields
+
 # How long the ended processes are given to be gone (SIGKILL takes effect at once, even on a stopped one).
 GONE_WITHIN_S = 10.0
 
@@ -58,16 +58,8 @@ def host_key() -> str | None:
     return f"{socket.gethostname()}/{boot}/{namespace}".replace(" ", "_")
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None when it is gone."""
-    try:
-        return (PROC / f"{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def _start_ticks(pid: int) -> int | None:
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return int(fields[19]) if fields else None  # field 22 of the whole line
 
 
@@ -77,25 +69,6 @@ def this_process() -> WorkerProcess | None:
     return WorkerProcess(host, os.getpid(), started) if host and started is not None else None
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in PROC.glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] != "Z"  # a zombie has ended; only its parent's wait is left
-
-
 def end_process(worker: WorkerProcess) -> str:
     """SIGKILL the recorded process and every process below it, if it is this machine's and still the
     same process, and wait until they are gone. Returns what was done, for the run's failure message."""
@@ -103,16 +76,16 @@ def end_process(worker: WorkerProcess) -> str:
         return f"its process {worker.pid} runs on another host ({worker.host.split('/')[0]}), left alone"
     if worker.pid == os.getpid() or _start_ticks(worker.pid) != worker.started:
         return f"its process {worker.pid} had already ended"
-    tree = [*_descendants(worker.pid), worker.pid]  # read first: the children are orphaned once it dies
+    tree = [*descendants(worker.pid), worker.pid]  # read first: the children are orphaned once it dies
     if os.getpid() in tree:  # the caller runs below the run's process (an in-process tick): its fence acts
         return f"its process {worker.pid} runs above this one, left to its own fence"
     for pid in tree:
         with contextlib.suppress(ProcessLookupError, PermissionError):  # one left alive is reported
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + GONE_WITHIN_S
-    while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = [pid for pid in tree if _alive(pid)]
+    left = [pid for pid in tree if alive(pid)]
     if left:
         return f"its process {worker.pid} was killed, but {len(left)} of its processes did not end"
     return f"its process {worker.pid} and the {len(tree) - 1} below it (a Spark JVM among them) were killed"

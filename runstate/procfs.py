@@ -1,0 +1,36 @@
+"""What /proc says of a process: its stat fields, whether it is alive, and the processes below it."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None when it is gone."""
+    try:
+        return (PROC / f"{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has ended; only its parent's wait is left
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, whatever its session or group."""
+    children: dict[int, list[int]] = {}
+    for stat in PROC.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
