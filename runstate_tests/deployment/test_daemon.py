@@ -257,14 +257,18 @@ def create_iceberg_table(deployment: Deployment, namespace: str, table: str, sna
 def lake_catalog(deployment: Deployment) -> Any:
     """The deployment's `lake` catalog through pyiceberg, which reads and writes the tables Spark uses."""
     from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import IntegrityError
 
     warehouse = deployment.home / ".runstate" / "warehouse"  # where the deployment's Spark looks
     warehouse.mkdir(parents=True, exist_ok=True)
-    return SqlCatalog(
-        "lake",
-        uri=deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1),
-        warehouse=warehouse.as_uri(),
-    )
+    uri = deployment.pg_url.replace("postgresql://", "postgresql+psycopg2://", 1)
+    try:
+        return SqlCatalog("lake", uri=uri, warehouse=warehouse.as_uri())
+    except IntegrityError:
+        # pyiceberg creates the catalog's tables when they are missing, and so does the deployment's Spark
+        # at the same moment: the CREATE TABLE that loses fails in Postgres's own catalog (pg_type), and
+        # a second try finds the tables there.
+        return SqlCatalog("lake", uri=uri, warehouse=warehouse.as_uri())
 
 
 def maintenance_job_finished(deployment: Deployment, job_id: str) -> str | None:
