@@ -230,7 +230,27 @@ def build_session(settings: SparkSettings) -> SparkSession:
 
     use_this_python_for_tasks()
     check_master_answers(settings.master)
+    config = spark_config(settings)
+    start_the_jvm_in_its_own_session(config)
     builder = SparkSession.builder
-    for key, value in spark_config(settings).items():
+    for key, value in config.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def start_the_jvm_in_its_own_session(config: Mapping[str, str]) -> None:
+    """The Spark context, its JVM out of the caller's process group, unless one runs already.
+
+    A stop signal to the process group (`timeout`, a shell's job control) reached the JVM too, which
+    then died under whatever it did and logged its own errors and stack traces on the command's stderr.
+    Out of the group, the JVM is stopped by its caller: the signal cancels the Spark job in flight
+    (runstate.spark_interrupts), and the JVM exits when its caller's end of its stdin closes, on any exit
+    of the caller, SIGKILL included (PySpark's gateway server watches it). PySpark itself keeps the
+    terminal's Ctrl-C from the JVM the same way, by ignoring SIGINT there."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._active_spark_context is not None:
+        return
+    conf = SparkConf().setAll(list(config.items()))
+    SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs={"start_new_session": True}))

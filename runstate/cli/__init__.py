@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -181,6 +182,8 @@ def entry() -> NoReturn:
     stops a command as Ctrl-C does.
     """
     signal.signal(signal.SIGTERM, stop_the_command)
+    for logger in (logging.getLogger(), logging.getLogger("py4j")):
+        logger.addFilter(_silent_spark_after_a_stop)
     try:
         main()
         status = 0
@@ -226,6 +229,15 @@ def _raise_stop(signum: int) -> NoReturn:
     global _stop_raised
     _stop_raised = True
     raise KeyboardInterrupt("terminated by SIGTERM" if signum == signal.SIGTERM else "")
+
+
+def _silent_spark_after_a_stop(record: logging.LogRecord) -> bool:
+    """Drops what py4j and PySpark log once a stop signal came: SIGTERM to the process group stops the
+    JVM too, and py4j logs the broken connection ("Exception while sending command." and a traceback) on
+    the root logger before the command sees the stop. That failure is the stop's, said in one line."""
+    if _stop_signal is None:
+        return True
+    return not any(f"{os.sep}{package}{os.sep}" in record.pathname for package in ("py4j", "pyspark"))
 
 
 def _in_spark_call(frame: FrameType | None) -> bool:

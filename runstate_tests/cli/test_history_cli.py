@@ -7,11 +7,13 @@ database and warehouse; its store is the test's schema in that database, its lak
 from __future__ import annotations
 
 import json
+import os
 import random
 import shlex
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -160,6 +162,36 @@ def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind
     assert child.returncode == 1, (child.returncode, err[-2000:])
     assert "interrupted: terminated by SIGTERM" in err.splitlines() and "Traceback" not in err, err[-3000:]
     # The JVM ends once its Python is gone.
+    poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
+
+
+def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, monkeypatch):
+    """What systemd and `timeout` do: SIGTERM to the whole process group, the Spark JVM included. The JVM
+    then dies under the query, and py4j's calls failed with 40-80 lines of tracebacks: a failure after
+    a stop signal is the stop's, one `interrupted:` line and exit 1, whatever the command was doing."""
+    mark = f"runstate-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv("RUNSTATE_TEST_MARK", mark)
+    statement = "SELECT count(*) FROM range(100000000) a CROSS JOIN range(100000) b"
+    child = subprocess.Popen(
+        [RUNSTATE, "sql", statement],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    poll(
+        lambda: [pid for pid in processes_marked(mark) if "java" in command_line(pid)],
+        timeout=120,
+        every=0.05,
+        what="the command's JVM starting",
+    )
+    time.sleep(8)  # most often into the query; whatever the phase, the answer is the same
+    os.killpg(child.pid, signal.SIGTERM)
+    out, err = child.communicate(timeout=300)
+
+    assert child.returncode == 1, (child.returncode, err[-2000:])
+    assert "interrupted: terminated by SIGTERM" in err.splitlines(), err[-3000:]
+    assert "Traceback" not in err and "Error" not in err, err[-3000:]
     poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
 
 
