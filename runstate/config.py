@@ -133,7 +133,7 @@ class Settings:
     wal_flush_linger_s: float = 20.0
     # always-on: each flush shard has one live run that polls it and hands over to its successor;
     # on-demand: a run per shard with work, lingering wal_flush_linger_s (docs/OPERATIONS.md).
-    wal_flush_mode: str = "on-demand"
+    wal_flush_mode: str = "always-on"
     # An always-on run's age before it hands its shard to a successor (each hand-over starts a run).
     wal_flush_run_budget_s: float = 240.0
     maintenance_workers: int = 2

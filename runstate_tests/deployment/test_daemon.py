@@ -17,8 +17,11 @@ from typing import Any
 
 import pytest
 
+from runstate.config import Settings
+from runstate.defs.tags import WAL_SHARD_TAG
 from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
+from runstate.wal.shards import shard_of
 from runstate_tests.deployment.gate import process_of_client
 from runstate_tests.support.deployment import RUNS, Deployment, visible
 from runstate_tests.support.devserver import poll
@@ -123,7 +126,7 @@ def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(
         deployment.cli("wal", "append", "--dataset", dataset, "--upsert", "x=1")
         deployment.cli("wal", "append", "--dataset", dataset, "--upsert", "x=2")
         client_port = deployment.moto.gate.wait_for_held(timeout=FLUSH_DEADLINE_S)
-        in_flight = started_flush_runs(deployment)
+        in_flight = started_flush_runs(deployment, dataset)
         killed = kill_run_processes(process_of_client(client_port, deployment.moto.port))
         # A later change: were the killed batch applied again after it, the reader would show x=2.
         deployment.cli("wal", "append", "--dataset", dataset, "--upsert", "x=3")
@@ -150,8 +153,12 @@ def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(
     assert (version, state) == (3, {"x": 3})
 
 
-def started_flush_runs(deployment: Deployment) -> list[str]:
-    runs = deployment.graphql(RUNS, {"filter": {"statuses": ["STARTED"], "pipelineName": "flush_wal"}})
+def started_flush_runs(deployment: Deployment, dataset: str) -> list[str]:
+    """The dataset's shard's flush runs in progress: always-on, the other shard's run lives on unharmed."""
+    shard = {"key": WAL_SHARD_TAG, "value": str(shard_of(dataset, Settings.wal_flush_shards))}
+    runs = deployment.graphql(
+        RUNS, {"filter": {"statuses": ["STARTED"], "pipelineName": "flush_wal", "tags": [shard]}}
+    )
     return [run["runId"] for run in runs["runsOrError"]["results"]]
 
 

@@ -231,8 +231,16 @@ def plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PlainDepl
     pg_url, dagster_url = (create_database(name) for name in names)
     moto = MotoProcess()
     (tmp_path / "dagster.yaml").write_text(STORAGE_ONLY)
+    # On-demand flush runs: the kill below comes while one launches, a moment only on-demand runs have
+    # (always-on runs through a kill and a restart: test_always_on).
     env = deployment_env(
-        tmp_path, pg_url, dagster_url, moto.url, dagster_home=tmp_path, RUNSTATE_DATASET_MERGE_INTERVAL_S="10"
+        tmp_path,
+        pg_url,
+        dagster_url,
+        moto.url,
+        dagster_home=tmp_path,
+        RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
+        RUNSTATE_WAL_FLUSH_MODE="on-demand",
     )
     upgrade = subprocess.run(
         [RUNSTATE, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=600

@@ -17,7 +17,6 @@ deployment was up, its daemon flushed this test's rows, and this server listed n
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -39,15 +38,10 @@ from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.support.databases import create_database, drop_database, unique
-from runstate_tests.support.deployment import Deployment, check_flush_after_restart, deployment_env
-from runstate_tests.support.deployment import location_loaded as _location_loaded
+from runstate_tests.support.deployment import Deployment, Server, check_flush_after_restart, deployment_env
 from runstate_tests.support.devserver import (
     RUNSTATE,
-    descendants,
-    free_port,
-    launch_dev,
     poll,
-    wait_for_graphql,
 )
 from runstate_tests.support.moto import MotoProcess
 
@@ -65,55 +59,6 @@ RUNS = """query($filter: RunsFilter) { runsOrError(filter: $filter) { ... on Run
 RUN = """query($runId: ID!) { runOrError(runId: $runId) { ... on Run { status endTime } } }"""
 
 
-class Server:
-    """One `runstate dev` that the test can stop by signal and start again on the same databases."""
-
-    def __init__(self, deployment: Deployment) -> None:
-        self.deployment = deployment
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        for _ in range(3):  # a port another process took before our webserver bound it: another port
-            self.deployment.port = free_port()
-            self.process = launch_dev(
-                self.deployment.port, self.deployment.env, self.deployment.log, start_new_session=True
-            )
-            if wait_for_graphql(self.deployment.port, self.process, timeout=STARTUP_S):
-                break
-            self.stop(signal.SIGKILL)
-        assert self.process is not None, self.deployment.log_tail()
-        poll(
-            lambda: _location_loaded(self.deployment), timeout=STARTUP_S, every=1, what="code location loaded"
-        )
-
-    def stop(self, sig: int, *, everyone: bool = True) -> None:
-        """`sig` to every process of the deployment at once, as a reboot or a deploy's cgroup kill does:
-        `runstate dev`, the `dagster dev` in its own session, the webserver, daemon, code server and run
-        workers; or (`everyone=False`) to `runstate dev` alone, as a user's Ctrl-C or a service manager
-        does. Then wait until none is left."""
-        assert self.process is not None
-        services = service_pids(self.deployment.home)  # they outlive `runstate dev` by design
-        tree = [pid for pid in [self.process.pid, *descendants(self.process.pid)] if pid not in services]
-        for pid in tree if everyone else tree[:1]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 180
-        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for pid in tree:  # whatever outlived a SIGTERM
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.process.wait(timeout=60)
-        self.process = None
-
-
-def service_pids(home: Path) -> set[int]:
-    """The embedded services `runstate dev` started (`.runstate/services.json`)."""
-    path = home / ".runstate" / "services.json"
-    records = json.loads(path.read_text()) if path.exists() else {}
-    return {record["pid"] for record in records.values() if record.get("pid")}
-
-
 @pytest.fixture
 def server() -> Iterator[Server]:
     home = Path(tempfile.mkdtemp(prefix="runstate-restart-"))
@@ -125,7 +70,9 @@ def server() -> Iterator[Server]:
         pg_url,
         dagster_url,
         moto.url,
-        # Long enough that the flush runs are still lingering when the server is stopped.
+        # On-demand runs, lingering long enough that they are still lingering when the server is stopped
+        # (always-on runs through a restart: test_always_on).
+        RUNSTATE_WAL_FLUSH_MODE="on-demand",
         RUNSTATE_WAL_FLUSH_LINGER_S="120",
         RUNSTATE_RUN_DEAD_AFTER_S=str(DEAD_AFTER_S),
     )

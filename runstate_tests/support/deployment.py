@@ -3,18 +3,22 @@ stopping it as a user would."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from runstate.procfs import alive, descendants
 from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate_tests.deployment.gate import GatedMotoServer
-from runstate_tests.support.devserver import RUNSTATE, graphql
+from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, launch_dev, poll, wait_for_graphql
 from runstate_tests.support.moto import MotoProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -164,3 +168,52 @@ def check_flush_after_restart(
     print(figures)
     assert launched_after <= RESTART_BOUND_S, figures
     assert visible_after - started_after <= RESTART_BOUND_S, figures
+
+
+class Server:
+    """One `runstate dev` that the test can stop by signal and start again on the same databases."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        for _ in range(3):  # a port another process took before our webserver bound it: another port
+            self.deployment.port = free_port()
+            self.process = launch_dev(
+                self.deployment.port, self.deployment.env, self.deployment.log, start_new_session=True
+            )
+            if wait_for_graphql(self.deployment.port, self.process, timeout=STARTUP_S):
+                break
+            self.stop(signal.SIGKILL)
+        assert self.process is not None, self.deployment.log_tail()
+        poll(
+            lambda: location_loaded(self.deployment), timeout=STARTUP_S, every=1, what="code location loaded"
+        )
+
+    def stop(self, sig: int, *, everyone: bool = True) -> None:
+        """`sig` to every process of the deployment at once, as a reboot or a deploy's cgroup kill does:
+        `runstate dev`, the `dagster dev` in its own session, the webserver, daemon, code server and run
+        workers; or (`everyone=False`) to `runstate dev` alone, as a user's Ctrl-C or a service manager
+        does. Then wait until none is left."""
+        assert self.process is not None
+        services = service_pids(self.deployment.home)  # they outlive `runstate dev` by design
+        tree = [pid for pid in [self.process.pid, *descendants(self.process.pid)] if pid not in services]
+        for pid in tree if everyone else tree[:1]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 180
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in tree:  # whatever outlived a SIGTERM
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(timeout=60)
+        self.process = None
+
+
+def service_pids(home: Path) -> set[int]:
+    """The embedded services `runstate dev` started (`.runstate/services.json`)."""
+    path = home / ".runstate" / "services.json"
+    records = json.loads(path.read_text()) if path.exists() else {}
+    return {record["pid"] for record in records.values() if record.get("pid")}

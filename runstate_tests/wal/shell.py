@@ -33,8 +33,11 @@ from runstate.wal.table import WalTable
 FAST_RETRY_POLICY = dg.RetryPolicy(max_retries=3, delay=0.01, backoff=dg.Backoff.EXPONENTIAL)
 # The resource settings of the tests: ticks are driven back to back (no run interval, no linger: a run
 # flushes its plan and ends), the flush of a dataset is tried 3 times with millisecond waits, and 2 shards
-# so multi-dataset tests span both.
-TEST_RESOURCE = dict(min_run_interval_s=0, flush_linger_s=0, flush_retry_delay_s=0.01, flush_shards=2)
+# so multi-dataset tests span both. On-demand runs (the sensor plans each run's batches): the shell's
+# model checks drive the plan tick by tick; always-on runs have tests of their own (test_wal_always_on).
+TEST_RESOURCE = dict(
+    min_run_interval_s=0, flush_linger_s=0, flush_retry_delay_s=0.01, flush_shards=2, flush_always_on=False
+)
 
 
 def unique_name(prefix: str) -> str:
