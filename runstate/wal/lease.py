@@ -135,8 +135,12 @@ class ShardLease:
         return self._write(current, replace(current, expires_at=now + self.ttl_s))
 
     def offer(self, holder: str) -> bool:
-        """Register (or refresh) `holder` as the successor; False while another fresh successor waits."""
+        """Register (or refresh) `holder` as the successor; False while another fresh successor waits.
+        True, and nothing written, once `holder` holds the lease: a waiting run's offer that came right
+        after the hand-over made it its own successor, and it handed the shard to itself and ended."""
         state, now = self.read(), self.clock()
+        if state.holder == holder:
+            return True
         if state.successor not in ("", holder) and self._successor_fresh(state, now):
             return False
         return self._write(state, replace(state, successor=holder, successor_seen_at=now)) is not None

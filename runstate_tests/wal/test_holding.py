@@ -124,7 +124,7 @@ def test_the_successor_holds_the_shard_before_its_predecessor_stops_with_no_gap_
     for thread in (appender, predecessor, successor):
         thread.join(timeout=120)
     assert not appender.is_alive()
-    assert sum(w.applied for w in timeline.windows if w.holder == "run-s") >= 1, timeline.windows
+    assert sum(w.applied for w in timeline.windows if w.holder == "run-s") >= 1, (timeline, len(appended))
 
     assert timeline.ended["run-p"] == "shard 0: generation 1 handed to run-s"
     handed, (taken, generation) = timeline.handed["run-p"], timeline.taken["run-s"]

@@ -74,6 +74,21 @@ def test_hand_over_goes_to_a_fresh_registered_successor_with_the_next_generation
     assert lease.renew(held) is None
 
 
+def test_a_late_offer_from_the_run_it_was_handed_to_changes_nothing(wal):
+    """The successor's wait loop offered once more just after the hand-over: it became its own successor,
+    handed the shard to itself at its first look, and ended with the shard held by no live run."""
+    lease = lease_of(wal)
+    held = lease.want_successor(lease.acquire("run-a"))
+    lease.offer("run-b")
+    assert lease.hand_over(held) == "run-b"
+
+    assert lease.offer("run-b")  # the late offer
+    taken = lease.acquire("run-b")
+
+    assert taken is not None and taken.successor == "" and lease.hand_over(taken) is None
+    assert lease.read().holder == "run-b" and lease.read().generation == 2
+
+
 def test_a_successor_that_stopped_waiting_is_not_handed_the_lease(wal):
     clock = Clock()
     lease = lease_of(wal, clock)
