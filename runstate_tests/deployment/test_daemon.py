@@ -19,6 +19,7 @@ import pytest
 
 from runstate.config import Settings
 from runstate.defs.tags import WAL_SHARD_TAG
+from runstate.defs.wal.always_on import WAL_FLUSHER_TAG
 from runstate.maintenance import CachedTable, MaintenanceStore
 from runstate.wal.dataset_tables import NAMESPACE, VERSION_PROPERTY, table_name
 from runstate.wal.shards import shard_of
@@ -154,12 +155,17 @@ def test_a_flush_killed_mid_way_is_failed_and_a_later_run_applies_its_rows_once(
 
 
 def started_flush_runs(deployment: Deployment, dataset: str) -> list[str]:
-    """The dataset's shard's flush runs in progress: always-on, the other shard's run lives on unharmed."""
-    shard = {"key": WAL_SHARD_TAG, "value": str(shard_of(dataset, Settings.wal_flush_shards))}
-    runs = deployment.graphql(
-        RUNS, {"filter": {"statuses": ["STARTED"], "pipelineName": "flush_wal", "tags": [shard]}}
-    )
-    return [run["runId"] for run in runs["runsOrError"]["results"]]
+    """The dataset's shard's flush runs in progress (always-on runs carry their shard as WAL_FLUSHER_TAG,
+    on-demand ones as WAL_SHARD_TAG): always-on, the other shard's run lives on unharmed."""
+    shard = str(shard_of(dataset, Settings.wal_flush_shards))
+    found = []
+    for tag in (WAL_FLUSHER_TAG, WAL_SHARD_TAG):
+        tags = [{"key": tag, "value": shard}]
+        runs = deployment.graphql(
+            RUNS, {"filter": {"statuses": ["STARTED"], "pipelineName": "flush_wal", "tags": tags}}
+        )
+        found += [run["runId"] for run in runs["runsOrError"]["results"]]
+    return found
 
 
 def kill_run_processes(pid: int) -> list[int]:
