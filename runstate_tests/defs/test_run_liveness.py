@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import socket
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -20,7 +22,7 @@ from dagster._grpc.server import GrpcServerProcess
 from runstate.cli import main
 from runstate.config import ConfigError, Settings, settings
 from runstate.defs.runs.beating import HeartbeatRunLauncher, beating
-from runstate.defs.runs.beats import ages, beat, beat_ages, forget, mark_seen
+from runstate.defs.runs.beats import ages, beat, beat_ages, forget, mark_seen, record_worker
 from runstate.defs.runs.heartbeat import heartbeat
 from runstate.defs.runs.liveness import (
     NEVER_HANDED,
@@ -32,6 +34,8 @@ from runstate.defs.runs.liveness import (
     judge,
     sweep_rows,
 )
+from runstate.defs.runs.workers import WorkerProcess, host_key, this_process
+from runstate.procfs import stat_fields
 from runstate.services.dev import STOPPING_FILE_ENV
 from runstate_tests.support.devserver import poll
 from runstate_tests.support.runs import started_run
@@ -151,6 +155,36 @@ def test_check_runs_reports_a_dead_run_failed_and_leaves_a_live_one(instance):
     assert instance.get_run_by_id(live.run_id).status == dg.DagsterRunStatus.STARTED
     [failure] = instance.all_logs(dead.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
     assert re.search(r"no heartbeat for 6\d s", failure.message)
+
+
+def test_a_beating_run_whose_process_on_this_machine_ended_is_dead_at_once(instance):
+    """A deployment SIGKILLed and restarted: its old workers' heartbeats are still fresh, but their
+    processes are gone, and their shards must go to new runs now, not a heartbeat bound later. A process
+    that lives (frozen or not), or one recorded on another machine, is judged by its heartbeat still."""
+    ended_run, live_run, elsewhere_run = (started_run(instance, tiny) for _ in range(3))
+    ended_process = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended_process.wait()
+    live_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ended_worker = WorkerProcess(host_key(), ended_process.pid, this_process().started)
+        live_worker = WorkerProcess(host_key(), live_process.pid, int(stat_fields(live_process.pid)[19]))
+        elsewhere_worker = WorkerProcess("other-host/boot/ns", ended_process.pid, 1)
+        runs = [(ended_run, ended_worker), (live_run, live_worker), (elsewhere_run, elsewhere_worker)]
+        for run, worker in runs:
+            beat(instance, run.run_id)
+            record_worker(instance, run.run_id, worker.as_text())
+
+        verdicts = check_runs(instance, [record(instance, run) for run, _ in runs], policy=POLICY)
+
+        assert [v.status for v in verdicts] == [
+            dg.DagsterRunStatus.FAILURE,
+            dg.DagsterRunStatus.STARTED,
+            dg.DagsterRunStatus.STARTED,
+        ]
+        assert verdicts[0].reason == f"its process {ended_process.pid} on this machine has ended"
+    finally:
+        live_process.kill()
+        live_process.wait()
 
 
 def test_a_reader_whose_clock_is_a_minute_ahead_fails_no_beating_run(instance, monkeypatch):

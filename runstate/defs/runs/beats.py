@@ -130,6 +130,18 @@ def worker_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
     return row[0] if row else None
 
 
+def workers_of(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, str]:
+    """What `record_worker` recorded for each of the runs that have a record (one query for all)."""
+    keys = [WORKER_PREFIX + run_id for run_id in dict.fromkeys(run_ids)]
+    if not keys:
+        return {}
+    query = sa.select(KeyValueStoreTable.c.key, KeyValueStoreTable.c.value).where(
+        KeyValueStoreTable.c.key.in_(keys)
+    )
+    with _connect(instance) as conn:
+        return {key[len(WORKER_PREFIX) :]: value for key, value in conn.execute(query).fetchall()}
+
+
 def beat_ages(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, float]:
     """The age of each run's last heartbeat, for the runs that have one."""
     return {run_id: a.beat_s for run_id, a in ages(instance, run_ids).items() if a.beat_s is not None}

@@ -7,6 +7,9 @@ only run monitoring (off by default) would end it. So every run that executes be
 (`runstate.defs.runs.beats`).
 
 A run in progress (NOT_STARTED, STARTING, STARTED, CANCELING) is dead when:
+- its worker recorded its process on this machine, and that process has ended (`workers.ended_here`):
+  a deployment SIGKILLed and restarted knows its old workers dead at its first look, not a heartbeat
+  bound later, so their shards go to new runs at once;
 - its last heartbeat is `dead_after_s` old (RUNSTATE_RUN_DEAD_AFTER_S);
 - it never beat, and the code server that launched it (Dagster's default launcher records it on the run)
   does not run it: nothing listens at its address (gone with its deployment), or, while the run is
@@ -43,7 +46,7 @@ from dagster._core.storage.tags import GRPC_INFO_TAG
 
 from runstate.config import Settings, settings
 from runstate.defs.runs import beats
-from runstate.defs.runs.workers import WorkerProcess, end_process
+from runstate.defs.runs.workers import WorkerProcess, end_process, ended_here
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +90,7 @@ class Signs:
     seen_age_s: float | None = None  # since a check first saw it in progress without a heartbeat
     worker: bool | None = None  # its launching code server runs it (True), does not (False), unknown (None)
     worker_note: str = ""  # why it is known not to run it
+    process_ended: str = ""  # its recorded process on this machine has ended: which
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,9 @@ def judge(record: Any, signs: Signs, policy: LivenessPolicy) -> RunLiveness:
         alive = True
     elif run.status not in IN_PROGRESS_STATUSES:  # ended: neither alive nor to be reaped
         alive = False
+    elif signs.process_ended:
+        alive = False
+        reason = signs.process_ended
     elif signs.beat_age_s is not None:
         alive = signs.beat_age_s < policy.dead_after_s
         reason = f"no heartbeat for {signs.beat_age_s:.0f} s (the bound is {policy.dead_after_s:g} s)"
@@ -210,13 +217,29 @@ def observe(instance: dg.DagsterInstance, records: list[Any], policy: LivenessPo
     unseen = [run.run_id for run in in_progress if run.run_id not in known]
     if unseen:
         beats.mark_seen(instance, unseen)
+    ended = _processes_ended(instance, [run.run_id for run in in_progress if run.run_id in known])
     signs = {}
     for run in in_progress:
         age = known.get(run.run_id, beats.Ages(seen_s=0.0))
         ask = age.beat_s is None and (age.seen_s or 0.0) >= policy.ask_server_after_s
         worker, note = code_server_runs(run, instance.run_launcher) if ask else (None, "")
-        signs[run.run_id] = Signs(age.beat_s, age.seen_s, worker, note)
+        signs[run.run_id] = Signs(age.beat_s, age.seen_s, worker, note, ended.get(run.run_id, ""))
     return signs
+
+
+def _processes_ended(instance: dg.DagsterInstance, run_ids: list[str]) -> dict[str, str]:
+    """For each run whose recorded process on this machine has ended: why it is dead."""
+    try:
+        recorded = beats.workers_of(instance, run_ids)
+    except Exception as error:  # noqa: BLE001 - the heartbeat bound still judges them
+        log.warning("could not read where the runs' processes run: %s", error)
+        return {}
+    ended = {}
+    for run_id, text in recorded.items():
+        worker = WorkerProcess.from_text(text)
+        if worker is not None and ended_here(worker):
+            ended[run_id] = f"its process {worker.pid} on this machine has ended"
+    return ended
 
 
 def check_runs(

@@ -69,6 +69,15 @@ def this_process() -> WorkerProcess | None:
     return WorkerProcess(host, os.getpid(), started) if host and started is not None else None
 
 
+def ended_here(worker: WorkerProcess) -> bool:
+    """Whether the recorded process is known to have ended: it ran on this machine (this boot, this pid
+    namespace) and its pid no longer names it (gone, a zombie, or reused). Anywhere else nothing is
+    known, and a frozen process has not ended."""
+    if worker.host != host_key() or worker.pid == os.getpid():
+        return False
+    return not alive(worker.pid) or _start_ticks(worker.pid) != worker.started
+
+
 def end_process(worker: WorkerProcess) -> str:
     """SIGKILL the recorded process and every process below it, if it is this machine's and still the
     same process, and wait until they are gone. Returns what was done, for the run's failure message."""
