@@ -27,6 +27,7 @@ import pytest
 
 from runstate.defs.runs.beats import WORKER_PREFIX
 from runstate.defs.runs.workers import WorkerProcess
+from runstate.procfs import stat_fields
 from runstate.services.http import http_answers
 from runstate.wal import WalProducer, WalTable
 from runstate.wal.lease import ShardLease
@@ -114,9 +115,8 @@ def worker_pids(deployment: Deployment, run_ids: list[str]) -> list[int]:
 
 def cpu_and_rss(pid: int) -> tuple[float, int] | None:
     """CPU seconds used so far and resident memory in bytes, from /proc; None once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
     cpu_s = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return cpu_s, int(fields[21]) * os.sysconf("SC_PAGE_SIZE")

@@ -47,7 +47,6 @@ from runstate_tests.support.moto import MotoProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
-STARTUP_S = 300
 FIRST_FLUSH_S = 400  # the first run worker of a fresh server, on a loaded machine
 # RUNSTATE_RUN_DEAD_AFTER_S of this server, the users' default: a paused worker is failed this soon. A
 # shorter bound (it was 12 s) risks failing a live run whose beats are only late on a starved machine,

@@ -124,10 +124,7 @@ def record_worker(instance: dg.DagsterInstance, run_id: str, worker: str) -> Non
 
 def worker_of(instance: dg.DagsterInstance, run_id: str) -> str | None:
     """What `record_worker` recorded for `run_id`, if anything."""
-    query = sa.select(KeyValueStoreTable.c.value).where(KeyValueStoreTable.c.key == WORKER_PREFIX + run_id)
-    with _connect(instance) as conn:
-        row = conn.execute(query).fetchone()
-    return row[0] if row else None
+    return workers_of(instance, [run_id]).get(run_id)
 
 
 def workers_of(instance: dg.DagsterInstance, run_ids: Iterable[str]) -> dict[str, str]:
