@@ -61,13 +61,14 @@ def _parquet_bytes(table: Any) -> bytes:
 
 
 def _read_columns(data: bytes) -> dict[str, list[Any]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    # One file, read on this thread: pq.read_table's dataset scanner starts Arrow's thread pools, whose
-    # threads then raced the interpreter's exit (SIGABRT, "terminate called without an active exception",
-    # 4 runs in 60 of a script that read blobs; apache/arrow#34314). A flush reads many blobs at once
-    # from its own threads anyway.
-    return pq.ParquetFile(io.BytesIO(data)).read(use_threads=False).to_pydict()
+    # One file, read on this thread from Arrow's own buffer: pq.read_table's dataset scanner, and a
+    # ParquetFile over a Python file object (io.BytesIO), start Arrow's thread pools, whose threads then
+    # raced the interpreter's exit (SIGABRT, "terminate called without an active exception", 4 runs in
+    # 60 of a script that read blobs; apache/arrow#34314). pa.BufferReader starts no thread.
+    return pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False).to_pydict()
 
 
 def encode_delta(rows: Iterable[tuple[int, list[Change]]]) -> tuple[bytes, int]:

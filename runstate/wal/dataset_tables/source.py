@@ -8,7 +8,6 @@ no row ever passes through the driver process.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -146,7 +145,7 @@ def _change_batches(data: bytes, read: dict[str, Any]) -> Batches:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=65536):
+    for batch in pq.ParquetFile(pa.BufferReader(data)).iter_batches(batch_size=65536, use_threads=False):
         rows = batch.num_rows
         if read["kind"] == SNAPSHOT:
             version = pa.repeat(pa.scalar(read["version"], pa.int64()), rows)
