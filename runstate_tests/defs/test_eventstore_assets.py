@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -14,19 +16,37 @@ from runstate.defs.eventstore.assets import EXPORT_JOB, run_events, run_snapshot
 from runstate.defs.eventstore.sensors import run_snapshots_sensor
 from runstate.eventstore import NewEvent
 
-TODAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-YESTERDAY = TODAY - timedelta(days=1)
-TODAY_KEY = TODAY.strftime("%Y-%m-%d")
-YESTERDAY_KEY = YESTERDAY.strftime("%Y-%m-%d")
+
+@dataclass(frozen=True)
+class Days:
+    today: datetime
+    yesterday: datetime
+    today_key: str
+    yesterday_key: str
 
 
 @pytest.fixture
-def runs(store) -> dict[str, datetime]:
+def days() -> Days:
+    """Today and yesterday as of this test, not as of the collection: the sensor reads the clock, and a
+    suite that ran across a UTC midnight saw it judge "today" a day later than module constants did. A
+    test that would start in the last half-minute of a day waits for the next one."""
+    now = datetime.now(UTC)
+    today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    before_midnight = (today + timedelta(days=1) - now).total_seconds()
+    if before_midnight < 30:
+        time.sleep(before_midnight + 1)
+        today += timedelta(days=1)
+    yesterday = today - timedelta(days=1)
+    return Days(today, yesterday, today.strftime("%Y-%m-%d"), yesterday.strftime("%Y-%m-%d"))
+
+
+@pytest.fixture
+def runs(store, days) -> dict[str, datetime]:
     """Runs a and b started today, c yesterday; each has a step in progress."""
     started = {
-        "a": TODAY + timedelta(minutes=1),
-        "b": TODAY + timedelta(minutes=2),
-        "c": YESTERDAY + timedelta(hours=3),
+        "a": days.today + timedelta(minutes=1),
+        "b": days.today + timedelta(minutes=2),
+        "c": days.yesterday + timedelta(hours=3),
     }
     for run_id, at in started.items():
         store.append_batch(
@@ -55,8 +75,8 @@ def metadata(result: dg.ExecuteInProcessResult) -> dict:
     return {key: value.value for key, value in materialization.metadata.items()}
 
 
-def test_materializing_a_day_projects_the_runs_started_that_day(resource, store, runs):
-    result = materialize_day(resource, TODAY_KEY)
+def test_materializing_a_day_projects_the_runs_started_that_day(resource, store, runs, days):
+    result = materialize_day(resource, days.today_key)
 
     assert result.success
     meta = metadata(result)
@@ -68,51 +88,53 @@ def test_materializing_a_day_projects_the_runs_started_that_day(resource, store,
     assert store.project("a").steps["load"].status == "RUNNING"
 
 
-def test_a_second_materialization_without_new_events_moves_nothing(resource, store, runs):
-    materialize_day(resource, TODAY_KEY)
+def test_a_second_materialization_without_new_events_moves_nothing(resource, store, runs, days):
+    materialize_day(resource, days.today_key)
     versions = {run_id: store.project(run_id).version for run_id in ("a", "b")}
 
-    meta = metadata(materialize_day(resource, TODAY_KEY))
+    meta = metadata(materialize_day(resource, days.today_key))
 
     assert meta["runs_changed"] == 0 and meta["events_applied"] == 0
     assert {run_id: store.project(run_id).version for run_id in ("a", "b")} == versions
 
 
-def test_new_events_are_applied_incrementally(resource, store, runs):
-    materialize_day(resource, TODAY_KEY)
+def test_new_events_are_applied_incrementally(resource, store, runs, days):
+    materialize_day(resource, days.today_key)
     store.append(NewEvent("a", "StepCompleted", runs["a"] + timedelta(minutes=1), step_id="load"))
 
-    meta = metadata(materialize_day(resource, TODAY_KEY))
+    meta = metadata(materialize_day(resource, days.today_key))
 
     assert meta["runs_changed"] == 1 and meta["events_applied"] == 1
     assert store.project("a").steps["load"].status == "SUCCESS"
 
 
-def test_a_backfill_run_rebuilds_the_day_from_scratch(resource, store, runs, pg_database, pg_schema):
-    materialize_day(resource, TODAY_KEY)
+def test_a_backfill_run_rebuilds_the_day_from_scratch(resource, store, runs, pg_database, pg_schema, days):
+    materialize_day(resource, days.today_key)
     incremental = store.project("a")
     tamper_projection(pg_database, pg_schema, "a")
 
-    result = materialize_day(resource, TODAY_KEY, tags={"dagster/backfill": "bf-test"})
+    result = materialize_day(resource, days.today_key, tags={"dagster/backfill": "bf-test"})
 
     assert metadata(result)["mode"] == "rebuild"
     assert store.project("a").same_state(incremental)
 
 
-def test_rebuild_config_forces_a_rebuild_outside_a_backfill(resource, store, runs, pg_database, pg_schema):
-    materialize_day(resource, TODAY_KEY)
+def test_rebuild_config_forces_a_rebuild_outside_a_backfill(
+    resource, store, runs, pg_database, pg_schema, days
+):
+    materialize_day(resource, days.today_key)
     incremental = store.project("b")
     tamper_projection(pg_database, pg_schema, "b")
 
     result = materialize_day(
-        resource, TODAY_KEY, run_config={"ops": {"run_snapshots": {"config": {"rebuild": True}}}}
+        resource, days.today_key, run_config={"ops": {"run_snapshots": {"config": {"rebuild": True}}}}
     )
 
     assert metadata(result)["mode"] == "rebuild"
     assert store.project("b").same_state(incremental)
 
 
-def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, store, runs):
+def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, store, runs, days):
     defs = dg.Definitions(
         assets=[run_events, run_snapshots], jobs=[run_snapshots_job], resources={"event_store": resource}
     )
@@ -120,8 +142,8 @@ def test_a_multi_day_backfill_rebuilds_its_whole_window_in_one_run(resource, sto
 
     result = job.execute_in_process(
         tags={
-            "dagster/asset_partition_range_start": YESTERDAY_KEY,
-            "dagster/asset_partition_range_end": TODAY_KEY,
+            "dagster/asset_partition_range_start": days.yesterday_key,
+            "dagster/asset_partition_range_end": days.today_key,
             "dagster/backfill": "bf-range",
         }
     )
@@ -143,7 +165,7 @@ def sensor_defs(resource) -> dg.Definitions:
     )
 
 
-def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store, runs):
+def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store, runs, days):
     defs = sensor_defs(resource)
     instance = dg.DagsterInstance.ephemeral()
 
@@ -155,12 +177,12 @@ def test_sensor_requests_the_start_days_of_runs_with_new_events(resource, store,
     after_new_event = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
     assert sorted(r.dagster_run.tags["dagster/partition"] for r in first.results) == [
-        YESTERDAY_KEY,
-        TODAY_KEY,
+        days.yesterday_key,
+        days.today_key,
     ]
     assert first.failed == 0
     assert idle.requested == 0 and idle.skip_reason
-    assert [r.dagster_run.tags["dagster/partition"] for r in after_new_event.results] == [YESTERDAY_KEY]
+    assert [r.dagster_run.tags["dagster/partition"] for r in after_new_event.results] == [days.yesterday_key]
     assert store.project("c").steps["load"].status == "FAILED"
     assert store.stale_runs() == []
 
@@ -193,7 +215,7 @@ def tamper_projection(dsn: str, schema: str, run_id: str) -> None:
         )
 
 
-def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, runs):
+def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, runs, days):
     """The run recorder records each run_snapshots_job run in the store; projecting that run at once would
     record another, one run a minute for ever. It waits for another stale run of its day."""
     defs = sensor_defs(resource)
@@ -208,7 +230,7 @@ def test_the_sensors_own_projection_runs_alone_request_nothing(resource, store, 
 
     assert own_only.requested == 0
     assert own_only.skip_reason == ("no run has events newer than its projection but 1 bookkeeping run(s)")
-    assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [TODAY_KEY]
+    assert [r.dagster_run.tags["dagster/partition"] for r in with_another.results] == [days.today_key]
     assert store.stale_runs() == []  # the projection run was projected with the other run of its day
 
 
@@ -230,7 +252,7 @@ def test_a_stale_export_run_alone_requests_no_projection(resource, store, runs):
     assert tick.requested == 0 and tick.skip_reason.endswith("but 1 bookkeeping run(s)")
 
 
-def test_bookkeeping_runs_alone_are_projected_once_their_day_is_over(resource, store, runs):
+def test_bookkeeping_runs_alone_are_projected_once_their_day_is_over(resource, store, runs, days):
     """Left stale for ever, a day of them a week would fill the window of stale runs every tick reads,
     hiding the runs that must be projected."""
     defs, instance = sensor_defs(resource), dg.DagsterInstance.ephemeral()
@@ -239,6 +261,6 @@ def test_bookkeeping_runs_alone_are_projected_once_their_day_is_over(resource, s
     past_day = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
     after = tick_sensor("run_snapshots_sensor", defs=defs, instance=instance)
 
-    assert [r.dagster_run.tags["dagster/partition"] for r in past_day.results] == [YESTERDAY_KEY]
+    assert [r.dagster_run.tags["dagster/partition"] for r in past_day.results] == [days.yesterday_key]
     assert past_day.failed == 0 and export.run_id not in store.stale_runs()
     assert after.requested == 0  # the projection run is today's, and waits
