@@ -1,11 +1,11 @@
-"""Always-on flush runs through `runstate dev` (issue 52): after an idle minute and more, during which each
+"""Always-on flush runs through `runstate dev` (issue 52): after two idle minutes, during which each
 shard's run handed its shard to a successor at least once, a new row is visible within 5 s; a held run
 frozen by SIGSTOP loses its shard to a new run, which applies the shard's next row once.
 
 Then the whole deployment is SIGKILLed (every process at once, as a host's reboot) and started again:
 rows appended once the UI answers are visible within the restart bound, each shard held by a new run.
 
-A deployment of its own (always-on, the default, with a 25 s run budget so hand-overs happen within the
+A deployment of its own (always-on, the default, with a 45 s run budget so hand-overs happen within the
 idle time), started like the shared one. It prints what the idle shard runs cost (RSS and CPU
 of their processes), the figures docs/OPERATIONS.md quotes."""
 
@@ -49,8 +49,8 @@ from runstate_tests.support.devserver import RUNSTATE, poll
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deployment"), pytest.mark.timeout(2400)]
 
 SHARDS = 2
-BUDGET_S = 25
-IDLE_S = 65  # past the idle minute after which a lingering run had ended (p99 17-20 s before)
+BUDGET_S = 45
+IDLE_S = 120
 VISIBLE_WITHIN_S = 5.0
 # After a SIGKILL of the whole deployment, a row appended once the UI answers waits for a new run's start:
 # issue 52's 15 s is a quiet machine's figure (docs/OPERATIONS.md); beside the other test workers a run's
@@ -135,7 +135,7 @@ def dataset_in(shard: int) -> str:
     )
 
 
-def test_a_row_after_an_idle_minute_is_visible_within_five_seconds(always_on: Deployment):
+def test_a_row_after_two_idle_minutes_is_visible_within_five_seconds(always_on: Deployment):
     producer = WalProducer(always_on.aws("dynamodb"), "runstate_wal")
     warm = dataset_in(0)
     producer.append(warm, [Change.upsert("k", 0)])
@@ -177,7 +177,7 @@ def test_a_row_after_an_idle_minute_is_visible_within_five_seconds(always_on: De
     runs = flush_runs(always_on)
     _print_idle_cost(samples, latencies, runs)
     assert all(latency <= VISIBLE_WITHIN_S for latency in latencies.values()), latencies
-    # Each shard was handed over during the idle time (a budget of 25 s, plus the successor's start),
+    # Each shard was handed over during the idle minutes (a budget of 45 s, plus the successor's start),
     # so the row went to a run that had flushed nothing yet; none of the runs failed.
     assert all(a.generation >= g.generation + 1 for a, g in zip(after, generations, strict=True)), (
         generations,
