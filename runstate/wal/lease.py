@@ -31,6 +31,8 @@ from runstate.wal.errors import WalInputError
 from runstate.wal.table import WalTable
 
 DEFAULT_TTL_S = 60.0
+# A holder's own write retried this often after losing to other writers' (offers) before it gives up.
+_OWN_WRITE_TRIES = 5
 HOLDER, GENERATION, EXPIRES_AT = "Holder", "Generation", "ExpiresAt"
 SUCCESSOR, SUCCESSOR_SEEN_AT, WANTED = "Successor", "SuccessorSeenAt", "SuccessorWanted"
 
@@ -106,6 +108,19 @@ class ShardLease:
             return None
         return replace(new, version=old.version + 1)
 
+    def _update_own(self, state: LeaseState, change: Callable[[LeaseState], LeaseState]) -> LeaseState | None:
+        """`change` written to the lease while `state`'s holder and generation still hold it; None once they
+        do not. A write that lost only to another writer's (a successor's offer moves the version too) is
+        tried again on what it wrote: taking that for a lost lease ended a holder that still held it."""
+        for _ in range(_OWN_WRITE_TRIES):
+            current = self.read()
+            if current.holder != state.holder or current.generation != state.generation:
+                return None
+            written = self._write(current, change(current))
+            if written is not None:
+                return written
+        return None
+
     def _successor_fresh(self, state: LeaseState, now: float) -> bool:
         return bool(state.successor) and now - state.successor_seen_at < self.ttl_s
 
@@ -129,10 +144,7 @@ class ShardLease:
 
     def renew(self, state: LeaseState) -> LeaseState | None:
         """Push the expiry on; None when the lease is no longer `state.holder`'s (lost: stop flushing)."""
-        current, now = self.read(), self.clock()
-        if current.holder != state.holder or current.generation != state.generation:
-            return None
-        return self._write(current, replace(current, expires_at=now + self.ttl_s))
+        return self._update_own(state, lambda current: replace(current, expires_at=self.clock() + self.ttl_s))
 
     def offer(self, holder: str) -> bool:
         """Register (or refresh) `holder` as the successor; False while another fresh successor waits.
@@ -154,12 +166,7 @@ class ShardLease:
         return self._write(state, replace(state, successor="", successor_seen_at=0.0)) is not None
 
     def want_successor(self, state: LeaseState) -> LeaseState | None:
-        current = self.read()
-        if current.holder != state.holder or current.generation != state.generation:
-            return None
-        if current.wanted:
-            return current
-        return self._write(current, replace(current, wanted=True))
+        return self._update_own(state, lambda current: replace(current, wanted=True))
 
     def hand_over(self, state: LeaseState) -> str | None:
         """Give the lease to its fresh successor (generation + 1); the successor's id, or None when there
@@ -176,10 +183,10 @@ class ShardLease:
 
     def release(self, state: LeaseState) -> bool:
         """Let the lease go (a waiting successor acquires it at once); False when it was not ours."""
-        current = self.read()
-        if current.holder != state.holder or current.generation != state.generation:
-            return False
-        return self._write(current, replace(current, holder="", expires_at=0.0, wanted=False)) is not None
+        released = self._update_own(
+            state, lambda current: replace(current, holder="", expires_at=0.0, wanted=False)
+        )
+        return released is not None
 
     def break_dead(self, holder: str) -> bool:
         """The holder was found dead: it loses the lease now. False when it no longer holds it."""

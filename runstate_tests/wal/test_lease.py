@@ -130,3 +130,35 @@ def test_a_successor_that_withdrew_is_not_handed_the_lease(wal):
     assert not lease.withdraw("run-c") and lease.withdraw("run-b")
 
     assert lease.hand_over(held) is None and lease.read().holder == "run-a"
+
+
+class OfferingClock(Clock):
+    """A clock that, at one chosen reading, has another run register as successor first: the offer moves
+    the lease's version between the holder's read and its write."""
+
+    def __init__(self, wal, offer_at_call: int) -> None:
+        super().__init__()
+        self.calls, self.offer_at_call, self.other = 0, offer_at_call, lease_of(wal)
+
+    def __call__(self) -> float:
+        self.calls += 1
+        if self.calls == self.offer_at_call:
+            assert self.other.offer("run-waiting")
+        return super().__call__()
+
+
+def test_a_holder_whose_renewal_races_an_offer_keeps_its_lease(wal):
+    """Before, the holder's conditional write lost to the offer and it took that for a lost lease: an
+    always-on run ended while it still held its shard (a test_holding failure in CI)."""
+    clock = OfferingClock(wal, offer_at_call=10**9)
+    lease = ShardLease(wal.wal_table(), 0, 2, ttl_s=10.0, clock=clock)
+    held = lease.acquire("run-holder")
+    assert held is not None
+    clock.offer_at_call = clock.calls + 1  # renew reads the lease, then the clock: the offer lands between
+
+    renewed = lease.renew(held)
+
+    assert renewed is not None and renewed.generation == held.generation
+    current = lease.read()
+    assert current.holder == "run-holder" and current.successor == "run-waiting"
+    assert lease.want_successor(renewed) is not None and lease.release(lease.read())
