@@ -116,7 +116,10 @@ class ShardLease:
             current = self.read()
             if current.holder != state.holder or current.generation != state.generation:
                 return None
-            written = self._write(current, change(current))
+            changed = change(current)
+            if changed == current:  # already so (a second want_successor): nothing to write
+                return current
+            written = self._write(current, changed)
             if written is not None:
                 return written
         return None
