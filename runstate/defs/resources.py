@@ -1,10 +1,11 @@
 """Every resource of the code location, built from `runstate.config.settings()` in this one place.
 
 Each resource holds the fields of its domain's config (`EventStoreConfig`, `WalConfig`,
-`MaintenanceConfig`), whose defaults are its field defaults, and builds its core objects from that
-config through `runstate.wiring`, as the CLI does. Here each builder parses the settings into the
-domain's config (`from_settings`) and gives the resource that config's fields (`config_fields`; the
-resource reads its config back with `config_of`, both in `runstate.defs.config_fields`).
+`MaintenanceConfig`), derived from it with their defaults (`config_resource`), and builds its core
+objects from that config through `runstate.wiring`, as the CLI does. Here each builder parses the
+settings into the domain's config (`from_settings`) and gives the resource that config's fields
+(`config_fields`; the resource reads its config back with `config_of`, all three in
+`runstate.defs.config_fields`).
 
 The resources themselves are configuration plus a factory: their fields hold explicit values and
 never consult the environment. This module is the only route from the settings to them, so the

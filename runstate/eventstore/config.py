@@ -1,5 +1,6 @@
 """The run state store's one frozen configuration, parsed once from the Settings (or from the Dagster
-resource's fields): which backend, and where each backend's tables live.
+resource's fields): which backend, and where each backend's tables live. Each field's metadata hold its
+description, which the Dagster resources, whose fields are derived from these, show.
 
 Every backend's datastore is built from it (`runstate.backends`' `datastore` entries), so the CLI, the
 Dagster resource and `runstate db` open the same connections with the same options. The Postgres tables
@@ -30,16 +31,29 @@ SNOWFLAKE_SCHEMA = defaults.SNOWFLAKE_SCHEMA
 class SnowflakeConfig:
     """The SNOWFLAKE_* settings: what `snowflake.connector.connect()` is given, on every path."""
 
-    account: str
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    database: str | None = None
-    warehouse: str | None = None
-    role: str | None = None
-    host: str | None = None
-    port: int | None = None
-    protocol: str | None = None
-    network_timeout: int | None = None
+    account: str = field(metadata={"description": "Snowflake account identifier."})
+    user: str | None = field(default=None, metadata={"description": "User name."})
+    password: str | None = field(
+        default=None, repr=False, metadata={"description": "Password (pass it as an EnvVar)."}
+    )
+    database: str | None = field(
+        default=None, metadata={"description": "Database holding the event store schema."}
+    )
+    warehouse: str | None = field(default=None, metadata={"description": "Warehouse the queries run in."})
+    role: str | None = field(default=None, metadata={"description": "Role the connection takes."})
+    host: str | None = field(
+        default=None, metadata={"description": "Endpoint host, when not the account's default."}
+    )
+    port: int | None = field(
+        default=None, metadata={"description": "Endpoint port, when not the protocol's default."}
+    )
+    protocol: str | None = field(
+        default=None, metadata={"description": "`https` (default) or `http` (a local endpoint)."}
+    )
+    network_timeout: int | None = field(
+        default=None,
+        metadata={"description": "Seconds before the connector gives up (default: for ever; 1 over http)."},
+    )
 
     @classmethod
     def from_settings(cls, values: Mapping[str, str]) -> SnowflakeConfig | None:
@@ -84,15 +98,50 @@ class EventStoreConfig:
     A backend whose connection needs values of its own has a field of its name holding its connection's
     config (`runstate.backends`: its entry's `connection` parses it from the Settings)."""
 
-    backend: str = Settings.eventstore
-    pg_url: str = Settings.pg_url
-    pg_schema: str = Settings.schema
-    snowflake: SnowflakeConfig | None = None
-    snowflake_schema: str = SNOWFLAKE_SCHEMA
-    snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
-    archive_to: str = Settings.archive_to
-    lake_namespace: str = Settings.history_namespace
-    lake_warehouse: str | None = None
+    backend: str = field(default=Settings.eventstore, metadata={"description": "`postgres` or `snowflake`."})
+    pg_url: str = field(
+        default=Settings.pg_url,
+        metadata={
+            "description": "Postgres DSN (postgres backend); pass it as an EnvVar when it holds a password."
+        },
+    )
+    pg_schema: str = field(
+        default=Settings.schema, metadata={"description": "Postgres schema holding the event tables."}
+    )
+    snowflake: SnowflakeConfig | None = field(
+        default=None,
+        metadata={
+            "description": "Connection to Snowflake (snowflake backend, and the target of migrations)."
+        },
+    )
+    snowflake_schema: str = field(
+        default=SNOWFLAKE_SCHEMA, metadata={"description": "Snowflake schema holding the event tables."}
+    )
+    snapshot_interval: int = field(
+        default=DEFAULT_SNAPSHOT_INTERVAL,
+        metadata={"description": "Write a state snapshot every N events of a run."},
+    )
+    archive_to: str = field(
+        default=Settings.archive_to,
+        metadata={
+            "description": "Where `archive` moves old runs: `postgres` (run_events_archive) or `lake` (dropped "
+            "from Postgres once the run history in the lake has them; read back from there)."
+        },
+    )
+    lake_namespace: str = field(
+        default=Settings.history_namespace,
+        metadata={
+            "description": "The run history's namespace: runs archived to the lake are in "
+            "lake.<namespace>.run_events."
+        },
+    )
+    lake_warehouse: str | None = field(
+        default=None,
+        metadata={
+            "description": "The Iceberg warehouse folder of the lake catalog (default: RUNSTATE_WAREHOUSE's "
+            "default)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.archive_to not in ARCHIVE_TARGETS:

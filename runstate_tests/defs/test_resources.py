@@ -1,5 +1,6 @@
-"""runstate.defs.resources: each resource holds its domain's config (fields and defaults), is built from the
-settings through that config, and opens its connections as the CLI does."""
+"""runstate.defs.resources: each resource holds its domain's config (its fields derived from the config's:
+types, defaults, descriptions and bounds), is built from the settings through that config, and opens its
+connections as the CLI does."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import dataclasses
 import typing
 from typing import Any
 
+import dagster as dg
 import pytest
 from click.testing import CliRunner
+from pydantic import ValidationError
 
 from runstate.cli import main
 from runstate.config import Settings
+from runstate.defs.config_fields import config_resource
 from runstate.defs.eventstore.jobs import append_events
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.maintenance.resources import MaintenanceResource
@@ -34,27 +38,87 @@ SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SNOWFLAKE_PASSWORD")
 @pytest.mark.parametrize(
     "resource_type, config_type, own_fields", HOLDERS, ids=lambda h: getattr(h, "__name__", "")
 )
-def test_a_resource_s_fields_are_its_config_s_with_the_config_s_defaults(
+def test_a_resource_s_fields_are_its_config_s_with_their_types_defaults_and_descriptions(
     resource_type, config_type, own_fields
 ):
+    # A connection of a backend's own is held as its resource (runstate.backends: `resource`).
+    nested = {"snowflake": SnowflakeConnection | None}
+    types = typing.get_type_hints(config_type)
     config_fields = {field.name: field for field in dataclasses.fields(config_type)}
 
     assert set(resource_type.model_fields) - own_fields == set(config_fields)
     for name, field in config_fields.items():
-        if field.default is not dataclasses.MISSING:
-            assert resource_type.model_fields[name].default == field.default, name
+        held = resource_type.model_fields[name]
+        assert held.annotation == nested.get(name, types[name]), name
+        assert held.is_required() == (field.default is dataclasses.MISSING), name
+        assert held.is_required() or held.default == field.default, name
+        # Every knob has its words in the UI, written in the config.
+        assert held.description and held.description == field.metadata["description"], name
 
 
-@pytest.mark.parametrize(
-    "resource_type, config_type, own_fields", HOLDERS, ids=lambda h: getattr(h, "__name__", "")
-)
-def test_a_resource_s_fields_have_its_config_s_types(resource_type, config_type, own_fields):
-    # A connection of a backend's own is held as its resource (runstate.backends: `resource`).
-    nested = {"snowflake": SnowflakeConnection | None}
-    types = typing.get_type_hints(config_type)
+def test_a_resource_refuses_a_value_out_of_its_config_s_bounds():
+    bounded = {field.name: field.metadata for field in dataclasses.fields(WalConfig)}
+    assert bounded["max_batch_size"]["gt"] == 0 and bounded["retention_days"]["ge"] == 0
 
-    for name in types:
-        assert resource_type.model_fields[name].annotation == nested.get(name, types[name]), name
+    for name, metadata in bounded.items():
+        if "gt" in metadata:
+            with pytest.raises(ValidationError, match=name):
+                WalResource(**{name: metadata["gt"]})
+        if "ge" in metadata:
+            with pytest.raises(ValidationError, match=name):
+                WalResource(**{name: metadata["ge"] - 1})
+
+
+def test_a_config_field_s_metadata_says_only_what_its_resource_field_takes():
+    @dataclasses.dataclass(frozen=True)
+    class Mistyped:
+        size: int = dataclasses.field(default=1, metadata={"descripton": "A typo, not a description."})
+
+    with pytest.raises(TypeError, match=r"Mistyped.size: unknown metadata \['descripton'\]"):
+        config_resource(Mistyped)
+
+
+def test_a_job_s_launchpad_shows_each_resource_s_config_fields_with_their_defaults_and_descriptions():
+    @dg.op
+    def holds_them(
+        event_store: EventStoreResource,
+        snowflake: SnowflakeConnection,
+        wal: WalResource,
+        maintenance: MaintenanceResource,
+    ) -> None:
+        pass
+
+    @dg.job
+    def every_resource() -> None:
+        holds_them()
+
+    snowflake = SnowflakeConfig(account="acct")
+    configs = {
+        "event_store": EventStoreConfig(),
+        "snowflake": snowflake,
+        "wal": WalConfig(),
+        "maintenance": MaintenanceConfig(),
+    }
+    resources = {
+        "event_store": EventStoreResource(),
+        "snowflake": SnowflakeConnection(account="acct"),
+        "wal": WalResource(),
+        "maintenance": MaintenanceResource(),
+    }
+    job = dg.Definitions(jobs=[every_resource], resources=resources).get_job_def("every_resource")
+    launchpad = job.run_config_schema.config_type.fields["resources"].config_type.fields
+
+    for key, config in configs.items():
+        shown = launchpad[key].config_type.fields["config"].config_type.fields
+        for field in dataclasses.fields(config):
+            if key == "event_store" and field.name == "snowflake":  # a nested resource: `snowflake` above
+                continue
+            held = shown[field.name]
+            assert held.description == field.metadata["description"], (key, field.name)
+            if field.default is dataclasses.MISSING:  # required: its value is the resource's, not a default
+                assert held.is_required, (key, field.name)
+            else:
+                assert held.default_value == getattr(config, field.name), (key, field.name)
 
 
 def test_a_resource_of_defaults_holds_the_default_config():

@@ -16,36 +16,14 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from runstate import backends, wiring
 from runstate.config import ARCHIVE_TARGETS
-from runstate.defs.config_fields import config_fields, config_of, secret
+from runstate.defs.config_fields import config_fields, config_of, config_resource, secret
 from runstate.eventstore import EventStore
 from runstate.eventstore.config import EventStoreConfig, SnowflakeConfig
 
 
-class SnowflakeConnection(dg.ConfigurableResource):
+class SnowflakeConnection(config_resource(SnowflakeConfig)):
     """Arguments of `snowflake.connector.connect()` for the event store: the fields of `SnowflakeConfig`,
     whose `connect_kwargs()` adds the options every runstate connection takes."""
-
-    account: str = Field(description="Snowflake account identifier.")
-    user: str | None = Field(default=SnowflakeConfig.user, description="User name.")
-    password: str | None = Field(
-        default=SnowflakeConfig.password, description="Password (pass it as an EnvVar)."
-    )
-    database: str | None = Field(
-        default=SnowflakeConfig.database, description="Database holding the event store schema."
-    )
-    warehouse: str | None = SnowflakeConfig.warehouse
-    role: str | None = SnowflakeConfig.role
-    host: str | None = Field(
-        default=SnowflakeConfig.host, description="Endpoint host, when not the account's default."
-    )
-    port: int | None = SnowflakeConfig.port
-    protocol: str | None = Field(
-        default=SnowflakeConfig.protocol, description="`https` (default) or `http` (a local endpoint)."
-    )
-    network_timeout: int | None = Field(
-        default=SnowflakeConfig.network_timeout,
-        description="Seconds before the connector gives up (default: for ever; 1 over http).",
-    )
 
     @classmethod
     def of(cls, config: SnowflakeConfig) -> SnowflakeConnection:
@@ -57,41 +35,12 @@ class SnowflakeConnection(dg.ConfigurableResource):
         return config_of(self, SnowflakeConfig)
 
 
-class EventStoreResource(dg.ConfigurableResource):
+# `snowflake` holds the connection as its resource (the backend's `resource` in runstate.backends), not as
+# a SnowflakeConfig: a nested resource, whose fields the launchpad shows and whose password may be an EnvVar.
+class EventStoreResource(config_resource(EventStoreConfig, nested={"snowflake": SnowflakeConnection | None})):
     """The run state store (`runstate.eventstore`), opened lazily on the configured backend: the fields
     of `EventStoreConfig`, opened through `runstate.wiring` as the CLI opens it."""
 
-    backend: str = Field(default=EventStoreConfig.backend, description="`postgres` or `snowflake`.")
-    pg_url: str = Field(
-        default=EventStoreConfig.pg_url,
-        description="Postgres DSN (postgres backend); pass it as an EnvVar when it holds a password.",
-    )
-    pg_schema: str = Field(
-        default=EventStoreConfig.pg_schema, description="Postgres schema holding the event tables."
-    )
-    snowflake: SnowflakeConnection | None = Field(
-        default=None, description="Connection to Snowflake (snowflake backend, and the target of migrations)."
-    )
-    snowflake_schema: str = Field(
-        default=EventStoreConfig.snowflake_schema, description="Snowflake schema holding the event tables."
-    )
-    snapshot_interval: int = Field(
-        default=EventStoreConfig.snapshot_interval,
-        description="Write a state snapshot every N events of a run.",
-    )
-    archive_to: str = Field(
-        default=EventStoreConfig.archive_to,
-        description="Where `archive` moves old runs: `postgres` (run_events_archive) or `lake` (dropped "
-        "from Postgres once the run history in the lake has them; read back from there).",
-    )
-    lake_namespace: str = Field(
-        default=EventStoreConfig.lake_namespace,
-        description="The run history's namespace: runs archived to the lake are in lake.<namespace>.run_events.",
-    )
-    lake_warehouse: str | None = Field(
-        default=EventStoreConfig.lake_warehouse,
-        description="The Iceberg warehouse folder of the lake catalog (default: RUNSTATE_WAREHOUSE's default).",
-    )
     ensure_schema: bool = Field(
         default=True, description="Apply pending migrations when the store is first opened."
     )
