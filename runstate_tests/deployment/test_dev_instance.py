@@ -22,8 +22,8 @@ FRESHNESS = """query($path: [String!]!) { assetNodes(assetKeys: [{path: $path}])
 
 
 def latest_tick(deployment: Deployment, name: str) -> dict | None:
-    """The sensor's latest finished tick. A tick is recorded as it starts (STARTED, no skip reason yet):
-    taken for the check's answer, one in progress failed the test once on a loaded machine."""
+    """The sensor's latest finished tick. A tick is recorded as it starts (STARTED, no skip reason yet); a
+    tick without a skip reason, most likely one in progress, failed the test once on a loaded machine."""
     found = deployment.graphql(SENSOR, {"name": name})["sensorOrError"]
     assert found["__typename"] == "Sensor", found
     ticks = found["sensorState"]["ticks"]
