@@ -1,4 +1,6 @@
-"""One standalone Spark cluster (a master and two workers) and one Spark session on it, for the module.
+"""One standalone Spark cluster (a master and two workers) and one Spark session on it, for the package:
+both modules' tests share them (each start costs the cluster's three JVMs and two executors), and the
+test of `down`, which stops the cluster, runs last.
 
 The cluster is started the way `runstate services up --spark-workers 2` starts it (in this worker's own
 RUNSTATE_HOME), and its daemons get no AWS variables: the blob reads in the executors' Python workers
@@ -8,7 +10,7 @@ port, so the tests can read each executor's task count from the executors REST e
 PySpark allows one SparkContext per process, and the other Spark tests share a `local[2]` session per
 test worker: these tests are one xdist group, and xdist (`--dist loadgroup`) hands each worker the
 largest groups first (this one is collected first, so a tie goes its way), so with no more than one
-larger group their worker runs them before any other Spark test; the session stops with the module.
+larger group their worker runs them before any other Spark test; the session stops with the package.
 If that ever fails, the `spark` fixture below says so instead of running on the wrong master.
 """
 
@@ -35,15 +37,20 @@ from runstate_tests.support.wal import WalEnv
 CLUSTER_DIR = Path(__file__).parent
 
 
+# The one test that stops the cluster: every other test of the package runs before it.
+STOPS_THE_CLUSTER = "test_down_stops_every_daemon_with_its_executors_and_python_workers"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The cluster group first: it is the longest unit, and its session must be its worker's first."""
     ours = [item for item in items if CLUSTER_DIR in Path(str(item.path)).parents]
+    ours.sort(key=lambda item: item.name == STOPS_THE_CLUSTER)  # stable: the rest keep their order
     if ours:
         first = {id(item) for item in ours}
         items[:] = ours + [item for item in items if id(item) not in first]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[spark_cluster.StandaloneCluster]:
     env = spark_cluster.up({}, WORKERS)
     standalone = spark_cluster.load_cluster()
@@ -52,15 +59,15 @@ def cluster() -> Iterator[spark_cluster.StandaloneCluster]:
     spark_cluster.down()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def gated_moto() -> Iterator[GatedMotoServer]:
-    """moto for the module, with a gate that can hold chosen requests (a blob read, mid-merge)."""
+    """moto for the package, with a gate that can hold chosen requests (a blob read, mid-merge)."""
     server = GatedMotoServer()
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark_settings(cluster, pg_database: str, tmp_path_factory: pytest.TempPathFactory):
     from runstate.spark import SparkSettings
 
@@ -77,9 +84,9 @@ def spark_settings(cluster, pg_database: str, tmp_path_factory: pytest.TempPathF
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark(spark_settings):
-    """The module's session on the cluster, once both executors have registered."""
+    """The package's session on the cluster, once both executors have registered."""
     from pyspark import SparkContext
 
     from runstate.spark import build_session
@@ -111,7 +118,7 @@ def spark(spark_settings):
 def store(pg_database: str, pg_schema: str) -> Iterator[MaintenanceStore]:
     """The maintenance tests' store (runstate_tests/maintenance/conftest.py), for the fence tests here;
     their other fixtures (commit_hold, rewrite_job, dataset_ids) are the root conftest's, on this
-    module's session."""
+    package's session."""
     with MaintenanceStore(pg_database, schema=pg_schema) as store:
         store.ensure_schema()
         yield store

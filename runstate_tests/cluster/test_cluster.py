@@ -56,7 +56,7 @@ def feed(wal) -> Feed:
 
 @pytest.fixture
 def cli(cluster, wal, spark_settings, dagster_home, monkeypatch) -> Iterator[CliRunner]:
-    """The CLI on the test's WAL, the module's catalog and warehouse, and the cluster as its master."""
+    """The CLI on the test's WAL, the package's catalog and warehouse, and the cluster as its master."""
     yield from cli_on(monkeypatch, wal, spark_settings, RUNSTATE_SPARK_MASTER=cluster.url)
 
 
@@ -234,7 +234,7 @@ def test_down_stops_every_daemon_with_its_executors_and_python_workers(cluster, 
     executor_jvms = [
         pid for sid in sessions for pid in spark_cluster.session_members(sid) if _is_executor(pid)
     ]
-    assert executor_jvms, "the module's executors run inside the workers' sessions"
+    assert executor_jvms, "the package's executors run inside the workers' sessions"
 
     stopped = spark_cluster.down()
 

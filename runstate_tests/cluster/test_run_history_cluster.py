@@ -28,7 +28,7 @@ from runstate_tests.support.lake import (
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark_cluster"), pytest.mark.timeout(1800)]
-# The root conftest's history and own_store run on this module's cluster session: a namespace and a store
+# The root conftest's history and own_store run on the package's cluster session: a namespace and a store
 # of the test's own.
 ROUNDS = 3
 SEED = 20261128

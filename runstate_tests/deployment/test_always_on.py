@@ -36,6 +36,8 @@ from runstate.wal.shards import shard_of
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.support.databases import create_database, drop_database, unique
 from runstate_tests.support.deployment import (
+    HOURLY_EXPORTS,
+    HOURLY_MERGES,
     RESTART_BOUND_S,
     RUNS,
     STARTUP_S,
@@ -73,6 +75,9 @@ def server() -> Iterator[Server]:
         moto.url,
         RUNSTATE_WAL_FLUSH_RUN_BUDGET_S=str(BUDGET_S),
         RUNSTATE_WAL_FLUSH_SHARDS=str(SHARDS),
+        # Its tests are about the flush runs: each hand-over would make an export due, each row a merge.
+        **HOURLY_EXPORTS,
+        **HOURLY_MERGES,
     )
     server = Server(Deployment(0, env, home, pg_url, moto, home / "dev.log"))
     try:

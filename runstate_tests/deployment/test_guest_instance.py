@@ -33,6 +33,7 @@ from runstate.defs.tags import SPARK_POOL
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 from runstate_tests.deployment.sampling import spark_jvms
 from runstate_tests.support.databases import create_database, drop_database, unique
+from runstate_tests.support.deployment import HOURLY_EXPORTS
 from runstate_tests.support.deployment import stop_dev as _stop
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 
@@ -92,6 +93,7 @@ def guest(moto_endpoint: str) -> Iterator[Guest]:
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
         DAGSTER_TELEMETRY_ENABLED="false",
+        **HOURLY_EXPORTS,  # only the Spark runs this module launches take the pool
     )
     upgrade = subprocess.run(
         [RUNSTATE, "db", "upgrade", "--skip-dagster"], env=env, capture_output=True, text=True, timeout=300

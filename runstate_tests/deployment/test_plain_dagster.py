@@ -30,7 +30,12 @@ from runstate.wal import Change, DatasetReader, WalProducer, WalTable
 from runstate.wal import layout as t
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.support.databases import create_database, drop_database, unique
-from runstate_tests.support.deployment import RESTART_BOUND_S, check_flush_after_restart, deployment_env
+from runstate_tests.support.deployment import (
+    HOURLY_EXPORTS,
+    RESTART_BOUND_S,
+    check_flush_after_restart,
+    deployment_env,
+)
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
 from runstate_tests.support.moto import MotoProcess
 
@@ -241,6 +246,7 @@ def plain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PlainDepl
         dagster_home=tmp_path,
         RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
         RUNSTATE_WAL_FLUSH_MODE="on-demand",
+        **HOURLY_EXPORTS,
     )
     upgrade = subprocess.run(
         [RUNSTATE, "db", "upgrade"], env=env, capture_output=True, text=True, timeout=600

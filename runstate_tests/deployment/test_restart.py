@@ -38,7 +38,14 @@ from runstate.wal.changes import Change, fold
 from runstate.wal.layout import APPLIED_PREFIX
 from runstate_tests.deployment.sampling import Sampler
 from runstate_tests.support.databases import create_database, drop_database, unique
-from runstate_tests.support.deployment import Deployment, Server, check_flush_after_restart, deployment_env
+from runstate_tests.support.deployment import (
+    HOURLY_EXPORTS,
+    HOURLY_MERGES,
+    Deployment,
+    Server,
+    check_flush_after_restart,
+    deployment_env,
+)
 from runstate_tests.support.devserver import (
     RUNSTATE,
     poll,
@@ -74,6 +81,8 @@ def server() -> Iterator[Server]:
         RUNSTATE_WAL_FLUSH_MODE="on-demand",
         RUNSTATE_WAL_FLUSH_LINGER_S="120",
         RUNSTATE_RUN_DEAD_AFTER_S=str(DEAD_AFTER_S),
+        **HOURLY_EXPORTS,
+        **HOURLY_MERGES,
     )
     server = Server(Deployment(0, env, home, pg_url, moto, home / "dev.log"))
     try:
