@@ -34,7 +34,7 @@ RESTART_BOUND_S = 60
 # An export of the run history is a Spark run (a JVM of 10 to 25 CPU-s), and each minute in which a flush
 # or merge run ran makes one due; a merge of the dataset tables (a Spark run too) follows each minute in
 # which a dataset changed. A deployment whose tests are about neither does them hourly: the always-on
-# deployment's processes took 166 CPU-s of a suite run with the defaults, 66 without these runs.
+# deployment's processes took 166 CPU-s of a suite run with the defaults, 69 without these runs.
 HOURLY_EXPORTS = {"RUNSTATE_HISTORY_EXPORT_INTERVAL_S": "3600"}
 HOURLY_MERGES = {"RUNSTATE_DATASET_MERGE_INTERVAL_S": "3600"}
 
