@@ -7,6 +7,7 @@ resources) and it is dropped afterwards, so tests and parallel workers never col
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -43,11 +44,20 @@ os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 os.environ.setdefault("DAGSTER_TELEMETRY_ENABLED", "false")
+
+
+def _process_temp_dir(prefix: str) -> str:
+    """A directory of this test process's own, removed when the process ends."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 # Hermetic: the developer's .runstate/env (from `services up`) must not leak endpoints into tests.
-os.environ["RUNSTATE_HOME"] = tempfile.mkdtemp(prefix="runstate-test-home-")
+os.environ["RUNSTATE_HOME"] = _process_temp_dir("runstate-test-home-")
 # Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
 # checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
-os.environ["DAGSTER_HOME"] = tempfile.mkdtemp(prefix="runstate-test-dagster-")
+os.environ["DAGSTER_HOME"] = _process_temp_dir("runstate-test-dagster-")
 # Spark drivers of the suite are short-lived JVMs (support/spark.py says why these options).
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS)
 
