@@ -30,6 +30,16 @@ from runstate_tests.support.devserver import (
     wait_for_graphql,
 )
 
+# The one test of the shared deployment about its run history exports: it runs first, and then stops the
+# sensor (test_run_history.py), so the deployment's other tests do not start an export JVM every minute.
+EXPORTS_RUN_HISTORY = "test_appended_events_reach_the_lake_within_the_bound"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The run history test before the shared deployment's other tests (the root conftest's sort by rank
+    is stable and keeps this order)."""
+    items.sort(key=lambda item: item.name != EXPORTS_RUN_HISTORY)
+
 
 @pytest.fixture(scope="package")
 def deployment() -> Iterator[Deployment]:

@@ -5,6 +5,7 @@ gives them (through pyiceberg: no JVM in the test)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -29,7 +30,24 @@ def runs_row(catalog: HistoryCatalog, run_id: str) -> dict | None:
     return rows[0] if rows else None
 
 
-def test_appended_events_reach_the_lake_within_the_bound(deployment: Deployment):
+SENSOR_STATE = """query($name: String!) { sensorOrError(sensorSelector: {repositoryLocationName: "runstate",
+  repositoryName: "__repository__", sensorName: $name}) { ... on Sensor { sensorState { id status } } } }"""
+STOP_SENSOR = """mutation($id: String!) { stopSensor(id: $id) { __typename
+  ... on StopSensorMutationResult { instigationState { status } } ... on PythonError { message } } }"""
+
+
+@pytest.fixture
+def stopped_after(deployment: Deployment) -> Iterator[None]:
+    """After the test, run_history_sensor stopped as the UI's Stop button does. This test runs first on
+    the shared deployment (conftest.py), whose other tests are not about exports: a running sensor would
+    start an export JVM in each minute in which another of their runs ran."""
+    yield
+    state = deployment.graphql(SENSOR_STATE, {"name": "run_history_sensor"})["sensorOrError"]["sensorState"]
+    stopped = deployment.graphql(STOP_SENSOR, {"id": state["id"]})["stopSensor"]
+    assert stopped.get("instigationState", {}).get("status") == "STOPPED", stopped
+
+
+def test_appended_events_reach_the_lake_within_the_bound(deployment: Deployment, stopped_after: None):
     run_id = f"hist-{uuid.uuid4().hex[:8]}"
     for args in (
         ("--type", "RunStarted"),
