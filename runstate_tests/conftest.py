@@ -30,6 +30,7 @@ from runstate_tests.support.databases import (
     drop_database,
     unique,
 )
+from runstate_tests.support.jvm_archive import sharing_options, start_archive
 from runstate_tests.support.moto import MotoProcess
 from runstate_tests.support.spark import SHORT_LIVED_JVM_OPTIONS, drop_iceberg_table
 
@@ -58,7 +59,9 @@ os.environ["RUNSTATE_HOME"] = _process_temp_dir("runstate-test-home-")
 # Ticks use the deployment's instance; in tests that is an empty home (SQLite) of the worker's own, never the
 # checkout's dagster.yaml and the shared `dagster` database. Tests of the deployment's instance set their own.
 os.environ["DAGSTER_HOME"] = _process_temp_dir("runstate-test-dagster-")
-# Spark drivers of the suite are short-lived JVMs (support/spark.py says why these options).
+# Spark drivers of the suite are short-lived JVMs (support/spark.py says why these options), which map one
+# class archive (pytest_configure, below). A value of the user's own is left as it is.
+_OWN_JVM_OPTIONS = "SPARK_SUBMIT_OPTS" not in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS)
 
 # A suite started in the background (`make test &`, a CI runner) inherits SIGINT ignored. Dagster maps
@@ -87,6 +90,17 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    _share_spark_classes(config)
+
+
+def _share_spark_classes(config: pytest.Config) -> None:
+    """Every Spark driver of the suite maps one class archive (support/jvm_archive.py), made once per
+    checkout and Java; the workers, started after this, and their children inherit the options."""
+    if not _OWN_JVM_OPTIONS or hasattr(config, "workerinput"):
+        return
+    archive = start_archive(SHORT_LIVED_JVM_OPTIONS)
+    if archive is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{SHORT_LIVED_JVM_OPTIONS} {sharing_options(archive)}"
 
 
 @pytest.hookimpl(trylast=True)

@@ -79,7 +79,8 @@ def spark_settings(cluster, pg_database: str, tmp_path_factory: pytest.TempPathF
         extra_conf={
             "spark.ui.enabled": "true",
             "spark.ui.port": str(free_port()),
-            "spark.executor.extraJavaOptions": SHORT_LIVED_JVM_OPTIONS,  # the driver's: SPARK_SUBMIT_OPTS
+            # The driver's options (and class archive, when the root conftest made one): SPARK_SUBMIT_OPTS.
+            "spark.executor.extraJavaOptions": os.environ.get("SPARK_SUBMIT_OPTS", SHORT_LIVED_JVM_OPTIONS),
         },
     )
 
