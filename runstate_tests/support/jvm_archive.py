@@ -72,12 +72,14 @@ def start_archive(base_options: str) -> Path | None:
     if java is None:
         return None
     archive = archive_path(java)
-    if not archive.exists():
+    if archive.exists():
+        return archive
+    with archive.with_suffix(".log").open("w") as log:  # the builder keeps its own copy of the descriptor
         subprocess.Popen(
             [sys.executable, "-m", "runstate_tests.support.jvm_archive", str(archive), base_options],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=archive.with_suffix(".log").open("w"),
+            stderr=log,
             start_new_session=True,  # it outlives a short test session, and the session's Ctrl-C
             cwd=CHECKOUT,  # where `-m runstate_tests...` is found
         )
