@@ -10,6 +10,7 @@ import dagster as dg
 import psycopg
 import pytest
 import yaml
+from dagster_postgres.run_storage import PostgresRunStorage
 
 from runstate.defs.instance.checks import missing_bounds
 from runstate.defs.instance.pools import set_spark_pool_limit
@@ -76,7 +77,7 @@ def test_a_run_lands_in_postgres_run_and_event_storage(instance, fresh_database)
 def test_storage_coordinator_retries_and_telemetry_come_from_dagster_yaml(instance):
     limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
 
-    assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+    assert isinstance(instance.run_storage, PostgresRunStorage)
     assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
     assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
     assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
@@ -121,7 +122,7 @@ def test_with_its_pool_limit_set_the_projects_instance_lacks_nothing_runstate_re
 def test_the_storage_url_is_read_from_the_environment_not_written_down():
     config = yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
 
-    assert config["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
+    assert config["storage"]["custom"]["config"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
 
 
 def test_the_queue_admits_one_run_per_wal_shard_and_one_per_table(instance):
@@ -165,7 +166,7 @@ def test_without_dagster_home_a_tick_uses_the_checkouts_instance(deployment_env)
 
     with default_instance() as instance:
         assert instance.root_directory == str(REPO_ROOT)
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert isinstance(instance.run_storage, PostgresRunStorage)
         assert not instance.is_ephemeral
 
 

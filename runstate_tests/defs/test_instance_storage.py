@@ -1,0 +1,98 @@
+"""The project's instance storage (runstate.defs.instance.storage): Dagster's Postgres storage on a few
+connections kept open, which it replaces when Postgres closed them, and closes when disposed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import psycopg
+import pytest
+from sqlalchemy.pool import QueuePool
+
+from runstate.defs.instance.storage import POOL_SIZE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def database(fresh_database: str) -> str:
+    return fresh_database
+
+
+@pytest.fixture
+def instance(database: str, monkeypatch) -> Iterator[dg.DagsterInstance]:
+    """The checkout's dagster.yaml on a database of the test's own."""
+    monkeypatch.setenv("DAGSTER_PG_URL", database.replace("postgresql://", "postgresql+psycopg2://", 1))
+    instance = dg.DagsterInstance.from_config(str(REPO_ROOT))
+    yield instance
+    instance.dispose()
+
+
+def backends(database: str) -> set[int]:
+    """The server processes connected to `database` (this query's own connection excluded)."""
+    with psycopg.connect(database, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {pid for (pid,) in rows}
+
+
+@dg.op
+def count_to_three() -> int:
+    return 3
+
+
+@dg.job
+def counting_job() -> None:
+    count_to_three()
+
+
+def storage_round(instance: dg.DagsterInstance) -> None:
+    """A daemon's kinds of statements: runs, their events, instigator state and the key-value store."""
+    result = counting_job.execute_in_process(instance=instance)
+    assert result.success
+    assert instance.get_run_by_id(result.run_id) is not None
+    assert len(instance.all_logs(result.run_id)) > 5
+    instance.run_storage.set_cursor_values({"runstate.test": result.run_id})
+    assert instance.run_storage.get_cursor_values({"runstate.test"}) == {"runstate.test": result.run_id}
+    instance.all_instigator_state()
+
+
+def test_the_projects_instance_keeps_one_pool_for_its_three_storages(instance):
+    engine = instance.run_storage._engine  # noqa: SLF001 - what the storage was given
+
+    assert isinstance(engine.pool, QueuePool)
+    assert instance.event_log_storage._engine is engine  # noqa: SLF001
+    assert instance.schedule_storage._engine is engine  # noqa: SLF001
+
+
+def test_runs_events_and_state_go_through_the_pools_few_connections(instance, database):
+    storage_round(instance)
+    held = backends(database)
+    for _ in range(3):
+        storage_round(instance)
+
+    assert 0 < len(held) <= POOL_SIZE + 1  # the pool's, and the event watcher's LISTEN connection
+    assert backends(database) == held  # the same server processes: no connection per statement
+
+
+def test_connections_postgres_closed_are_replaced_before_the_next_statement(instance, database):
+    storage_round(instance)
+    with psycopg.connect(database, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+    storage_round(instance)  # a statement on a dead connection would raise here
+
+
+def test_a_disposed_instance_leaves_no_connection_open(database, monkeypatch):
+    monkeypatch.setenv("DAGSTER_PG_URL", database.replace("postgresql://", "postgresql+psycopg2://", 1))
+    with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
+        storage_round(instance)
+        assert backends(database)
+
+    assert backends(database) == set()
