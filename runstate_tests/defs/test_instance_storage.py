@@ -96,3 +96,19 @@ def test_a_disposed_instance_leaves_no_connection_open(database, monkeypatch):
         assert backends(database)
 
     assert backends(database) == set()
+
+
+def test_an_instance_on_existing_tables_opens_one_connection_to_start(instance, database, monkeypatch):
+    """dagster-postgres's storages look for their tables on two new connections each, six in all, every
+    time an instance is made: a code server makes one per sensor tick."""
+    import psycopg2
+
+    connect = psycopg2.connect
+    opened: list[object] = []
+    monkeypatch.setattr(psycopg2, "connect", lambda *a, **k: opened.append(a) or connect(*a, **k))
+    with dg.DagsterInstance.from_ref(instance.get_ref()) as another:
+        started = len(opened)
+        storage_round(another)
+
+    assert started == 1
+    assert len(opened) <= POOL_SIZE + 1  # the event watcher's LISTEN connection besides the pool's
