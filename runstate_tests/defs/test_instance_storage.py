@@ -17,17 +17,16 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def database(fresh_database: str) -> str:
+def database(fresh_database: str, monkeypatch) -> str:
+    """A database of the test's own, which the checkout's dagster.yaml names."""
+    monkeypatch.setenv("DAGSTER_PG_URL", fresh_database.replace("postgresql://", "postgresql+psycopg2://", 1))
     return fresh_database
 
 
 @pytest.fixture
-def instance(database: str, monkeypatch) -> Iterator[dg.DagsterInstance]:
-    """The checkout's dagster.yaml on a database of the test's own."""
-    monkeypatch.setenv("DAGSTER_PG_URL", database.replace("postgresql://", "postgresql+psycopg2://", 1))
-    instance = dg.DagsterInstance.from_config(str(REPO_ROOT))
-    yield instance
-    instance.dispose()
+def instance(database: str) -> Iterator[dg.DagsterInstance]:
+    with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
+        yield instance
 
 
 def backends(database: str) -> set[int]:
@@ -89,8 +88,7 @@ def test_connections_postgres_closed_are_replaced_before_the_next_statement(inst
     storage_round(instance)  # a statement on a dead connection would raise here
 
 
-def test_a_disposed_instance_leaves_no_connection_open(database, monkeypatch):
-    monkeypatch.setenv("DAGSTER_PG_URL", database.replace("postgresql://", "postgresql+psycopg2://", 1))
+def test_a_disposed_instance_leaves_no_connection_open(database):
     with dg.DagsterInstance.from_config(str(REPO_ROOT)) as instance:
         storage_round(instance)
         assert backends(database)
@@ -112,3 +110,12 @@ def test_an_instance_on_existing_tables_opens_one_connection_to_start(instance, 
 
     assert started == 1
     assert len(opened) <= POOL_SIZE + 1  # the event watcher's LISTEN connection besides the pool's
+
+
+def test_in_the_webserver_each_storage_takes_its_own_pool_and_the_shared_one_closes(instance, database):
+    storage_round(instance)
+    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=20)
+
+    assert backends(database) == set()
+    storage_round(instance)
+    assert instance.run_storage._engine is not instance.event_log_storage._engine  # noqa: SLF001

@@ -47,6 +47,12 @@ class _PoolClosingRunStorage(PostgresRunStorage):
         super().dispose()
         self._engine.dispose()
 
+    def optimize_for_webserver(self, statement_timeout: int, pool_recycle: int, max_overflow: int) -> None:
+        # The webserver gives each storage a pool of its own: the shared one's connection is closed.
+        shared = self._engine
+        super().optimize_for_webserver(statement_timeout, pool_recycle, max_overflow)
+        shared.dispose()
+
 
 class PooledPostgresStorage(DagsterPostgresStorage):
     """The `storage: postgres:` block's storage, on one pooled engine for its three storages."""
