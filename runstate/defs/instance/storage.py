@@ -4,8 +4,8 @@ dagster-postgres opens a new connection for every statement (SQLAlchemy's NullPo
 but the webserver. A new connection is a new Postgres server process, which authenticates, warms its
 catalog caches and answers psycopg2's hstore probe before the statement runs; and each of the three
 storages looks for its tables on two more whenever an instance is made (a code server makes one per
-sensor tick). An idle `runstate dev` measured 27 new connections a second from its daemon and 17 from its
-code server, and Postgres spent 12 CPU-s a minute on them; with this storage, 0.3 and 1.6, and 1.8 CPU-s.
+sensor tick). docs/OPERATIONS.md (Dagster) has what this cost an idle `runstate dev`, and what it costs
+with this storage.
 
 Here the run, event log and schedule storages of one instance share one engine with a small pool:
 connections are checked before use (`pool_pre_ping`), so one broken by a Postgres restart is replaced
