@@ -31,6 +31,11 @@ SCHEDULED_DAY_TAG = "runstate/scheduled_day"
 # export (within half the lag bound), so an idle deployment does not start a Spark export per sweep.
 HOUSEKEEPING_TAG = "runstate/housekeeping"
 HOUSEKEEPING_TAGS = {HOUSEKEEPING_TAG: "true"}
+# Work whose runs recur on their own, whatever the data does: an always-on shard's flush run hands the
+# shard to a successor every run budget, idle or not. Its history waits as housekeeping's does; without
+# the tag an idle deployment started a Spark export after every hand-over (about 10 CPU-s a minute).
+HISTORY_CAN_WAIT_TAG = "runstate/history_can_wait"
+HISTORY_CAN_WAIT_TAGS = {HISTORY_CAN_WAIT_TAG: "true"}
 
 # Dagster's own tag: the run queue starts runs of a higher priority first (default 0).
 PRIORITY_TAG = "dagster/priority"

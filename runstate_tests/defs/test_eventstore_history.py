@@ -15,7 +15,13 @@ from runstate.config import Settings
 from runstate.defs.eventstore.history import EXPORT_JOB, build_history_defs
 from runstate.defs.eventstore.resources import EventStoreResource, SnowflakeConnection
 from runstate.defs.spark import SparkResource
-from runstate.defs.tags import HOUSEKEEPING_TAG, HOUSEKEEPING_TAGS, SPARK_TAG
+from runstate.defs.tags import (
+    HISTORY_CAN_WAIT_TAG,
+    HISTORY_CAN_WAIT_TAGS,
+    HOUSEKEEPING_TAG,
+    HOUSEKEEPING_TAGS,
+    SPARK_TAG,
+)
 from runstate.eventstore import EventType, NewEvent
 from runstate.eventstore.lake import HistoryConfig
 from runstate_tests.support.lake import append_randomly, assert_lake_equals_feed
@@ -132,20 +138,23 @@ def test_housekeeping_runs_events_alone_request_no_export_and_any_other_run_does
     spark_settings, own_resource, history, bare_instance
 ):
     """The scheduled sweeps and checks run every few minutes: an export for each left an idle deployment
-    starting two Spark exports every five minutes. A job is housekeeping by its tag."""
+    starting two Spark exports every five minutes. A job is housekeeping by its tag; a job tagged
+    HISTORY_CAN_WAIT_TAG (the always-on flush runs) waits the same way."""
 
     @dg.op
     def sweep() -> None:
         pass
 
-    swept = dg.JobDefinition(
-        name="a_sweep", graph_def=dg.GraphDefinition("g", node_defs=[sweep]), tags=HOUSEKEEPING_TAGS
-    )
+    def job(name: str, tags: dict[str, str]) -> dg.JobDefinition:
+        return dg.JobDefinition(name=name, graph_def=dg.GraphDefinition(name, node_defs=[sweep]), tags=tags)
+
+    swept, recurring = job("a_sweep", HOUSEKEEPING_TAGS), job("a_recurring_flush", HISTORY_CAN_WAIT_TAGS)
     defs = dg.Definitions.merge(
-        history_defs(own_resource, spark_settings, history), dg.Definitions(jobs=[swept])
+        history_defs(own_resource, spark_settings, history), dg.Definitions(jobs=[swept, recurring])
     )
     append_run_started(own_resource, "checking", "run_history_lag_check")
     append_run_started(own_resource, "sweeping", swept.name)
+    append_run_started(own_resource, "handing-over", recurring.name)
 
     def evaluate() -> dg.SensorResult | dg.SkipReason:  # without executing the export it may request
         resources = {"event_store": own_resource}
@@ -155,19 +164,21 @@ def test_housekeeping_runs_events_alone_request_no_export_and_any_other_run_does
             return defs.resolve_sensor_def("run_history_sensor")(context)
 
     housekeeping_only = evaluate()
-    append_run_started(own_resource, "working", "flush_wal")
+    append_run_started(own_resource, "working", "orders_etl")
     with_other_work = evaluate()
 
     assert isinstance(housekeeping_only, dg.SkipReason)
-    assert housekeeping_only.skip_message.startswith("only 2 event(s) of runs that can wait are pending")
+    assert housekeeping_only.skip_message.startswith("only 3 event(s) of runs that can wait are pending")
     assert isinstance(with_other_work, dg.SensorResult) and len(with_other_work.run_requests) == 1
 
 
 def test_the_deployments_sweeps_and_checks_are_housekeeping_and_its_work_is_not():
+    """The flush runs are work, but recur on their own (an always-on shard's run hands over every run
+    budget, idle or not): their history can wait, and no other job's does."""
     from runstate.definitions import defs
 
-    def tagged(name: str) -> bool:
-        return defs.resolve_job_def(name).tags.get(HOUSEKEEPING_TAG) == "true"
+    def tagged(name: str, tag: str = HOUSEKEEPING_TAG) -> bool:
+        return defs.resolve_job_def(name).tags.get(tag) == "true"
 
     sweeps_and_checks = [
         "maintenance_claim_sweep",
@@ -177,9 +188,10 @@ def test_the_deployments_sweeps_and_checks_are_housekeeping_and_its_work_is_not(
         "run_history_lag_check",
     ]
     assert all(map(tagged, sweeps_and_checks))
-    assert not any(
-        map(tagged, ["flush_wal", "maintenance_orchestrator_job", EXPORT_JOB, "run_snapshots_job"])
-    )
+    work = ["flush_wal", "maintenance_orchestrator_job", EXPORT_JOB, "run_snapshots_job"]
+    assert not any(map(tagged, work))
+    waiting = [job.name for job in defs.resolve_all_job_defs() if tagged(job.name, HISTORY_CAN_WAIT_TAG)]
+    assert waiting == ["flush_wal"]
 
 
 def test_a_projection_runs_events_alone_request_no_export(

@@ -31,6 +31,7 @@ from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.spark import SparkResource, ends_spark_session
 from runstate.defs.tags import (
     DOMAIN_TAG,
+    HISTORY_CAN_WAIT_TAG,
     HOUSEKEEPING_TAG,
     HOUSEKEEPING_TAGS,
     SPARK_JOB_TAGS,
@@ -197,9 +198,13 @@ def live_export(instance: dg.DagsterInstance) -> RunLiveness | None:
 
 def can_wait(repository: dg.RepositoryDefinition | None) -> Callable[[StoredEvent], bool]:
     """Whether an event waits for the next export: it is of a run (the run recorder names each event's
-    Dagster job) of the store's bookkeeping jobs or of a job of `repository` tagged HOUSEKEEPING_TAG."""
+    Dagster job) of the store's bookkeeping jobs or of a job of `repository` tagged HOUSEKEEPING_TAG or
+    HISTORY_CAN_WAIT_TAG."""
     tagged = repository.get_all_jobs() if repository is not None else []
-    jobs = BOOKKEEPING_JOBS | {job.name for job in tagged if job.tags.get(HOUSEKEEPING_TAG) == "true"}
+    waiting_tags = (HOUSEKEEPING_TAG, HISTORY_CAN_WAIT_TAG)
+    jobs = BOOKKEEPING_JOBS | {
+        job.name for job in tagged if any(job.tags.get(tag) == "true" for tag in waiting_tags)
+    }
 
     def waits(event: StoredEvent) -> bool:
         ref = event.engine_run_ref

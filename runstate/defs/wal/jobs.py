@@ -9,7 +9,7 @@ from pydantic import Field
 from runstate.defs.runs.beating import beating
 from runstate.defs.runs.heartbeat import ensure_alive
 from runstate.defs.runs.interrupts import ends_run_when_interrupted
-from runstate.defs.tags import PRIORITY_TAG, REPLANNED_BY_SENSOR_TAGS, WAL_SHARD_TAG
+from runstate.defs.tags import HISTORY_CAN_WAIT_TAGS, PRIORITY_TAG, REPLANNED_BY_SENSOR_TAGS, WAL_SHARD_TAG
 from runstate.defs.wal.resources import WalResource
 from runstate.wal import Batch, compact, wal_status
 from runstate.wal.codec import warm_up
@@ -215,7 +215,7 @@ def build_flush_job(
         name=name,
         executor_def=beating(dg.in_process_executor),  # beats: its shard is held while it lives
         # Freshness first: the queue starts a flush before a waiting Spark run.
-        tags={PRIORITY_TAG: "10", **REPLANNED_BY_SENSOR_TAGS},
+        tags={PRIORITY_TAG: "10", **REPLANNED_BY_SENSOR_TAGS, **HISTORY_CAN_WAIT_TAGS},
         description="Flush one shard's planned WAL batches to delta blobs and mark them Applied.",
     )
     def flush_job() -> None:
