@@ -33,7 +33,7 @@ HOUSEKEEPING_TAG = "runstate/housekeeping"
 HOUSEKEEPING_TAGS = {HOUSEKEEPING_TAG: "true"}
 # Work whose runs recur on their own, whatever the data does: an always-on shard's flush run hands the
 # shard to a successor every run budget, idle or not. Its history waits as housekeeping's does; without
-# the tag an idle deployment started a Spark export after every hand-over (about 10 CPU-s a minute).
+# the tag an idle deployment started a Spark export after every hand-over (one every two minutes or so).
 HISTORY_CAN_WAIT_TAG = "runstate/history_can_wait"
 HISTORY_CAN_WAIT_TAGS = {HISTORY_CAN_WAIT_TAG: "true"}
 
