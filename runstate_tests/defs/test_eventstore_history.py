@@ -177,8 +177,8 @@ def test_the_deployments_sweeps_and_checks_are_housekeeping_and_its_work_is_not(
     budget, idle or not): their history can wait, and no other job's does."""
     from runstate.definitions import defs
 
-    def tagged(name: str, tag: str = HOUSEKEEPING_TAG) -> bool:
-        return defs.resolve_job_def(name).tags.get(tag) == "true"
+    def tagged(name: str) -> bool:
+        return defs.resolve_job_def(name).tags.get(HOUSEKEEPING_TAG) == "true"
 
     sweeps_and_checks = [
         "maintenance_claim_sweep",
@@ -190,7 +190,9 @@ def test_the_deployments_sweeps_and_checks_are_housekeeping_and_its_work_is_not(
     assert all(map(tagged, sweeps_and_checks))
     work = ["flush_wal", "maintenance_orchestrator_job", EXPORT_JOB, "run_snapshots_job"]
     assert not any(map(tagged, work))
-    waiting = [job.name for job in defs.resolve_all_job_defs() if tagged(job.name, HISTORY_CAN_WAIT_TAG)]
+    waiting = [
+        job.name for job in defs.resolve_all_job_defs() if job.tags.get(HISTORY_CAN_WAIT_TAG) == "true"
+    ]
     assert waiting == ["flush_wal"]
 
 
