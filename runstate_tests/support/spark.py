@@ -11,9 +11,9 @@ from pathlib import Path
 # and the serial collector, two Spark test modules took 118 CPU-s instead of 175 on 2 cores. Semantics are
 # the JVM's either way; a deployment keeps the JVM's defaults.
 # With C1 only, the code cache is 48 MB, which a worker's session (it lives the whole suite) had filled 80 s
-# into two test modules: the JVM then flushes compiled methods and compiles them again. At 240 MB (the tiered default),
-# two Spark test modules in one session compiled 33,000 methods instead of 59,000, and its JVM used
-# 100.5 and 101.6 CPU-s instead of 109.7 and 112.6 (full tiered compilation: 156).
+# into two test modules: the JVM then flushes compiled methods and compiles them again. At 240 MB (the
+# tiered default), those two modules in one session compiled 33,000 methods instead of 59,000, and its JVM
+# used 100.5 and 101.6 CPU-s instead of 109.7 and 112.6 (full tiered compilation: 156).
 SHORT_LIVED_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
 
 
