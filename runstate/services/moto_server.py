@@ -11,10 +11,14 @@ each other) but runs moto itself under one lock: the request body is read before
 taken, and the response is produced in full before it is released, so one stalled or killed client
 never holds up the others. moto is CPU-bound under the GIL, so the lock costs little throughput.
 
-Why werkzeug's server, which closes every connection after one response: waitress (keep-alive, a thread
-pool) was a third faster per request on a quiet machine and two to three times slower on a loaded one
-(the WAL scenarios' model check: 159 s against 60 s beside three busy processes), since each request
-crosses from its event loop to a worker thread and back, and each crossing waits for a CPU.
+Why werkzeug's threaded server, speaking HTTP/1.1: each client connection keeps one thread for all its
+requests (botocore keeps its connections alive). Out of the box it closes every connection after one
+response, so every request paid a TCP connection and a thread, on both sides; kept alive, the WAL tests
+(`runstate_tests/wal` and the WAL scenarios, -n 3) took 205 CPU-s of the host instead of 274 and their
+moto servers 31.7 instead of 44.2. waitress (keep-alive, a thread pool) was a third faster per request
+on a quiet machine and two to three times slower on a loaded one (the WAL scenarios' model check: 159 s
+against 60 s beside three busy processes), since each request crosses from its event loop to a worker
+thread and back, and each crossing waits for a CPU.
 
 Run it as `python -m runstate.services.moto_server -H 127.0.0.1 -p PORT` (the tests do, one process per
 pytest worker); the benches start it in-process with `SerializedMotoServer`, which has the interface of
@@ -85,6 +89,7 @@ def serialized_moto_app() -> SerializedApp:
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     cache_moto_lookups()
+    serialize_attribute_values_directly()
     return SerializedApp(DomainDispatcherApplication(create_backend_app))
 
 
@@ -105,12 +110,53 @@ def cache_moto_lookups() -> None:
         )
 
 
+def serialize_attribute_values_directly() -> None:
+    """Write a DynamoDB AttributeValue (a dict such as {"S": "x"}) through its members that are present.
+
+    moto's JSON serializer walks every member of a structure's model, and for each builds a lookup context
+    and tries five aliases; an AttributeValue has ten members, of which one is set. A stream page of the
+    WAL (GetRecords, 25 KB) took 19 ms of the server's CPU, over half of a WAL test's moto time. A dict
+    whose keys are all AttributeValue members, with no response transformer set, is written member by
+    member as that walk writes it (runstate_tests/services/test_moto_serializer.py compares the two);
+    anything else takes moto's walk."""
+    from moto.core.serialize import BaseJSONSerializer
+
+    walk = BaseJSONSerializer._serialize_type_structure
+    if hasattr(walk, "moto_walk"):  # done already in this process
+        return
+
+    def serialize_structure(self: Any, serialized: Any, value: Any, shape: Any, key: str) -> None:
+        members = shape.members
+        direct = (
+            shape.name == "AttributeValue" and key and type(value) is dict and value.keys() <= members.keys()
+        )
+        if not direct or getattr(self._value_picker, "response_transformers", None):
+            walk(self, serialized, value, shape, key)
+            return
+        wrapper: dict[str, Any] = {}
+        for member_key, member_shape in members.items():
+            member_value = value.get(member_key)
+            if member_value is not None:
+                member_shape.parent = shape
+                self._serialize(wrapper, member_value, member_shape, member_key)
+        self._default_serialize(serialized, wrapper, shape, key)
+
+    serialize_structure.moto_walk = walk  # type: ignore[attr-defined]
+    BaseJSONSerializer._serialize_type_structure = serialize_structure  # type: ignore[method-assign]
+
+
 def make_moto_server(host: str, port: int) -> Any:
     """A threaded werkzeug server (moto's request handler) around the serialised moto application."""
     from moto.moto_server.werkzeug_app import MotoRequestHandler
     from werkzeug.serving import make_server
 
-    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=MotoRequestHandler)
+    class KeptAliveHandler(MotoRequestHandler):
+        protocol_version = "HTTP/1.1"  # werkzeug then serves a connection's requests until it closes
+        timeout = (
+            60  # s: an idle connection is closed, and its thread ends (a client reconnects when it reuses it)
+        )
+
+    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=KeptAliveHandler)
 
 
 class SerializedMotoServer:
