@@ -145,18 +145,23 @@ def serialize_attribute_values_directly() -> None:
     BaseJSONSerializer._serialize_type_structure = serialize_structure  # type: ignore[method-assign]
 
 
-def make_moto_server(host: str, port: int) -> Any:
-    """A threaded werkzeug server (moto's request handler) around the serialised moto application."""
+def kept_alive_request_handler() -> type:
+    """moto's request handler, serving each connection's requests until it closes (see the module)."""
     from moto.moto_server.werkzeug_app import MotoRequestHandler
-    from werkzeug.serving import make_server
 
     class KeptAliveHandler(MotoRequestHandler):
-        protocol_version = "HTTP/1.1"  # werkzeug then serves a connection's requests until it closes
-        timeout = (
-            60  # s: an idle connection is closed, and its thread ends (a client reconnects when it reuses it)
-        )
+        protocol_version = "HTTP/1.1"  # werkzeug then keeps the connection after a response
+        timeout = 60  # s idle: the connection is closed and its thread ends (a client then reconnects)
 
-    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=KeptAliveHandler)
+    return KeptAliveHandler
+
+
+def make_moto_server(host: str, port: int) -> Any:
+    """A threaded werkzeug server (moto's request handler) around the serialised moto application."""
+    from werkzeug.serving import make_server
+
+    handler = kept_alive_request_handler()
+    return make_server(host, port, serialized_moto_app(), threaded=True, request_handler=handler)
 
 
 class SerializedMotoServer:

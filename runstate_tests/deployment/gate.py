@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runstate.services.moto_server import buffer_request_body, serialized_moto_app
+from runstate.services.moto_server import buffer_request_body, kept_alive_request_handler, serialized_moto_app
 
 Predicate = Callable[[dict[str, Any], bytes], bool]
 
@@ -63,13 +63,11 @@ class Gate:
 
 class GatedMotoServer:
     def __init__(self) -> None:
-        from moto.moto_server.werkzeug_app import MotoRequestHandler
         from werkzeug.serving import make_server
 
         self.gate = Gate(serialized_moto_app())
-        self._server = make_server(
-            "127.0.0.1", 0, self.gate, threaded=True, request_handler=MotoRequestHandler
-        )
+        handler = kept_alive_request_handler()
+        self._server = make_server("127.0.0.1", 0, self.gate, threaded=True, request_handler=handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="gated-moto", daemon=True)
         self._thread.start()
 
