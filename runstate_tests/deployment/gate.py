@@ -5,7 +5,8 @@ predicate, a matching request waits in the server until the test disarms the gat
 503 (its client has usually been killed by then). Everything else goes through to moto at once.
 The client of a held request is found by its TCP port, which names its process exactly.
 It must stay the only moto inside the pytest process: moto keeps its tables in module globals, so a second
-in-process server would share them (every other test's moto is a `MotoProcess`, runstate_tests/conftest.py).
+in-process server would share them (every other test's moto is a `MotoProcess`, runstate_tests/conftest.py,
+but the moto serializer's test, which compares moto's two writers in its own process and drops its table).
 """
 
 from __future__ import annotations

@@ -41,13 +41,7 @@ def moto_url() -> Iterator[str]:
 
 
 def _client(service: str, url: str) -> Any:
-    return boto3.client(
-        service,
-        endpoint_url=url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return boto3.client(service, endpoint_url=url, region_name="us-east-1")
 
 
 def _raw_bodies(client: Any) -> list[dict[str, Any]]:
@@ -60,8 +54,9 @@ def _raw_bodies(client: Any) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def table_with_history(moto_url: str) -> tuple[Any, Any, str]:
-    """A table with a stream of new and old images, holding ITEM written and then changed once."""
+def table_with_history(moto_url: str) -> Iterator[tuple[Any, Any, str]]:
+    """A table with a stream of new and old images, holding ITEM written and then changed once. Dropped
+    after the test: moto's tables are module globals, which the deployment tests' gated moto may share."""
     dynamodb, streams = _client("dynamodb", moto_url), _client("dynamodbstreams", moto_url)
     name = f"t{uuid.uuid4().hex[:8]}"
     dynamodb.create_table(
@@ -73,7 +68,8 @@ def table_with_history(moto_url: str) -> tuple[Any, Any, str]:
     )
     dynamodb.put_item(TableName=name, Item=ITEM)
     dynamodb.put_item(TableName=name, Item={**ITEM, "number": {"N": "7"}})
-    return dynamodb, streams, name
+    yield dynamodb, streams, name
+    dynamodb.delete_table(TableName=name)
 
 
 def _stream_page(streams: Any, table_arn: str) -> dict[str, Any]:
