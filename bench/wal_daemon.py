@@ -53,6 +53,7 @@ def add_arguments(parser: Any) -> None:
         default="30,120,600",
         help="idle seconds before each burst, comma-separated; empty: no idle phase (default 30,120,600)",
     )
+    parser.add_argument("--seed", type=int, default=7, help="seed of the appends' random moments")
     parser.add_argument(
         "--quick", action="store_true", help="--daemon: 24 rows over 30 s and idle gaps of 10 and 30 s"
     )
