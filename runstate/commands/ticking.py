@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 
 import dagster as dg
 from dagster import DagsterInstance, RunsFilter
+from dagster._core.execution.resources_init import get_transitive_required_resource_keys
 from dagster._core.utils import make_new_run_id
 
 from runstate.config import settings
@@ -231,7 +232,11 @@ def tick_sensor(
     cursor = instance.run_storage.get_cursor_values({key}).get(key)
     # definitions= lets a sensor yield partitioned run requests (dagster resolves the job from them).
     with dg.build_sensor_context(
-        instance=instance, cursor=cursor, sensor_name=sensor_name, resources=defs.resources, definitions=defs
+        instance=instance,
+        cursor=cursor,
+        sensor_name=sensor_name,
+        resources=_required_resources(defs, sensor.required_resource_keys),
+        definitions=defs,
     ) as ctx:
         data = sensor.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
@@ -254,6 +259,15 @@ def tick_sensor(
     return result
 
 
+def _required_resources(defs: dg.Definitions, keys: set[str]) -> dict:
+    """The resources a sensor or schedule requires, with those they require: what the daemon's code
+    server builds for a tick. Building every resource of the definitions cost 35 to 50 ms of CPU more
+    a tick (Dagster infers each resource class's config schema again at each build)."""
+    resources = defs.get_repository_def().get_top_level_resources()
+    needed = get_transitive_required_resource_keys(keys, resources)
+    return {key: resource for key, resource in (defs.resources or {}).items() if key in needed}
+
+
 def tick_schedule(
     schedule_name: str,
     *,
@@ -267,7 +281,9 @@ def tick_schedule(
     schedule = defs.resolve_schedule_def(schedule_name)
     when = at or datetime.now(UTC)
     with dg.build_schedule_context(
-        instance=instance, scheduled_execution_time=when, resources=defs.resources
+        instance=instance,
+        scheduled_execution_time=when,
+        resources=_required_resources(defs, schedule.required_resource_keys),
     ) as ctx:
         data = schedule.evaluate_tick(ctx)
     result = TickResult(skip_reason=str(data.skip_message) if data.skip_message else None)
