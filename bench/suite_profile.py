@@ -36,10 +36,13 @@ KINDS = (
     ("java (other)", ("bin/java",)),
     ("moto server", ("moto_server",)),
     ("fakesnow server", ("fakesnow_server",)),
-    ("dagster webserver", ("dagster-webserver",)),
-    ("dagster daemon", ("dagster-daemon",)),
-    ("dagster code server", ("code-server", "api grpc")),
-    ("dagster run", ("execute_run", "execute_step")),
+    # `dagster dev` starts these as modules; their --instance-ref JSON can name the others, so each is
+    # known by how it was started.
+    ("dagster webserver", ("-m dagster_webserver", "bin/dagster-webserver")),
+    ("dagster daemon", ("-m dagster._daemon", "bin/dagster-daemon")),
+    ("dagster code server", ("-m dagster code-server", "-m dagster api grpc", "bin/dagster code-server")),
+    # A code server starts each run with multiprocessing's spawn (dagster/_grpc/server.py).
+    ("dagster run", ("execute_run", "execute_step", "multiprocessing.spawn")),
     ("dagster dev", ("dagster dev",)),
     ("runstate dev", ("bin/runstate dev",)),
     ("runstate cli", ("bin/runstate",)),

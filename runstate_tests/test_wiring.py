@@ -23,7 +23,8 @@ from runstate.wal.config import WalConfig
 FAKESNOW = {
     "SNOWFLAKE_ACCOUNT": "acct",
     "SNOWFLAKE_USER": "me",
-    "SNOWFLAKE_PASSWORD": "pw",
+    # Long enough not to turn up by chance in a temporary folder's name of the repr below ("pw" did).
+    "SNOWFLAKE_PASSWORD": "Sn0wfl4ke-Pa55word",
     "SNOWFLAKE_HOST": "127.0.0.1",
     "SNOWFLAKE_PORT": "8123",
     "SNOWFLAKE_PROTOCOL": "http",
@@ -41,11 +42,15 @@ def test_snowflake_arguments_are_typed_and_bounded_from_the_settings():
     config = EventStoreConfig.from_settings(_settings(**FAKESNOW))
     kwargs = config.snowflake.connect_kwargs()
 
-    assert kwargs["port"] == 8123 and kwargs["account"] == "acct" and kwargs["password"] == "pw"
+    assert (
+        kwargs["port"] == 8123
+        and kwargs["account"] == "acct"
+        and kwargs["password"] == FAKESNOW["SNOWFLAKE_PASSWORD"]
+    )
     assert kwargs["network_timeout"] == 1  # a local emulator's HTTP 500 must not be retried for ever
     assert kwargs["login_timeout"] == SNOWFLAKE_LOGIN_TIMEOUT_S
     assert "schema" not in kwargs and config.snowflake_schema == "EVENTS"
-    assert "pw" not in repr(config)  # a config may be logged; its secrets are not
+    assert FAKESNOW["SNOWFLAKE_PASSWORD"] not in repr(config)  # a config may be logged; its secrets are not
 
 
 def test_without_an_account_there_is_no_snowflake_datastore():
