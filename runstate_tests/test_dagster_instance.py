@@ -13,7 +13,7 @@ import yaml
 from dagster_postgres.run_storage import PostgresRunStorage
 
 from runstate.defs.instance.checks import missing_bounds
-from runstate.defs.instance.pools import set_spark_pool_limit
+from runstate.defs.pool import set_spark_pool_limit
 from runstate.defs.tags import DATASET_TAG, MERGE_SHARD_TAG, SPARK_TAG, TABLE_TAG, WAL_SHARD_TAG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -162,7 +162,7 @@ def deployment_env(fresh_database: str, monkeypatch) -> str:
 
 
 def test_without_dagster_home_a_tick_uses_the_checkouts_instance(deployment_env):
-    from runstate.commands.ticking import default_instance
+    from runstate.commands.instance import default_instance
 
     with default_instance() as instance:
         assert instance.root_directory == str(REPO_ROOT)

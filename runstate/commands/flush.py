@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 import dagster as dg
 from dagster._core.utils import make_new_run_id
 
+from runstate.commands.instance import default_instance
 from runstate.commands.ticking import (
     RunInterrupted,
     TickResult,
     default_defs,
-    default_instance,
     execute_run,
     tick_sensor,
 )

@@ -1,21 +1,34 @@
-"""Set the Dagster pool `runstate_spark`'s limit in the deployment's instance: `runstate db upgrade`,
-`runstate services up` and `runstate dev` do it, so a pool that Dagster would leave unbounded is not."""
+"""The deployment's Dagster instance, and the Dagster pool `runstate_spark`'s limit in it: `runstate db
+upgrade`, `runstate services up` and `runstate dev` set it, so a pool that Dagster would leave unbounded is
+not. Light on purpose: it loads the instance, never the code location's definitions."""
 
 from __future__ import annotations
 
 import os
 
-from runstate.config import Settings
+from dagster import DagsterInstance
+
+from runstate.config import Settings, settings
+from runstate.services.dev import dagster_home
+
+
+def default_instance() -> DagsterInstance:
+    """The deployment's instance, the one the daemon uses: DAGSTER_HOME, else the checkout's dagster.yaml.
+
+    Never an ephemeral instance: a tick must find the cursor the previous tick stored, the runs its
+    run_keys already launched, and leave its runs where the UI shows them.
+    """
+    # dagster.yaml reads its storage URL from DAGSTER_PG_URL; the settings know its default.
+    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
+    return DagsterInstance.from_config(str(dagster_home(os.environ)))
 
 
 def apply_spark_sessions(sessions: int) -> str:
     """The deployment's instance (DAGSTER_HOME, else the checkout's dagster.yaml) gets the pool limit
     `sessions`; says what it did. Where there is no instance (no DAGSTER_HOME and no dagster.yaml),
     nothing is written: Dagster would make a scratch one in the folder."""
-    from runstate.commands.ticking import default_instance
-    from runstate.defs.instance.pools import set_spark_pool_limit
+    from runstate.defs.pool import set_spark_pool_limit
     from runstate.defs.tags import SPARK_POOL
-    from runstate.services.dev import dagster_home
 
     home = dagster_home(os.environ)
     if not os.environ.get("DAGSTER_HOME") and not (home / "dagster.yaml").exists():

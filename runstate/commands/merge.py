@@ -15,7 +15,8 @@ import dagster as dg
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runstate import wiring
-from runstate.commands.ticking import TickResult, default_defs, default_instance, execute_run, tick_sensor
+from runstate.commands.instance import default_instance
+from runstate.commands.ticking import TickResult, default_defs, execute_run, tick_sensor
 from runstate.defs.dataset_tables.jobs import MERGE_JOB, MERGE_OP
 from runstate.defs.dataset_tables.sensors import MERGE_SHARDS, merge_run_request
 from runstate.wal.dataset_tables import DatasetTableError

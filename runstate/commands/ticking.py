@@ -26,10 +26,10 @@ from dagster import DagsterInstance, RunsFilter
 from dagster._core.execution.resources_init import get_transitive_required_resource_keys
 from dagster._core.utils import make_new_run_id
 
+from runstate.commands.instance import default_instance
 from runstate.config import settings
 from runstate.defs.runs.heartbeat import heartbeat
 from runstate.defs.tags import MAX_RUNTIME_TAG, SPARK_POOL
-from runstate.services.dev import dagster_home
 
 CURSOR_KEY = "runstate.tick_cursor.{}"
 # The backstop for an in-process run that beats but never ends (a hung worker): run monitoring fails it.
@@ -60,17 +60,6 @@ def default_defs() -> dg.Definitions:
     from runstate.defs.location import build_definitions  # the whole code location: only when asked
 
     return build_definitions(in_process_runs=True)
-
-
-def default_instance() -> DagsterInstance:
-    """The deployment's instance, the one the daemon uses: DAGSTER_HOME, else the checkout's dagster.yaml.
-
-    Never an ephemeral instance: a tick must find the cursor the previous tick stored, the runs its
-    run_keys already launched, and leave its runs where the UI shows them.
-    """
-    # dagster.yaml reads its storage URL from DAGSTER_PG_URL; the settings know its default.
-    os.environ.setdefault("DAGSTER_PG_URL", settings().dagster_pg_url)
-    return DagsterInstance.from_config(str(dagster_home(os.environ)))
 
 
 def _run_key_taken(instance: DagsterInstance, origin_tag: str, origin: str, run_key: str) -> bool:

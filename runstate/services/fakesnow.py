@@ -59,7 +59,7 @@ def ensure_fakesnow(
             fix=f"SNOWFLAKE_HOST={host}:{remote_port} does not answer. Fix SNOWFLAKE_HOST/"
             "SNOWFLAKE_PORT, or unset them to let `runstate services up` start fakesnow.",
         )
-    require_module("fakesnow", "fakesnow", "fakesnow[server]")
+    require_module("fakesnow", ("fakesnow", "uvicorn", "starlette"), "fakesnow[server]")
     return embedded_service(
         "fakesnow", previous, port=port, port_option="--fakesnow-port", argv=fakesnow_argv, healthy=healthy
     )

@@ -58,7 +58,7 @@ def ensure_moto(
             fix=f"RUNSTATE_AWS_ENDPOINT_URL={url} does not answer. Start it, fix the URL, "
             "or unset it to let `runstate services up` start moto.",
         )
-    require_module("moto", "moto.server", "moto[server]")
+    require_module("moto", ("moto", "flask", "flask_cors"), "moto[server]")
     if previous is not None and previous.started_by_us and not is_serialized(previous):
         previous = None  # replaced by a serialised server; `up` stops the old one once the new one answers
     return embedded_service(

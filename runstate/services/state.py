@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -335,12 +335,13 @@ def external_record(service: str, url: str, *, answers: bool, fix: str) -> Servi
     return ServiceRecord(service, EXTERNAL, url)
 
 
-def require_module(service: str, module: str, brings: str) -> None:
-    """The embedded server runs from this Python: its package must be installed here."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
+def require_module(service: str, modules: tuple[str, ...], brings: str) -> None:
+    """The embedded server runs from this Python: its packages must be installed here.
+
+    Found, not imported: `up` runs the server in a process of its own, and importing fakesnow and moto
+    here cost a second of CPU at every `up`."""
+    if any(importlib.util.find_spec(module) is None for module in modules):
         raise ServiceError(
             f"{service}: not installed in this Python; run "
             f"`pip install -c requirements.lock -e '.[dev]'` (it brings {brings})."
-        ) from None
+        )

@@ -125,7 +125,7 @@ def test_after_a_daemon_restart_the_check_ticks_within_its_interval_and_drops_a_
     from dagster._daemon.daemon import get_default_daemon_logger
     from dagster._daemon.sensor import execute_sensor_iteration
 
-    from runstate.defs.instance.pools import set_spark_pool_limit
+    from runstate.defs.pool import set_spark_pool_limit
 
     location = tmp_path / "location.py"
     location.write_text(

@@ -20,7 +20,8 @@ from dagster._core.execution.plan.instance_concurrency_context import InstanceCo
 
 from runstate.commands.ticking import execute_run
 from runstate.config import settings
-from runstate.defs.instance.pools import spark_pool_limit, spark_pool_sensor, sweep_spark_pool
+from runstate.defs.instance.pools import spark_pool_sensor, sweep_spark_pool
+from runstate.defs.pool import spark_pool_limit
 from runstate.defs.tags import SPARK_POOL
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 

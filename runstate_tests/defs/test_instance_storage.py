@@ -3,6 +3,8 @@ connections kept open, which it replaces when Postgres closed them, and closes w
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,3 +121,16 @@ def test_in_the_webserver_each_storage_takes_its_own_pool_and_the_shared_one_clo
     assert backends(database) == set()
     storage_round(instance)
     assert instance.run_storage._engine is not instance.event_log_storage._engine  # noqa: SLF001
+
+
+def test_loading_the_storage_class_imports_no_definitions():
+    """The webserver, the daemon and `runstate services up` import this package for the instance's storage
+    class (dagster.yaml names it); the code location's definitions and PySpark stay out of them."""
+    heavy = ("runstate.definitions", "runstate.defs.runs", "runstate.defs.eventstore", "pyspark")
+    code = f"import sys, runstate.defs.instance.storage; print([m for m in sys.modules if m.startswith({heavy!r})])"
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+
+    assert done.stdout.strip() == "[]"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from runstate.defs.instance.pools import spark_pool_limit
+from runstate.defs.pool import spark_pool_limit
 from runstate_tests.support.deployment import Deployment
 from runstate_tests.support.devserver import poll
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from runstate.defs.instance.pools import spark_pool_limit
+from runstate.defs.pool import spark_pool_limit
 from runstate.defs.tags import SPARK_POOL
 from runstate_tests.defs.instance_homes import storage_only_config, write_home
 from runstate_tests.deployment.sampling import spark_jvms

@@ -6,14 +6,30 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from runstate import services
 from runstate.services.state import (
+    ServiceError,
     ServiceRecord,
     is_running,
     process_start_time,
+    require_module,
     spawn_detached,
     stop_process,
 )
+
+
+def test_an_embedded_server_whose_package_is_missing_is_named_with_what_to_install():
+    require_module("moto", ("moto", "flask"), "moto[server]")  # installed: nothing to say
+
+    with pytest.raises(ServiceError) as error:
+        require_module("moto", ("moto", "no_such_package_of_moto_server"), "moto[server]")
+
+    assert str(error.value) == (
+        "moto: not installed in this Python; run `pip install -c requirements.lock -e '.[dev]'` "
+        "(it brings moto[server])."
+    )
 
 
 def _ignored_signals(pid: int) -> int:

@@ -8,7 +8,7 @@ import dagster as dg
 import yaml
 from services_helpers import clean_env
 
-from runstate.defs.instance.pools import spark_pool_limit
+from runstate.defs.pool import spark_pool_limit
 
 
 def test_up_sets_the_spark_pool_limit_in_the_instance_of_dagster_home(

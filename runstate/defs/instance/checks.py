@@ -21,7 +21,7 @@ from typing import Any
 import dagster as dg
 import yaml
 
-from runstate.defs.instance.pools import spark_pool_limit
+from runstate.defs.pool import spark_pool_limit
 from runstate.defs.tags import MERGE_SHARD_TAG, SPARK_POOL, TABLE_TAG, WAL_SHARD_TAG
 
 # One in-progress run per value of each: the run queue's backing of the sensors' one run per shard.

@@ -3,7 +3,8 @@
 A Dagster pool is bounded only once the instance has a limit for it: with none (and no `concurrency:
 pools: default_limit` in dagster.yaml) Dagster lets every step of the pool run at once. So
 `runstate db upgrade` and `runstate services up` set the limit to RUNSTATE_SPARK_SESSIONS through the
-instance API (`runstate.commands.instance`), and `spark_pool_sensor` sets it in an instance where neither ran.
+instance API (`runstate.commands.instance`, with `runstate.defs.pool`), and `spark_pool_sensor` sets it
+in an instance where neither ran.
 
 A slot is freed when its step ends, but a run whose process was killed holds its slots until someone
 frees them: Dagster's run monitoring does that only when `free_slots_after_run_end_seconds` is set, and a
@@ -15,43 +16,20 @@ queue places of every run that has ended, so a killed Spark run never blocks the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import dagster as dg
 
 from runstate.config import settings
-from runstate.defs.runs.liveness import RunLiveness, check_runs
 from runstate.defs.tags import SPARK_POOL
+
+if TYPE_CHECKING:
+    from runstate.defs.runs.liveness import RunLiveness
 
 SWEEP_INTERVAL_S = 15
 ENDED_STATUSES = frozenset(
     {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 )
-
-
-def spark_pool_limit(instance: dg.DagsterInstance) -> int | None:
-    """The pool's limit in the instance (or its `concurrency: pools: default_limit`); None: unbounded."""
-    if not instance.event_log_storage.supports_global_concurrency_limits:
-        return None
-    return instance.event_log_storage.get_concurrency_info(SPARK_POOL).limit
-
-
-def set_spark_pool_limit(instance: dg.DagsterInstance, sessions: int) -> str:
-    """Give the pool `sessions` slots (the setting wins over what the instance had); says what it did."""
-    storage = instance.event_log_storage
-    if not storage.supports_global_concurrency_limits:
-        return f"Dagster pool {SPARK_POOL}: this instance's storage has no pools (run `dagster instance migrate`)"
-    before = spark_pool_limit(instance)
-    storage.set_concurrency_slots(SPARK_POOL, sessions)
-    change = "" if before == sessions else f" (was {'unset' if before is None else before})"
-    return f"Dagster pool {SPARK_POOL}: at most {sessions} Spark session(s) at once{change}"
-
-
-def bound_spark_pool(instance: dg.DagsterInstance, sessions: int) -> None:
-    """Give the pool its limit if the instance has none yet, before a run's Spark step claims a slot:
-    in a plain instance nobody may have run `db upgrade`, and spark_pool_sensor's first tick can come
-    after the first merges started, each with a JVM of its own (seen: 4 JVMs against a cap of 2)."""
-    if spark_pool_limit(instance) is None and instance.event_log_storage.supports_global_concurrency_limits:
-        instance.event_log_storage.set_concurrency_slots(SPARK_POOL, sessions)
 
 
 @dataclass
@@ -82,6 +60,11 @@ class PoolSweep:
 
 def sweep_spark_pool(instance: dg.DagsterInstance, sessions: int) -> PoolSweep:
     """Set the pool's limit when the instance has none, and free the slots of runs that have ended."""
+    # Imported here: every process that loads the instance imports this package for its storage class
+    # (dagster.yaml names runstate.defs.instance.storage), and the runs domain imports the event store's
+    # definitions and PySpark, a second of CPU in each webserver, daemon and `runstate services up`.
+    from runstate.defs.runs.liveness import check_runs
+
     storage = instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
         return PoolSweep(limit=None)

@@ -25,7 +25,7 @@ from dagster._core.executor.base import Executor
 from dagster._core.launcher import CheckRunHealthResult, DefaultRunLauncher, LaunchRunContext, WorkerStatus
 
 from runstate.config import ConfigError, settings
-from runstate.defs.instance.pools import bound_spark_pool
+from runstate.defs.pool import bound_spark_pool
 from runstate.defs.runs.heartbeat import heartbeat
 from runstate.defs.runs.liveness import LivenessPolicy, end_worker, judge, observe
 from runstate.defs.tags import SPARK_POOL
