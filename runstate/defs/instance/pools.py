@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import dagster as dg
 
 from runstate.config import settings
+from runstate.defs.pool import set_pool_slots
 from runstate.defs.tags import SPARK_POOL
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def sweep_spark_pool(instance: dg.DagsterInstance, sessions: int) -> PoolSweep:
     info = storage.get_concurrency_info(SPARK_POOL)
     sweep = PoolSweep(limit=info.limit)
     if info.limit is None:
-        storage.set_concurrency_slots(SPARK_POOL, sessions)
+        set_pool_slots(storage, SPARK_POOL, sessions)
         sweep.limit, sweep.limit_set = sessions, True
     run_ids = {slot.run_id for slot in info.claimed_slots} | {step.run_id for step in info.pending_steps}
     if not run_ids:
