@@ -7,6 +7,9 @@ here imports pyspark either until a Spark session is used. The status constants 
 (health.HEALTHY is a health status, orchestrator.HEALTHY a decision).
 """
 
+from typing import TYPE_CHECKING
+
+from runstate.lazy import lazy_exports
 from runstate.maintenance.catalog import CatalogListing, CatalogTable, list_tables
 from runstate.maintenance.errors import (
     InvalidActionOption,
@@ -36,8 +39,23 @@ from runstate.maintenance.models import ActionRecord, CachedTable, Claim, Health
 from runstate.maintenance.options import ActionSettings
 from runstate.maintenance.orchestrator import Orchestrator, OrchestratorReport, OrchestratorSettings
 from runstate.maintenance.plan import ActionPlan
-from runstate.maintenance.runner import JobOutcome, QueueWorker, WorkerReport, run_job
-from runstate.maintenance.store import MaintenanceStore
+
+if TYPE_CHECKING:
+    from runstate.maintenance.runner import JobOutcome, QueueWorker, WorkerReport, run_job
+    from runstate.maintenance.store import MaintenanceStore
+
+# The store and the runner load psycopg: imported on first use, so that the CLI, which imports this
+# package's errors before every verb, pays for the driver only in the verbs that use it.
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "JobOutcome": "runstate.maintenance.runner",
+        "QueueWorker": "runstate.maintenance.runner",
+        "WorkerReport": "runstate.maintenance.runner",
+        "run_job": "runstate.maintenance.runner",
+        "MaintenanceStore": "runstate.maintenance.store",
+    },
+)
 
 __all__ = [
     "ACTIONS",

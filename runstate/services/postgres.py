@@ -21,12 +21,8 @@ from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
-from psycopg import errors, sql
-
 from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
-from runstate.datastore import PostgresDatastore, redact
 from runstate.services.state import (
     EMBEDDED,
     LOOPBACK,
@@ -67,6 +63,15 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
 
 
+def redact(url: str) -> str:
+    """The URL without its password, for messages (runstate.datastore's)."""
+    # Imported here, as psycopg below: every CLI verb imports this package (for ServiceError), and
+    # runstate.datastore's redact lives beside the driver.
+    from runstate.datastore import redact as redact_url
+
+    return redact_url(url)
+
+
 def database_of(url: str) -> str:
     name = urlsplit(url).path.lstrip("/")
     if not name:
@@ -75,6 +80,8 @@ def database_of(url: str) -> str:
 
 
 def answers(url: str, timeout: int = 2) -> bool:
+    import psycopg
+
     try:
         with psycopg.connect(with_database(_libpq_url(url), "postgres"), connect_timeout=timeout):
             return True
@@ -110,6 +117,8 @@ def ensure_postgres(
 
 def prepare_databases(runstate_url: str, dagster_url: str, schema: str) -> list[migrations.Migration]:
     """Create the runstate and Dagster databases when missing, then apply the runstate migrations."""
+    from runstate.datastore import PostgresDatastore
+
     for url in (runstate_url, dagster_url):
         create_database(url)
     store = PostgresDatastore(_libpq_url(runstate_url), schema=schema)
@@ -121,6 +130,9 @@ def prepare_databases(runstate_url: str, dagster_url: str, schema: str) -> list[
 
 def create_database(url: str) -> None:
     """CREATE DATABASE has no IF NOT EXISTS; a concurrent creator makes ours fail harmlessly."""
+    import psycopg
+    from psycopg import errors, sql
+
     name = database_of(url)
     admin = with_database(_libpq_url(url), "postgres")
     with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
