@@ -14,10 +14,11 @@ domain, and both let the driver's errors through: each domain translates them in
 from typing import TYPE_CHECKING, Protocol
 
 from runstate.datastore.names import InvalidSchemaName, check_schema_name
+from runstate.datastore.urls import redact
 from runstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from runstate.datastore.postgres import PostgresDatastore, pipelined_transaction, redact
+    from runstate.datastore.postgres import PostgresDatastore, pipelined_transaction
     from runstate.datastore.snowflake import SnowflakeDatastore
 
 # Each datastore loads its driver (psycopg and its pool, the Snowflake connector): imported on first use,
@@ -27,7 +28,6 @@ __getattr__ = lazy_exports(
     {
         "PostgresDatastore": "runstate.datastore.postgres",
         "pipelined_transaction": "runstate.datastore.postgres",
-        "redact": "runstate.datastore.postgres",
         "SnowflakeDatastore": "runstate.datastore.snowflake",
     },
 )

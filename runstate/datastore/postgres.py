@@ -26,6 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from runstate import defaults
 from runstate.datastore.names import check_schema_name
+from runstate.datastore.urls import redact
 
 # A connection used (or made) within this many seconds is handed out without a ping: a ping is a round
 # trip per checkout, which halved the maintenance queue's throughput, while a session that died that
@@ -214,17 +215,6 @@ class PostgresDatastore:
 
 def _stamp_used(conn: psycopg.Connection) -> None:
     conn._runstate_used_at = time.monotonic()  # type: ignore[attr-defined]
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-    return url
 
 
 @contextmanager

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from runstate import migrations
 from runstate.config import dagster_url_for, state_dir
+from runstate.datastore import redact
 from runstate.services.state import (
     EMBEDDED,
     LOOPBACK,
@@ -63,15 +64,6 @@ def with_database(url: str, database: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for messages (runstate.datastore's)."""
-    # Imported here, as psycopg below: every CLI verb imports this package (for ServiceError), and
-    # runstate.datastore's redact lives beside the driver.
-    from runstate.datastore import redact as redact_url
-
-    return redact_url(url)
-
-
 def database_of(url: str) -> str:
     name = urlsplit(url).path.lstrip("/")
     if not name:
@@ -80,7 +72,7 @@ def database_of(url: str) -> str:
 
 
 def answers(url: str, timeout: int = 2) -> bool:
-    import psycopg
+    import psycopg  # here, not at the top: every CLI verb imports this package (for ServiceError)
 
     try:
         with psycopg.connect(with_database(_libpq_url(url), "postgres"), connect_timeout=timeout):
