@@ -250,6 +250,7 @@ def show(table: str, cached: bool, no_record: bool) -> None:
 )
 def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> None:
     """Serve GET /tables/{database}/{table}/health (same JSON as `runstate health`)."""
+    from runstate.cli import stop_if_signalled
     from runstate.maintenance.health import HealthAnalyzer
     from runstate.maintenance.http import make_server
 
@@ -275,6 +276,9 @@ def serve(host: str, port: int, analysis_timeout: float, max_threads: int) -> No
     click.echo(
         f"serving table health on http://{server.server_address[0]}:{server.server_address[1]}", err=True
     )
+    # Called between polls (every 0.5 s): a stop whose one interrupt some code swallowed (a finalizer
+    # that ran at that moment) still ends the server, where every later SIGTERM would be ignored.
+    server.service_actions = stop_if_signalled
     try:
         server.serve_forever()
     except KeyboardInterrupt:
