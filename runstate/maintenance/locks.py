@@ -57,6 +57,10 @@ class TableLocks:
     def sweep_expired_locks(self) -> int:
         return self.db.rowcount(_sql("sweep_locks"))
 
+    def any_expired_lock(self) -> bool:
+        """Whether `sweep_expired_locks` would delete a lock now."""
+        return bool(self.db.fetchone(_sql("any_expired_lock"))[0])
+
 
 def _claim_params(claim: Claim) -> dict[str, Any]:
     return {"table_key": claim.ref.key, "job_id": claim.job_id, "attempt_id": claim.attempt_id}

@@ -221,6 +221,10 @@ class JobQueue:
         row = self.db.fetchone(_sql("sweep_stale_claims"), {"max_attempts": self.max_attempts})
         return int(row[0])
 
+    def any_stale_claim(self) -> bool:
+        """Whether a claim's lease has expired: `sweep_stale_claims` has something to do."""
+        return bool(self.db.fetchone(_sql("any_stale_claim"))[0])
+
     def claim_holders(self, prefix: str) -> list[str]:
         """The workers whose name starts with `prefix` and that hold a live lease now."""
         rows = self.db.fetchall(_sql("claim_holders"), {"prefix": non_empty_text(prefix, "worker prefix")})

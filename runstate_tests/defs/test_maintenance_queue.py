@@ -15,6 +15,7 @@ from runstate.defs.maintenance.jobs import (
     submit_maintenance,
 )
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.defs.maintenance.schedules import lock_sweep, stale_claim_sweep
 from runstate.defs.maintenance.sensors import maintenance_queue_sensor
 from runstate.defs.runs.beats import beat
 from runstate.defs.tags import MAINTENANCE_WORKER_TAG
@@ -162,6 +163,33 @@ def test_sweep_jobs_run_against_the_store(resource):
         and store.locks.table_lock(TableRef("db", "t0")) is None
     )
     assert claims.success and pruned.success
+
+
+def sweep_tick(schedule: dg.ScheduleDefinition, resource) -> list:
+    """What the schedule's tick asks for: its run requests, or [] when it skipped."""
+    with dg.build_schedule_context(resources={"maintenance": resource}) as context:
+        data = schedule.evaluate_tick(context)
+    return list(data.run_requests or [])
+
+
+def test_the_sweep_schedules_start_a_run_only_when_there_is_something_to_sweep(resource):
+    store = resource.get_store()
+    live = store.submit("db", "t0", ["rewrite_manifests"])
+    expiring = store.submit("db", "t1", ["rewrite_manifests"])
+    assert store.claim("live-worker", 120).job_id == live
+    assert store.acquire_table_lock("db.t0", "live-worker", ttl_seconds=120)
+
+    idle = (sweep_tick(stale_claim_sweep, resource), sweep_tick(lock_sweep, resource))
+    assert store.claim("gone-worker", 0.001).job_id == expiring
+    assert store.acquire_table_lock("db.t1", "gone-worker", ttl_seconds=0.001)
+    due = (sweep_tick(stale_claim_sweep, resource), sweep_tick(lock_sweep, resource))
+    store.queue.sweep_stale_claims()
+    store.locks.sweep_expired_locks()
+    swept = (sweep_tick(stale_claim_sweep, resource), sweep_tick(lock_sweep, resource))
+
+    assert idle == ([], []) and swept == ([], [])
+    assert [len(requests) for requests in due] == [1, 1]
+    assert store.queue.get_job(expiring).status == "pending" and store.queue.get_job(live).status == "running"
 
 
 def test_the_sensor_takes_back_at_once_the_jobs_of_a_dead_worker_run(resource, bare_instance):

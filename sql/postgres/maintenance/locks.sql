@@ -43,5 +43,9 @@ DELETE FROM table_locks WHERE table_key = %s AND holder = %s;
 -- name: sweep_locks
 DELETE FROM table_locks WHERE expires_at <= now();
 
+-- name: any_expired_lock
+-- Whether sweep_locks has anything to delete.
+SELECT EXISTS (SELECT 1 FROM table_locks WHERE expires_at <= now());
+
 -- name: get_lock
 SELECT holder, acquired_at, expires_at, expires_at > now() FROM table_locks WHERE table_key = %s;

@@ -138,6 +138,10 @@ reset AS (
 SELECT (SELECT count(*) FROM exhausted_finished) + (SELECT count(*) FROM cancelled_finished)
      + (SELECT count(*) FROM reset);
 
+-- name: any_stale_claim
+-- Whether sweep_stale_claims has anything to look at: a claim whose lease has expired.
+SELECT EXISTS (SELECT 1 FROM job_queue WHERE claimed_at IS NOT NULL AND visible_at <= now());
+
 -- name: claim_holders
 -- The workers holding a live lease, among those whose name starts with the prefix.
 SELECT DISTINCT claimed_by FROM job_queue
