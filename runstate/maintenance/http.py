@@ -103,12 +103,13 @@ class HealthServer(ThreadingHTTPServer):
         self.request_slots.acquire()
         try:
             super().process_request(request, client_address)
-        except Exception:  # the thread did not start ("can't start new thread"): nothing else frees it
+        except Exception:
+            # The thread did not start ("can't start new thread"), so nothing else frees its slot. Not on
+            # a KeyboardInterrupt: a stop lands while `Thread.start` waits for a thread that has started
+            # and frees the slot itself; freeing it here too raised "released too many times", which
+            # replaced the interrupt, and the server served on.
             self.request_slots.release()
             raise
-        # Not on a KeyboardInterrupt: the stop lands while `Thread.start` waits for a thread that has
-        # started, and frees the slot itself; freeing it here too raised "released too many times",
-        # which replaced the interrupt, and the server went on serving.
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
