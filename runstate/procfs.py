@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -24,10 +25,15 @@ def alive(pid: int) -> bool:
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, whatever its session or group."""
     children: dict[int, list[int]] = {}
-    for stat in PROC.glob("[0-9]*/stat"):
+    # os.listdir and a binary read, not Path.glob and read_text: it reads every process's stat, and the
+    # deployment tests' samplers call it up to 5 times a second (88 processes: 2.3 ms of CPU, not 5.5).
+    for name in os.listdir(PROC):
+        if not name.isdigit():
+            continue
         with contextlib.suppress(OSError, IndexError, ValueError):
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
+            with open(f"{PROC}/{name}/stat", "rb") as stat:
+                parent = int(stat.read().rsplit(b")", 1)[1].split(None, 2)[1])
+            children.setdefault(parent, []).append(int(name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
