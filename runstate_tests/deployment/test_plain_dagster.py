@@ -37,7 +37,7 @@ from runstate_tests.support.deployment import (
     deployment_env,
 )
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, poll, wait_for_graphql
-from runstate_tests.support.moto import MotoProcess
+from runstate_tests.support.moto import MotoProcess, moto_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER = str(Path(sys.executable).parent / "dagster")
@@ -210,15 +210,7 @@ class PlainDeployment:
         return self.process.pid if self.process is not None else None
 
     def aws(self, service: str) -> Any:
-        import boto3
-
-        return boto3.client(
-            service,
-            endpoint_url=self.moto_url,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        return moto_client(self.moto_url, service)
 
 
 def _group_alive(pgid: int) -> bool:

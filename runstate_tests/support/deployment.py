@@ -19,7 +19,7 @@ from runstate.procfs import alive, descendants
 from runstate.wal import DatasetReader, WalTable, wal_status
 from runstate_tests.deployment.gate import GatedMotoServer
 from runstate_tests.support.devserver import RUNSTATE, free_port, graphql, launch_dev, poll, wait_for_graphql
-from runstate_tests.support.moto import MotoProcess
+from runstate_tests.support.moto import MotoProcess, moto_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STRIPPED = ("RUNSTATE_", "DAGSTER_", "SNOWFLAKE_")
@@ -60,15 +60,7 @@ class Deployment:
         return graphql(self.port, query, variables)
 
     def aws(self, service: str) -> Any:
-        import boto3
-
-        return boto3.client(
-            service,
-            endpoint_url=self.moto.url,
-            region_name="us-east-1",
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        return moto_client(self.moto.url, service)
 
     def event_store(self) -> Any:
         from runstate.eventstore import PostgresEventStore
