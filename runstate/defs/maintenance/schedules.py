@@ -9,6 +9,8 @@ deployment started 24 of them an hour to change nothing. The skipped ticks say s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dagster as dg
 
 from runstate.defs.maintenance.health_sync import table_health_sync_schedule
@@ -19,6 +21,7 @@ from runstate.defs.maintenance.jobs import (
     maintenance_orchestrator_job,
 )
 from runstate.defs.maintenance.resources import MaintenanceResource
+from runstate.maintenance.store import MaintenanceStore
 
 
 def _running(
@@ -33,34 +36,45 @@ def _running(
     )
 
 
-@dg.schedule(
-    name="maintenance_stale_claim_sweep",
-    cron_schedule="2-59/5 * * * *",
-    job=maintenance_claim_sweep,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every 5 minutes, when a maintenance claim's lease has expired: return it to the queue.",
-)
-def stale_claim_sweep(
-    context: dg.ScheduleEvaluationContext, maintenance: MaintenanceResource
-) -> dg.RunRequest | dg.SkipReason:
-    if not maintenance.get_store().queue.any_stale_claim():
-        return dg.SkipReason("no maintenance claim's lease has expired")
-    return dg.RunRequest()
+def _sweep_when_due(
+    name: str,
+    cron: str,
+    job: dg.JobDefinition,
+    description: str,
+    due: Callable[[MaintenanceStore], bool],
+    nothing_due: str,
+) -> dg.ScheduleDefinition:
+    @dg.schedule(
+        name=name,
+        cron_schedule=cron,
+        job=job,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=description,
+    )
+    def sweep(
+        context: dg.ScheduleEvaluationContext, maintenance: MaintenanceResource
+    ) -> dg.RunRequest | dg.SkipReason:
+        return dg.RunRequest() if due(maintenance.get_store()) else dg.SkipReason(nothing_due)
+
+    return sweep
 
 
-@dg.schedule(
-    name="maintenance_lock_sweep",
-    cron_schedule="3-59/5 * * * *",
-    job=maintenance_lock_sweep,
-    default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Every 5 minutes, when a table lock has expired: delete the expired locks.",
+stale_claim_sweep = _sweep_when_due(
+    "maintenance_stale_claim_sweep",
+    "2-59/5 * * * *",
+    maintenance_claim_sweep,
+    "Every 5 minutes, when a maintenance claim's lease has expired: return it to the queue.",
+    lambda store: store.queue.any_stale_claim(),
+    "no maintenance claim's lease has expired",
 )
-def lock_sweep(
-    context: dg.ScheduleEvaluationContext, maintenance: MaintenanceResource
-) -> dg.RunRequest | dg.SkipReason:
-    if not maintenance.get_store().locks.any_expired_lock():
-        return dg.SkipReason("no table lock has expired")
-    return dg.RunRequest()
+lock_sweep = _sweep_when_due(
+    "maintenance_lock_sweep",
+    "3-59/5 * * * *",
+    maintenance_lock_sweep,
+    "Every 5 minutes, when a table lock has expired: delete the expired locks.",
+    lambda store: store.locks.any_expired_lock(),
+    "no table lock has expired",
+)
 
 
 # Each run is a process that loads the code location, so no two schedules of the deployment start in the
