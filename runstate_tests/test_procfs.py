@@ -18,9 +18,11 @@ def test_descendants_are_every_process_below_whatever_its_session_and_no_other()
     tree = subprocess.Popen(["sh", "-c", "sleep 60 & setsid sh -c 'sleep 61 & wait' & wait"])
     stranger = subprocess.Popen(["sleep", "62"])
     try:
-        deadline = time.monotonic() + 30
-        while len(found := descendants(tree.pid)) < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # until each child has run its program (a fork shows "sh" first)
+        while sorted(map(comm, descendants(tree.pid))) != ["sh", "sleep", "sleep"]:
+            assert time.monotonic() < deadline, sorted(map(comm, descendants(tree.pid)))
             time.sleep(0.05)
+        found = descendants(tree.pid)
 
         assert sorted(map(comm, found)) == ["sh", "sleep", "sleep"]
         assert stranger.pid not in found and tree.pid not in found
