@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 
@@ -12,7 +11,8 @@ PROC = Path("/proc")
 def stat_fields(pid: int) -> list[str] | None:
     """The fields of /proc/PID/stat after the command name (state first), or None when it is gone."""
     try:
-        return (PROC / f"{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        with open(f"{PROC}/{pid}/stat", "rb") as stat:  # not Path.read_text: descendants reads every one
+            return stat.read().decode(errors="replace").rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
@@ -25,15 +25,12 @@ def alive(pid: int) -> bool:
 def descendants(pid: int) -> list[int]:
     """Every process below `pid`, whatever its session or group."""
     children: dict[int, list[int]] = {}
-    # os.listdir and a binary read, not Path.glob and read_text: it reads every process's stat, and the
-    # deployment tests' samplers call it up to 5 times a second (88 processes: 2.3 ms of CPU, not 5.5).
+    # os.listdir and open, not Path.glob and read_text: it reads every process's stat, and the deployment
+    # tests' samplers call it up to 5 times a second; this way it takes half the CPU.
     for name in os.listdir(PROC):
-        if not name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"{PROC}/{name}/stat", "rb") as stat:
-                parent = int(stat.read().rsplit(b")", 1)[1].split(None, 2)[1])
-            children.setdefault(parent, []).append(int(name))
+        fields = stat_fields(int(name)) if name.isdigit() else None
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
