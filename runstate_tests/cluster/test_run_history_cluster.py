@@ -34,9 +34,9 @@ ROUNDS = 3
 SEED = 20261128
 
 
-def executor_pids(app_id: str) -> list[int]:
-    """The executor JVMs of the application (its workers start them in their own sessions)."""
-    found = []
+def executor_pids(app_id: str) -> dict[str, int]:
+    """The executor JVMs of the application by executor id (its workers start them in their own sessions)."""
+    found = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -48,8 +48,23 @@ def executor_pids(app_id: str) -> list[int]:
             b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in command
             and app_id.encode() in command
         ):
-            found.append(int(proc.name))
+            found[command[command.index(b"--executor-id") + 1].decode()] = int(proc.name)
     return found
+
+
+def kill_a_busy_executor(executors, app_id: str, exporting: threading.Thread) -> bool:
+    """SIGKILL an executor while it runs a task of the export; False if the export ended first.
+
+    Waiting for a busy executor, not a fixed time: on a quiet machine an export can end within the
+    seconds a fixed wait chose, and the round would kill nothing."""
+    while exporting.is_alive():
+        pids = executor_pids(app_id)
+        busy = [pids[executor] for executor in executors.busy() if executor in pids]
+        if busy and exporting.is_alive():
+            os.kill(busy[0], signal.SIGKILL)
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _export_into(outcome: dict, spark, store, history) -> None:
@@ -71,11 +86,8 @@ def test_exports_on_the_cluster_survive_a_killed_executor_exactly_once(spark, ow
         exporting = threading.Thread(target=_export_into, args=(outcome, spark, own_store, history))
         exporting.start()
         if round_ > 0:  # the first round shows the work runs on both executors; the others kill one
-            time.sleep(rng.uniform(1.0, 4.0))
-            victims = executor_pids(app_id)
-            if exporting.is_alive() and victims:
-                os.kill(rng.choice(victims), signal.SIGKILL)
-                kills_mid_export += 1
+            time.sleep(rng.uniform(0.0, 1.0))  # into a later job of the export, most often
+            kills_mid_export += kill_a_busy_executor(executors, app_id, exporting)
         exporting.join(timeout=900)
         assert not exporting.is_alive(), "the export never ended"
         if round_ == 0:

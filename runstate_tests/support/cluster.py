@@ -22,6 +22,12 @@ class Executors:
         executors = self._get(f"/api/v1/applications/{app['id']}/executors")
         return {e["id"]: int(e["completedTasks"]) for e in executors if e["id"] != "driver" and e["isActive"]}
 
+    def busy(self) -> list[str]:
+        """The live executors running a task now (as far as the UI's listener knows)."""
+        [app] = self._get("/api/v1/applications")
+        executors = self._get(f"/api/v1/applications/{app['id']}/executors")
+        return [e["id"] for e in executors if e["id"] != "driver" and e["isActive"] and e["activeTasks"] > 0]
+
     def _get(self, path: str) -> Any:
         # Patient: on a loaded machine the UI's Jetty answers in seconds, not milliseconds.
         with urllib.request.urlopen(f"{self.ui}{path}", timeout=60) as response:
