@@ -59,6 +59,8 @@ def deployment() -> Iterator[Deployment]:
         moto.url,
         # A merge every 10 s instead of every minute: the wait for a dataset's table is the sensor's timer.
         RUNSTATE_DATASET_MERGE_INTERVAL_S="10",
+        # The same for the run history's export (test_run_history.py, which then stops its sensor).
+        RUNSTATE_HISTORY_EXPORT_INTERVAL_S="10",
     )
     log = home / "dev.log"
     for _ in range(3):  # a port another process took before our webserver bound it: another port
