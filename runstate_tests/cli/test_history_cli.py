@@ -13,7 +13,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from runstate_tests.support import lake
 from runstate_tests.support.devserver import poll
 from runstate_tests.support.events import ev
 from runstate_tests.support.lake import append_randomly, exported_to_the_end, feed_from_start
-from runstate_tests.support.procfs import command_line, processes_marked
+from runstate_tests.support.procfs import command_line, processes_marked, thread_names
 
 pytestmark = [pytest.mark.spark]
 README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"  # moved from the README (issue 53)
@@ -165,6 +164,12 @@ def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind
     poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
 
 
+def _running_a_spark_task(jvms: list[int]) -> bool:
+    """One of the JVMs runs a Spark task: its executor's task thread ("Executor task launch worker for
+    task ...") exists."""
+    return any(name.startswith("Executor task") for pid in jvms for name in thread_names(pid))
+
+
 def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, monkeypatch):
     """What systemd and `timeout` do: SIGTERM to the whole process group, the Spark JVM included. The JVM
     then dies under the query, and py4j's calls failed with 40-80 lines of tracebacks: a failure after
@@ -179,13 +184,13 @@ def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, mo
         text=True,
         start_new_session=True,
     )
-    poll(
+    jvms = poll(
         lambda: [pid for pid in processes_marked(mark) if "java" in command_line(pid)],
         timeout=120,
         every=0.05,
         what="the command's JVM starting",
     )
-    time.sleep(8)  # most often into the query; whatever the phase, the answer is the same
+    poll(lambda: _running_a_spark_task(jvms), timeout=300, every=0.05, what="the command's query running")
     os.killpg(child.pid, signal.SIGTERM)
     out, err = child.communicate(timeout=300)
 

@@ -26,3 +26,19 @@ def processes_marked(mark: str) -> list[int]:
             except OSError:  # gone, or not ours to read
                 continue
     return pids
+
+
+def thread_names(pid: int) -> list[str]:
+    """The names of the process's threads as Linux shows them (a Java thread's name, cut to 15 bytes);
+    [] once it is gone."""
+    names = []
+    try:
+        tasks = list((Path("/proc") / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            names.append((task / "comm").read_text().strip())
+        except OSError:  # the thread ended
+            continue
+    return names
