@@ -99,4 +99,5 @@ def test_exports_on_the_cluster_survive_a_killed_executor_exactly_once(spark, ow
 
         assert repeated == [], f"round {round_}: a repeated export wrote {repeated}"
         assert_lake_equals_feed(spark, own_store, history)
+    print(f"an executor killed mid-export in {kills_mid_export} of {ROUNDS - 1} rounds")
     assert kills_mid_export >= 1, "no executor was killed while an export ran"
