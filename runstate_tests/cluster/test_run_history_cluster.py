@@ -86,7 +86,7 @@ def test_exports_on_the_cluster_survive_a_killed_executor_exactly_once(spark, ow
         exporting = threading.Thread(target=_export_into, args=(outcome, spark, own_store, history))
         exporting.start()
         if round_ > 0:  # the first round shows the work runs on both executors; the others kill one
-            time.sleep(rng.uniform(0.0, 1.0))  # into a later job of the export, most often
+            time.sleep(rng.uniform(0.0, 1.0))  # a later job of the export than its first, now and then
             kills_mid_export += kill_a_busy_executor(executors, app_id, exporting)
         exporting.join(timeout=900)
         assert not exporting.is_alive(), "the export never ended"

@@ -12,21 +12,24 @@ WORKERS = 2
 
 
 class Executors:
-    """Completed tasks per live executor of an application, from its UI's executors REST endpoint."""
+    """The live executors of an application (their completed and running tasks), from its UI's executors
+    REST endpoint."""
 
     def __init__(self, spark: Any = None, ui: str | None = None) -> None:
         self.ui = ui or spark.sparkContext.uiWebUrl
 
     def counts(self) -> dict[str, int]:
-        [app] = self._get("/api/v1/applications")
-        executors = self._get(f"/api/v1/applications/{app['id']}/executors")
-        return {e["id"]: int(e["completedTasks"]) for e in executors if e["id"] != "driver" and e["isActive"]}
+        """Completed tasks per live executor id."""
+        return {e["id"]: int(e["completedTasks"]) for e in self._live()}
 
     def busy(self) -> list[str]:
-        """The live executors running a task now (as far as the UI's listener knows)."""
+        """The ids of the live executors running a task now (as far as the UI's listener knows)."""
+        return [e["id"] for e in self._live() if e["activeTasks"] > 0]
+
+    def _live(self) -> list[dict[str, Any]]:
         [app] = self._get("/api/v1/applications")
         executors = self._get(f"/api/v1/applications/{app['id']}/executors")
-        return [e["id"] for e in executors if e["id"] != "driver" and e["isActive"] and e["activeTasks"] > 0]
+        return [e for e in executors if e["id"] != "driver" and e["isActive"]]
 
     def _get(self, path: str) -> Any:
         # Patient: on a loaded machine the UI's Jetty answers in seconds, not milliseconds.
