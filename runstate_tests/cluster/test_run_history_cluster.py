@@ -58,10 +58,11 @@ def kill_a_busy_executor(executors, app_id: str, exporting: threading.Thread) ->
     Waiting for a busy executor, not a fixed time: on a quiet machine an export can end within the
     seconds a fixed wait chose, and the round would kill nothing."""
     while exporting.is_alive():
-        pids = executor_pids(app_id)
-        busy = [pids[executor] for executor in executors.busy() if executor in pids]
-        if busy and exporting.is_alive():
-            os.kill(busy[0], signal.SIGKILL)
+        busy = executors.busy()
+        pids = executor_pids(app_id) if busy else {}  # the /proc scan only once the UI shows a task
+        victims = [pids[executor] for executor in busy if executor in pids]
+        if victims and exporting.is_alive():
+            os.kill(victims[0], signal.SIGKILL)
             return True
         time.sleep(0.02)
     return False

@@ -25,7 +25,7 @@ import pytest
 from dagster._core.storage.dagster_run import RunRecord
 
 from runstate.defs.dataset_tables.sensors import MERGE_SHARDS
-from runstate.procfs import PROC, stat_fields
+from runstate.procfs import every_stat
 from runstate.services.env_file import write_env_file
 from runstate.wal import Change, DatasetReader, WalProducer, WalTable
 from runstate.wal import layout as t
@@ -215,11 +215,7 @@ class PlainDeployment:
 
 
 def _group_alive(pgid: int) -> bool:
-    for name in os.listdir(PROC):
-        fields = stat_fields(int(name)) if name.isdigit() else None
-        if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+    return any(fields[0] != "Z" and int(fields[2]) == pgid for _, fields in every_stat())
 
 
 @pytest.fixture
