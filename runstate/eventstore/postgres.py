@@ -18,7 +18,8 @@
   EventStoreError naming what failed.
 - Connections come from a PostgresDatastore (runstate.datastore), the one owner of a process's Postgres
   pool: given (shared with the maintenance queue, say) or built from the DSN.
-The statements are named queries in sql/postgres/eventstore/ (append, snapshots, reads, feed, archive).
+The statements are named queries in sql/postgres/eventstore/ (append, snapshots, reads, feed, archive);
+the archive's and the import's are in pg_archive.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any, TypeVar
@@ -55,6 +56,7 @@ from runstate.eventstore.contract import (
     one_line,
 )
 from runstate.eventstore.feed import GAP_FREE_FEED, check_position
+from runstate.eventstore.pg_archive import PostgresArchiveStatements
 from runstate.eventstore.pg_arrays import bytea_array
 from runstate.eventstore.pg_feed import feed_page_params, feed_query, listening
 from runstate.eventstore.pg_indexes import compact_run_keyed_indexes
@@ -66,7 +68,6 @@ from runstate.eventstore.pg_sql import (
     head_params,
     key_bytes,
     key_text,
-    restored_params,
     snapshot_row_params,
     stored_event,
 )
@@ -87,7 +88,7 @@ _archive = sqlfiles.named("postgres", "eventstore", "archive.sql")
 _store = sqlfiles.named("postgres", "eventstore", "store.sql")
 
 
-class PostgresBackend(StoreBackend):
+class PostgresBackend(PostgresArchiveStatements, StoreBackend):
     """The event store's statements and transactions on Postgres; thread-safe (the datastore's pool)."""
 
     name = "postgres"
@@ -323,88 +324,16 @@ class PostgresBackend(StoreBackend):
     def runs_started_between(self, conn: psycopg.Connection, start: datetime, end: datetime) -> list[str]:
         return [r[0] for r in conn.execute(_reads("runs_started_between"), (start, end)).fetchall()]
 
-    # -- archive and import -------------------------------------------------------------------------
+    # -- the lake and the indexes -------------------------------------------------------------------
 
-    def archive_runs(self, conn: psycopg.Connection, cutoff: datetime, limit: int) -> tuple[int, int]:
-        rows = conn.execute(_archive("archivable_runs"), {"cutoff": cutoff, "limit": limit}).fetchall()
-        runs = [r[0] for r in rows]
-        if not runs:
-            return 0, 0
-        moved = conn.execute(_archive("archive_events"), (runs,)).fetchone()[0]
-        conn.execute(_archive("delete_snapshots_of_runs"), (runs,))
-        conn.execute(_archive("mark_archived"), (runs,))
-        return len(runs), moved
+    def lake_owner(self, conn: psycopg.Connection) -> str:
+        return f"{conn.execute(_store('current_database')).fetchone()[0]}.{self.schema}"
 
     def compact_indexes(self) -> list[IndexRebuild]:
         try:
             return compact_run_keyed_indexes(self.datastore)
         except psycopg.Error as exc:
             raise EventStoreError(f"compact the run-keyed indexes: {one_line(exc)}") from exc
-
-    def unarchive(self, conn: psycopg.Connection, run_id: str) -> int:
-        moved = conn.execute(_archive("restore_events"), ([run_id],)).fetchone()[0]
-        if moved:
-            conn.execute(_archive("mark_restored"), (run_id,))
-        return moved
-
-    def lake_record(self, conn: psycopg.Connection, run_id: str) -> LakeRecord | None:
-        row = conn.execute(_archive("lake_record"), (run_id,)).fetchone()
-        return LakeRecord(int(row[0]), int(row[1])) if row and row[0] is not None else None
-
-    def lake_owner(self, conn: psycopg.Connection) -> str:
-        return f"{conn.execute(_store('current_database')).fetchone()[0]}.{self.schema}"
-
-    def lake_candidates(
-        self, conn: psycopg.Connection, cutoff: datetime, limit: int, position: int, after: str
-    ) -> list[tuple[str, int]]:
-        params = {"cutoff": cutoff, "limit": limit, "position": position, "after": after}
-        return [(r[0], int(r[1])) for r in conn.execute(_archive("lake_archivable_runs"), params).fetchall()]
-
-    def lake_archive_rows(
-        self, conn: psycopg.Connection, run_ids: Sequence[str]
-    ) -> dict[str, list[StoredEvent]]:
-        rows = conn.execute(_archive("lake_archive_rows"), {"runs": list(run_ids)}, binary=True).fetchall()
-        found: dict[str, list[StoredEvent]] = {run_id: [] for run_id in run_ids}
-        for row in rows:
-            found[row[0]].append(stored_event(row))
-        return found
-
-    def drop_into_lake(self, conn: psycopg.Connection, run_ids: Sequence[str]) -> dict[str, int]:
-        rows = conn.execute(_archive("drop_into_lake"), {"runs": list(run_ids)}).fetchall()
-        conn.execute(_archive("delete_snapshots_of_runs"), (list(run_ids),))
-        return {run_id: int(n) for run_id, n in rows}
-
-    def lake_held_back(
-        self, conn: psycopg.Connection, cutoff: datetime, position: int
-    ) -> list[tuple[str, int]]:
-        rows = conn.execute(_archive("lake_held_back_runs"), {"cutoff": cutoff, "position": position})
-        return [(r[0], int(r[1])) for r in rows.fetchall()]
-
-    def restore_from_lake(self, conn: psycopg.Connection, run_id: str, events: Sequence[StoredEvent]) -> int:
-        inserted = 0
-        if events:
-            inserted = conn.execute(
-                _archive("restore_from_lake"), restored_params(run_id, events)
-            ).fetchone()[0]
-        conn.execute(_archive("mark_restored_from_lake"), (run_id,))
-        return inserted
-
-    def taken_seqs(self, conn: psycopg.Connection, run_id: str, seqs: Sequence[int]) -> set[int]:
-        return {r[0] for r in conn.execute(_archive("taken_seqs"), (run_id, list(seqs))).fetchall()}
-
-    def insert_imported(
-        self,
-        conn: psycopg.Connection,
-        run_id: str,
-        stream: Stream,
-        rows: Rows,
-        stamps: Mapping[int, datetime],
-        ticket: Any,
-    ) -> None:
-        """persisted_at is this insert's (the events are persisted here now); a key a racing writer
-        inserted meanwhile is a unique violation, and the transaction is retried."""
-        top = max(stream.last_seq, max(seq for seq, _ in rows))
-        conn.execute(_archive("insert_imported"), batch_params(run_id, rows, top))
 
 
 class PostgresEventStore(EventStore):

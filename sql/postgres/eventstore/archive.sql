@@ -1,4 +1,4 @@
--- Named queries of runstate/eventstore/postgres.py: archive, restore and import on Postgres.
+-- Named queries of runstate/eventstore/pg_archive.py: archive, restore and import on Postgres.
 -- Not a migration (the file name has no NNN_ version): loaded by name with runstate.sqlfiles.named.
 
 -- name: archivable_runs
