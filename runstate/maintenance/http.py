@@ -12,7 +12,8 @@ Bounded everywhere, so one slow table or client cannot take the server down:
   request's line and headers must all arrive within `header_timeout` seconds (a client that trickles
   a header line every few seconds is dropped then, not when it stops), and a client that stops
   sending or reading is dropped after `client_timeout` seconds;
-- a client that goes away before its answer is one log line, not a traceback.
+- a client that goes away before its answer is one log line, not a traceback; so is a request whose
+  thread a stop (SIGTERM, Ctrl-C) interrupted as it started.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class HealthServer(ThreadingHTTPServer):
         self.analysis_slot = threading.Semaphore(1)
         self.analysis_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-analysis")
         self.request_slots = threading.BoundedSemaphore(max_threads)
+        # Set once a stop has landed while a request's thread started (process_request).
+        self.stopping = False
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -110,6 +113,11 @@ class HealthServer(ThreadingHTTPServer):
             # replaced the interrupt, and the server served on.
             self.request_slots.release()
             raise
+        except BaseException:
+            # The stop itself: the stdlib's caller now closes this request's socket, under the thread that
+            # has started with it, which fails on it. That failure is the stop's, not a fault (handle_error).
+            self.stopping = True
+            raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -121,6 +129,9 @@ class HealthServer(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if isinstance(error, ConnectionError):  # a broken pipe, a reset: the client left, nothing to fix here
             log.warning("client %s:%s left before its answer was sent (%s)", *client_address[:2], error)
+            return
+        if self.stopping and isinstance(error, OSError):
+            log.info("request from %s:%s dropped: the server is stopping (%s)", *client_address[:2], error)
             return
         super().handle_error(request, client_address)
 

@@ -193,3 +193,45 @@ def test_a_client_gone_before_its_answer_is_one_log_line_not_a_traceback(release
     assert len(left) == 1 and "\n" not in left[0].getMessage()
     assert "Traceback" not in capfd.readouterr().err
     assert answered[0] == 404
+
+
+def test_a_request_cut_off_by_a_stop_as_its_thread_starts_is_one_log_line_not_a_traceback(
+    monkeypatch, capfd, caplog
+):
+    """The stop (SIGTERM's KeyboardInterrupt) lands in `Thread.start` of a request's thread; socketserver
+    then closes the request's socket under that thread. Here the thread is held until the socket is
+    closed: the order a loaded machine once gave cli/test_health_serve.py's stops, which then printed
+    the thread's `OSError: [Errno 9] Bad file descriptor` with its traceback."""
+    caplog.set_level(logging.INFO, logger="runstate.maintenance.http")
+    server = make_server("127.0.0.1", 0, lambda ref: None, lambda ref: None)
+    closed, handled = threading.Event(), threading.Event()
+    serve_one = server.process_request_thread
+
+    def held_until_closed(request, client_address):
+        closed.wait(60)
+        try:
+            serve_one(request, client_address)
+        finally:
+            handled.set()
+
+    def start_then_stopped(thread: threading.Thread) -> None:
+        monkeypatch.setattr(threading.Thread, "start", original_start)  # this thread only
+        original_start(thread)
+        raise KeyboardInterrupt
+
+    original_start = threading.Thread.start
+    monkeypatch.setattr(server, "process_request_thread", held_until_closed)
+    monkeypatch.setattr(threading.Thread, "start", start_then_stopped)
+    client = socket.create_connection(server.server_address, timeout=60)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            server.handle_request()
+        closed.set()
+        assert handled.wait(60)
+    finally:
+        client.close()
+        server.server_close()
+
+    dropped = [r.getMessage() for r in caplog.records if "the server is stopping" in r.getMessage()]
+    assert len(dropped) == 1 and "\n" not in dropped[0]
+    assert "Traceback" not in capfd.readouterr().err
