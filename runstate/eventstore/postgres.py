@@ -84,7 +84,6 @@ _NO_UPPER_BOUND = 2**62
 _append = sqlfiles.named("postgres", "eventstore", "append.sql")
 _snapshots = sqlfiles.named("postgres", "eventstore", "snapshots.sql")
 _reads = sqlfiles.named("postgres", "eventstore", "reads.sql")
-_archive = sqlfiles.named("postgres", "eventstore", "archive.sql")
 _store = sqlfiles.named("postgres", "eventstore", "store.sql")
 
 
