@@ -31,7 +31,7 @@ from runstate_tests.support import lake
 from runstate_tests.support.devserver import poll
 from runstate_tests.support.events import ev
 from runstate_tests.support.lake import append_randomly, exported_to_the_end, feed_from_start
-from runstate_tests.support.procfs import command_line, processes_marked, thread_names
+from runstate_tests.support.procfs import command_line, kill_marked, processes_marked, thread_names
 
 pytestmark = [pytest.mark.spark]
 README = Path(__file__).resolve().parents[2] / "docs" / "ARCHITECTURE.md"  # moved from the README (issue 53)
@@ -145,16 +145,24 @@ def test_three_exports_racing_in_their_own_processes_all_succeed_and_write_every
     lake.assert_lake_equals_feed(spark, store, history)
 
 
-def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind(cli, monkeypatch):
-    """Raised while PySpark waits for its JVM to start, the interrupt left a JVM running for good (PySpark
-    deletes the folder the JVM was to report its port in): the signal waits until the session is up."""
+@pytest.fixture
+def process_mark(monkeypatch) -> Iterator[str]:
+    """A mark in the environment of every process the test starts; whatever still holds it at the end,
+    after a failure, is killed (a query of 10^13 rows would otherwise hold a core for hours)."""
     mark = f"runstate-test-{uuid.uuid4().hex}"
     monkeypatch.setenv("RUNSTATE_TEST_MARK", mark)
+    yield mark
+    kill_marked(mark)
+
+
+def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind(cli, process_mark):
+    """Raised while PySpark waits for its JVM to start, the interrupt left a JVM running for good (PySpark
+    deletes the folder the JVM was to report its port in): the signal waits until the session is up."""
     child = subprocess.Popen(
         [RUNSTATE, "sql", "SELECT 1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     poll(
-        lambda: [pid for pid in processes_marked(mark) if "java" in command_line(pid)],
+        lambda: [pid for pid in processes_marked(process_mark) if "java" in command_line(pid)],
         timeout=120,
         every=0.05,
         what="the command's JVM starting",
@@ -165,7 +173,12 @@ def test_sigterm_while_the_jvm_starts_stops_the_command_and_leaves_no_jvm_behind
     assert child.returncode == 1, (child.returncode, err[-2000:])
     assert "interrupted: terminated by SIGTERM" in err.splitlines() and "Traceback" not in err, err[-3000:]
     # The JVM ends once its Python is gone.
-    poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
+    poll(
+        lambda: not processes_marked(process_mark),
+        timeout=60,
+        every=0.5,
+        what="every process of the command gone",
+    )
 
 
 def _running_a_spark_task(jvms: list[int]) -> bool:
@@ -174,12 +187,10 @@ def _running_a_spark_task(jvms: list[int]) -> bool:
     return any(name.startswith("Executor task") for pid in jvms for name in thread_names(pid))
 
 
-def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, monkeypatch):
+def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, process_mark):
     """What systemd and `timeout` do: SIGTERM to the whole process group, the Spark JVM included. The JVM
     then dies under the query, and py4j's calls failed with 40-80 lines of tracebacks: a failure after
     a stop signal is the stop's, one `interrupted:` line and exit 1, whatever the command was doing."""
-    mark = f"runstate-test-{uuid.uuid4().hex}"
-    monkeypatch.setenv("RUNSTATE_TEST_MARK", mark)
     statement = "SELECT count(*) FROM range(100000000) a CROSS JOIN range(100000) b"
     child = subprocess.Popen(
         [RUNSTATE, "sql", statement],
@@ -189,7 +200,7 @@ def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, mo
         start_new_session=True,
     )
     jvms = poll(
-        lambda: [pid for pid in processes_marked(mark) if "java" in command_line(pid)],
+        lambda: [pid for pid in processes_marked(process_mark) if "java" in command_line(pid)],
         timeout=120,
         every=0.05,
         what="the command's JVM starting",
@@ -201,7 +212,12 @@ def test_sigterm_to_the_process_group_stops_sql_with_one_line_and_exit_1(cli, mo
     assert child.returncode == 1, (child.returncode, err[-2000:])
     assert "interrupted: terminated by SIGTERM" in err.splitlines(), err[-3000:]
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
-    poll(lambda: not processes_marked(mark), timeout=60, every=0.5, what="every process of the command gone")
+    poll(
+        lambda: not processes_marked(process_mark),
+        timeout=60,
+        every=0.5,
+        what="every process of the command gone",
+    )
 
 
 def test_a_statement_that_is_not_one_query_is_refused_before_anything_runs(spark, cli, store, history):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 
@@ -26,6 +28,15 @@ def processes_marked(mark: str) -> list[int]:
             except OSError:  # gone, or not ours to read
                 continue
     return pids
+
+
+def kill_marked(mark: str) -> None:
+    """SIGKILL what `processes_marked` finds: a failed test's command and its JVM must not outlive it."""
+    for pid in processes_marked(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
 
 
 def thread_names(pid: int) -> list[str]:

@@ -27,6 +27,8 @@ JDBC_FETCH_SIZE = 10_000
 # A range's statement that runs longer than this fails the export (its run ends and the next one carries
 # on) instead of holding the run for ever: a range of the largest batch reads in well under a minute.
 JDBC_QUERY_TIMEOUT_S = 600
+# The class Spark loads from the Postgres JDBC jar (runstate.spark.postgres_jdbc_jar puts it in spark.jars).
+JDBC_DRIVER = "org.postgresql.Driver"
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ def range_frame(spark: Any, feed: Any, batch: FeedRange) -> Any:
     ranges = max(1, min(spark.sparkContext.defaultParallelism, batch.events // EVENTS_PER_RANGE))
     reader = (
         spark.read.format("jdbc")
-        .option("driver", "org.postgresql.Driver")
+        .option("driver", JDBC_DRIVER)
         .option("url", url)
         .option("currentSchema", feed.datastore.schema)
         .option("dbtable", f"({feed.export_query()}) AS export_rows")

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from runstate.eventstore.lake import source
 from runstate.eventstore.lake.arrow import EVENT_DDL, RUNS_DDL
 from runstate.eventstore.lake.config import HistoryConfig
 from runstate.eventstore.lake.errors import ForeignHistory, HistoryConflict, HistoryError
@@ -233,7 +234,17 @@ def spark_errors(ident: str, action: str) -> Iterator[None]:
                 f"{ident}: another export committed while this one ran; nothing of this one was written, "
                 "and the next export carries on from the table's position"
             ) from None
+        if f"ClassNotFoundException: {source.JDBC_DRIVER}" in text:
+            raise HistoryError(f"{action} {ident} failed: {_missing_driver(source.JDBC_DRIVER)}") from None
         raise HistoryError(f"{action} {ident} failed: {_cause(text, error)}") from None
+
+
+def _missing_driver(driver: str) -> str:
+    # Spark reads the feed through the driver's jar, which runstate.spark finds on disk (or is told of).
+    return (
+        f"Spark cannot load the Postgres JDBC driver ({driver}): install it (apt-get install "
+        "libpostgresql-jdbc-java puts it at /usr/share/java/postgresql.jar) or name its jar with RUNSTATE_JDBC_JAR"
+    )
 
 
 def _cause(text: str, error: BaseException) -> str:

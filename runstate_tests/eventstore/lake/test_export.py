@@ -148,6 +148,24 @@ def test_a_batch_read_that_postgres_holds_up_fails_within_the_timeout_and_writes
     assert waited < 60 and lake_events(spark, history) == []
 
 
+def test_a_jdbc_driver_spark_cannot_load_is_named_with_how_to_install_it(
+    spark, own_store, history, monkeypatch
+):
+    # A machine without the Postgres JDBC jar: Spark's JDBC source fails to load the driver class.
+    append_randomly(own_store, random.Random(16), runs=1, appends=2)
+    ensure_tables(spark, history)
+    snapshot_id, after = events_position(spark, history)
+    batch = next_range(own_store, after, 1000)
+    monkeypatch.setattr(source, "JDBC_DRIVER", "org.example.NoSuchDriver")
+
+    with pytest.raises(HistoryError) as refused:
+        commit_events(spark, own_store, history, snapshot_id, batch)
+
+    assert "cannot load the Postgres JDBC driver (org.example.NoSuchDriver)" in str(refused.value)
+    assert "libpostgresql-jdbc-java" in str(refused.value) and "RUNSTATE_JDBC_JAR" in str(refused.value)
+    assert lake_events(spark, history) == []
+
+
 def test_a_compaction_between_read_and_commit_does_not_refuse_the_export(spark, own_store, history):
     append_randomly(own_store, random.Random(10), runs=3, appends=6)
     exported_to_the_end(spark, own_store, history)
