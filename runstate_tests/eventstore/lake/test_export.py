@@ -129,13 +129,18 @@ def test_an_export_beaten_to_a_commit_carries_on_from_the_winners_position(
     assert_lake_equals_feed(spark, own_store, history)
 
 
+def _first_batch(spark, store, history, rng: random.Random):
+    """Events in the store and the lake's tables made: the lake's snapshot and the feed's first batch."""
+    append_randomly(store, rng, runs=2, appends=3)
+    ensure_tables(spark, history)
+    snapshot_id, after = events_position(spark, history)
+    return snapshot_id, next_range(store, after, 1000)
+
+
 def test_a_batch_read_that_postgres_holds_up_fails_within_the_timeout_and_writes_nothing(
     spark, own_store, history, monkeypatch
 ):
-    append_randomly(own_store, random.Random(15), runs=2, appends=3)
-    ensure_tables(spark, history)
-    snapshot_id, after = events_position(spark, history)
-    batch = next_range(own_store, after, 1000)
+    snapshot_id, batch = _first_batch(spark, own_store, history, random.Random(15))
     monkeypatch.setattr(source, "JDBC_QUERY_TIMEOUT_S", 2)
 
     with psycopg.connect(own_store.datastore.conninfo) as blocker:
@@ -152,10 +157,7 @@ def test_a_jdbc_driver_spark_cannot_load_is_named_with_how_to_install_it(
     spark, own_store, history, monkeypatch
 ):
     # A machine without the Postgres JDBC jar: Spark's JDBC source fails to load the driver class.
-    append_randomly(own_store, random.Random(16), runs=1, appends=2)
-    ensure_tables(spark, history)
-    snapshot_id, after = events_position(spark, history)
-    batch = next_range(own_store, after, 1000)
+    snapshot_id, batch = _first_batch(spark, own_store, history, random.Random(16))
     monkeypatch.setattr(source, "JDBC_DRIVER", "org.example.NoSuchDriver")
 
     with pytest.raises(HistoryError) as refused:
