@@ -12,19 +12,26 @@ bounds (a shard or a worker is a run process, so a huge count is as wrong as zer
 
 from __future__ import annotations
 
-import ipaddress
-import json
-import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from runstate import backends, defaults
 from runstate.datastore.names import InvalidSchemaName, check_schema_name
+from runstate.env_values import (
+    ConfigError,
+    bounded_int,
+    choice,
+    endpoint_url,
+    seconds,
+    shown,
+    spark_conf_from_json,
+    spark_driver_host,
+    spark_master,
+)
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/runstate"
 # Runs finished more than this many days ago move to the archive (the archive_events schedule, `runstate
@@ -69,10 +76,6 @@ def load_env_file_into_environ() -> None:
     """Make `.env` visible to child processes (dagster dev) without overriding the caller."""
     for key, value in read_env_file().items():
         os.environ.setdefault(key, value)
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the variable, its value and what is allowed."""
 
 
 # The bounds of each numeric knob: below them nothing would run, above them the machine or the
@@ -172,76 +175,78 @@ class Settings:
             pg_url=pg_url,
             dagster_pg_url=env.get("DAGSTER_PG_URL", dagster_url_for(pg_url)),
             schema=schema,
-            aws_endpoint_url=_endpoint_url(env, "RUNSTATE_AWS_ENDPOINT_URL"),
+            aws_endpoint_url=endpoint_url(env, "RUNSTATE_AWS_ENDPOINT_URL"),
             aws_region=env.get("AWS_DEFAULT_REGION", cls.aws_region),
             wal_table=env.get("RUNSTATE_WAL_TABLE", cls.wal_table),
             blob_bucket=env.get("RUNSTATE_BLOB_BUCKET", cls.blob_bucket),
             blob_prefix=env.get("RUNSTATE_BLOB_PREFIX", cls.blob_prefix),
-            eventstore=_choice(env, "RUNSTATE_EVENTSTORE", backends.names(), cls.eventstore),
+            eventstore=choice(env, "RUNSTATE_EVENTSTORE", backends.names(), cls.eventstore),
             archive_to=_archive_to(env, cls.archive_to, cls.iceberg_catalog),
             backend_env=_backend_env(env),
-            spark_master=_spark_master(env, cls.spark_master),
+            spark_master=spark_master(env, cls.spark_master),
             spark_conf=spark_conf_from_json(env.get("RUNSTATE_SPARK_CONF") or "{}"),
-            spark_driver_host=_spark_driver_host(env),
-            iceberg_catalog=_choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS, cls.iceberg_catalog),
+            spark_driver_host=spark_driver_host(env),
+            iceberg_catalog=choice(env, "RUNSTATE_ICEBERG_CATALOG", ICEBERG_CATALOGS, cls.iceberg_catalog),
             warehouse_dir=Path(env.get("RUNSTATE_WAREHOUSE", str(default_warehouse_dir()))),
-            wal_flush_shards=_bounded_int(
+            wal_flush_shards=bounded_int(
                 env, "RUNSTATE_WAL_FLUSH_SHARDS", cls.wal_flush_shards, WAL_FLUSH_SHARDS_MAX
             ),
-            wal_flush_linger_s=_seconds(env, "RUNSTATE_WAL_FLUSH_LINGER_S", cls.wal_flush_linger_s),
-            wal_flush_mode=_choice(env, "RUNSTATE_WAL_FLUSH_MODE", WAL_FLUSH_MODES, cls.wal_flush_mode),
-            wal_flush_run_budget_s=_seconds(
-                env, "RUNSTATE_WAL_FLUSH_RUN_BUDGET_S", cls.wal_flush_run_budget_s, minimum=10
+            wal_flush_linger_s=seconds(
+                env, "RUNSTATE_WAL_FLUSH_LINGER_S", cls.wal_flush_linger_s, LINGER_MAX_S
             ),
-            maintenance_workers=_bounded_int(
+            wal_flush_mode=choice(env, "RUNSTATE_WAL_FLUSH_MODE", WAL_FLUSH_MODES, cls.wal_flush_mode),
+            wal_flush_run_budget_s=seconds(
+                env, "RUNSTATE_WAL_FLUSH_RUN_BUDGET_S", cls.wal_flush_run_budget_s, LINGER_MAX_S, minimum=10
+            ),
+            maintenance_workers=bounded_int(
                 env, "RUNSTATE_MAINTENANCE_WORKERS", cls.maintenance_workers, MAINTENANCE_WORKERS_MAX
             ),
-            apply_deletes_at=_bounded_int(
+            apply_deletes_at=bounded_int(
                 env, "RUNSTATE_APPLY_DELETES_AT", cls.apply_deletes_at, APPLY_DELETES_AT_MAX, minimum=0
             ),
-            copy_on_write_max_mb=_bounded_int(
+            copy_on_write_max_mb=bounded_int(
                 env,
                 "RUNSTATE_COPY_ON_WRITE_MAX_MB",
                 cls.copy_on_write_max_mb,
                 COPY_ON_WRITE_MAX_MB_MAX,
                 minimum=0,
             ),
-            dataset_merge_interval_s=_bounded_int(
+            dataset_merge_interval_s=bounded_int(
                 env,
                 "RUNSTATE_DATASET_MERGE_INTERVAL_S",
                 cls.dataset_merge_interval_s,
                 DATASET_MERGE_INTERVAL_MAX_S,
                 minimum=5,
             ),
-            spark_sessions=_bounded_int(
+            spark_sessions=bounded_int(
                 env, "RUNSTATE_SPARK_SESSIONS", cls.spark_sessions, SPARK_SESSIONS_MAX
             ),
             history_namespace=_history_namespace(env, schema),
-            history_batch_events=_bounded_int(
+            history_batch_events=bounded_int(
                 env, "RUNSTATE_HISTORY_BATCH_EVENTS", cls.history_batch_events, HISTORY_BATCH_EVENTS_MAX
             ),
-            history_export_interval_s=_bounded_int(
+            history_export_interval_s=bounded_int(
                 env,
                 "RUNSTATE_HISTORY_EXPORT_INTERVAL_S",
                 cls.history_export_interval_s,
                 HISTORY_EXPORT_INTERVAL_MAX_S,
                 minimum=5,
             ),
-            history_max_lag_events=_bounded_int(
+            history_max_lag_events=bounded_int(
                 env, "RUNSTATE_HISTORY_MAX_LAG_EVENTS", cls.history_max_lag_events, HISTORY_MAX_LAG_EVENTS_MAX
             ),
-            history_max_lag_minutes=_bounded_int(
+            history_max_lag_minutes=bounded_int(
                 env,
                 "RUNSTATE_HISTORY_MAX_LAG_MINUTES",
                 cls.history_max_lag_minutes,
                 HISTORY_MAX_LAG_MINUTES_MAX,
             ),
-            run_dead_after_s=_seconds(
+            run_dead_after_s=seconds(
                 env,
                 "RUNSTATE_RUN_DEAD_AFTER_S",
                 cls.run_dead_after_s,
-                RUN_DEAD_AFTER_MIN_S,
                 RUN_DEAD_AFTER_MAX_S,
+                minimum=RUN_DEAD_AFTER_MIN_S,
             ),
         )
 
@@ -254,39 +259,13 @@ def _backend_env(env: Mapping[str, str]) -> dict[str, dict[str, str]]:
     }
 
 
-def _shown(raw: str) -> str:
-    # The value as the message shows it: repr keeps control characters visible and on one line.
-    return repr(raw if len(raw) <= 60 else raw[:60] + "...")
-
-
-def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
-    raw = env.get(name) or default
-    if raw not in choices:
-        raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {_shown(raw)}")
-    return raw
-
-
 def _archive_to(env: Mapping[str, str], default: str, default_catalog: str) -> str:
-    raw = _choice(env, "RUNSTATE_ARCHIVE_TO", ARCHIVE_TARGETS, default)
+    raw = choice(env, "RUNSTATE_ARCHIVE_TO", ARCHIVE_TARGETS, default)
     # Archived runs are read back without a JVM (pyiceberg), which knows only the JDBC catalog's tables.
     if raw == "lake" and (env.get("RUNSTATE_ICEBERG_CATALOG") or default_catalog) != "jdbc":
         raise ConfigError(
             "RUNSTATE_ARCHIVE_TO=lake needs RUNSTATE_ICEBERG_CATALOG=jdbc (pyiceberg reads it back)"
         )
-    return raw
-
-
-def _bounded_int(env: Mapping[str, str], name: str, default: int, maximum: int, minimum: int = 1) -> int:
-    raw = env.get(name) or str(default)
-    if not (raw.isascii() and raw.isdigit()) or not minimum <= int(raw) <= maximum:
-        raise ConfigError(f"{name} must be a whole number from {minimum} to {maximum}, got {_shown(raw)}")
-    return int(raw)
-
-
-def _lake_namespace(env: Mapping[str, str], name: str, default: str) -> str:
-    raw = env.get(name) or default
-    if not LAKE_NAMESPACE.match(raw):
-        raise ConfigError(f"{name} must be a lower-case identifier ([a-z_][a-z0-9_]*), got {_shown(raw)}")
     return raw
 
 
@@ -300,117 +279,12 @@ def _schema(env: Mapping[str, str], default: str) -> str:
 def _history_namespace(env: Mapping[str, str], schema: str) -> str:
     # Unset, the run history follows the store's schema (lower-cased): a table of the lake belongs to
     # one store.
-    return _lake_namespace(env, "RUNSTATE_HISTORY_NAMESPACE", schema.lower())
-
-
-def _seconds(
-    env: Mapping[str, str], name: str, default: float, minimum: float = 0.0, maximum: float = LINGER_MAX_S
-) -> float:
-    raw = env.get(name) or str(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not minimum <= value <= maximum:  # nan and inf fail this too
+    raw = env.get("RUNSTATE_HISTORY_NAMESPACE") or schema.lower()
+    if not LAKE_NAMESPACE.match(raw):
         raise ConfigError(
-            f"{name} must be a number of seconds from {minimum:g} to {maximum:g}, got {_shown(raw)}"
-        )
-    return value
-
-
-def _spark_master(env: Mapping[str, str], default: str) -> str:
-    raw = env.get("RUNSTATE_SPARK_MASTER") or default
-    if not raw.isprintable() or any(ch.isspace() for ch in raw):
-        raise ConfigError(f"RUNSTATE_SPARK_MASTER must be a Spark master URL, got {_shown(raw)}")
-    return raw
-
-
-# A host name as botocore accepts it (labels of letters, digits and inner hyphens), else an IP address.
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
-def _endpoint_url(env: Mapping[str, str], name: str) -> str | None:
-    """An http(s) URL with a valid host and port, or None when unset.
-
-    botocore checks the endpoint only when the first client is made, deep inside a verb (or a Dagster
-    run), and raised `ValueError: Invalid endpoint` there as a traceback."""
-    raw = env.get(name) or None
-    if raw is None:
-        return None
-    try:
-        parts = urlsplit(raw)
-        usable = parts.scheme in ("http", "https") and _is_host(parts.hostname) and parts.port != 0
-    except ValueError:  # a port that is not a number from 0 to 65535
-        usable = False
-    if not usable or not raw.isprintable() or any(ch.isspace() for ch in raw):
-        raise ConfigError(
-            f"{name} must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:5000, got {_shown(raw)}"
+            f"RUNSTATE_HISTORY_NAMESPACE must be a lower-case identifier ([a-z_][a-z0-9_]*), got {shown(raw)}"
         )
     return raw
-
-
-def _is_host(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        name = host.removesuffix(".")
-        return len(name) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
-
-
-def _spark_driver_host(env: Mapping[str, str]) -> str | None:
-    raw = env.get("RUNSTATE_SPARK_DRIVER_HOST") or None
-    if raw is not None and (not raw.isprintable() or any(ch.isspace() or ch == "/" for ch in raw)):
-        raise ConfigError(f"RUNSTATE_SPARK_DRIVER_HOST must be a host name or address, got {_shown(raw)}")
-    return raw
-
-
-def spark_conf_from_json(text: str) -> dict[str, str]:
-    """RUNSTATE_SPARK_CONF: a JSON object of Spark settings whose values are strings, numbers or booleans.
-
-    Spark's settings are text, so each value is written as Spark spells it (`true`, `4`, `0.5`); null, a
-    nested object or an array has no such spelling and is refused rather than passed on as Python text.
-    The master is RUNSTATE_SPARK_MASTER alone: one variable, one precedence.
-    """
-    name = "RUNSTATE_SPARK_CONF"
-    try:
-        conf = json.loads(text, parse_constant=_refuse_constant)
-    except ValueError as exc:
-        raise ConfigError(f"{name} is not valid JSON: {exc}") from None
-    if not isinstance(conf, dict):
-        raise ConfigError(f"{name} must be a JSON object of Spark settings, got {_json_kind(conf)}")
-    return {_spark_key(key): _spark_value(key, value) for key, value in conf.items()}
-
-
-def _refuse_constant(constant: str) -> float:
-    raise ValueError(f"{constant} is not a number JSON allows")
-
-
-def _spark_key(key: str) -> str:
-    if not key.strip() or not key.isprintable():
-        raise ConfigError(f"RUNSTATE_SPARK_CONF: {_shown(key)} is not a Spark setting name")
-    if key.strip() == "spark.master":
-        raise ConfigError("RUNSTATE_SPARK_CONF must not set spark.master: set RUNSTATE_SPARK_MASTER instead")
-    return key
-
-
-def _spark_value(key: str, value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):  # 1e999 parses as inf
-        raise ConfigError(f"RUNSTATE_SPARK_CONF: {key} must be a finite number, got {value}")
-    if isinstance(value, str | int | float):
-        return str(value)
-    raise ConfigError(
-        f"RUNSTATE_SPARK_CONF: {key} must be a string, a number or a boolean, got {_json_kind(value)}"
-    )
-
-
-def _json_kind(value: object) -> str:
-    kinds = {type(None): "null", bool: "a boolean", str: "a string", int: "a number", float: "a number"}
-    return kinds.get(type(value), "an array" if isinstance(value, list) else "an object")
 
 
 def dagster_url_for(pg_url: str) -> str:
