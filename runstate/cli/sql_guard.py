@@ -24,6 +24,9 @@ plan that runs. In order:
    - the one relation: a DataSourceV2Relation whose catalog is `lake` and whose table Iceberg serves
      (org.apache.iceberg.spark.source.SparkTable: a table, its metadata tables such as `.snapshots`,
      and time travel with VERSION/TIMESTAMP AS OF). Not another catalog, `spark_catalog` included.
+     Each part of the table's name is a plain identifier (`[A-Za-z_][A-Za-z0-9_]*`), as runstate's
+     own tables are: a Hadoop catalog makes a table's folder from its name, so ``lake.`..`.`..`.x``
+     would read an Iceberg table outside the warehouse.
    - expressions: Spark's built-in functions, as its FunctionRegistry.builtin ships them (not the
      session's registry, to which a UDF or an extension adds), except reflect and java_method
      (CallMethodViaReflection), which call any Java method their arguments name; plus EXPRESSIONS,
@@ -54,6 +57,8 @@ CATALOG = "lake"
 STATEMENT_CLASSES = (f"{LOGICAL}.Command", f"{LOGICAL}.ParsedStatement")
 RELATION = "org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation"
 ICEBERG_TABLE = "org.apache.iceberg.spark.source.SparkTable"
+# A part of a table's name (namespace levels and name): what runstate's own identifiers allow.
+NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 # The operators of a read-only query (module docstring): each computes from its children only.
 PLAN_NODES = frozenset(
     f"{LOGICAL}.{name}"
@@ -225,9 +230,11 @@ def _parsed_query(spark: Any, statement: str) -> Any:
 
 
 class AllowList:
-    """The allow lists of the module docstring, checked over an analysed plan."""
+    """The allow lists of the module docstring, checked over an analysed plan; `catalog` is the one whose
+    tables may be read (`lake`; a test stands a catalog of its own in)."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, catalog: str = CATALOG) -> None:
+        self._catalog = catalog
         self._builtins = builtin_functions(spark)
         self._inherits = _load(spark, INHERIT_ANALYSIS_RULES)
         self._subquery = _load(spark, SUBQUERY)
@@ -243,17 +250,28 @@ class AllowList:
     def _check_node(self, node: Any) -> None:
         kind = node.getClass().getName()
         if kind == RELATION:
-            catalog = node.catalog()
-            name = catalog.get().name() if catalog.isDefined() else None
-            if name != CATALOG or node.table().getClass().getName() != ICEBERG_TABLE:
-                raise QueryRefused(
-                    f"only the {CATALOG} catalog's Iceberg tables may be read here, not {node.table().name()} "
-                    f"(catalog {name}, {node.table().getClass().getName()}); nothing was run"
-                )
+            self._check_relation(node)
         elif kind not in PLAN_NODES:
             raise QueryRefused(
                 f"the query's plan holds {_simple(kind)} ({kind}), which is not on runstate sql's allow "
                 f"list of read-only plan nodes (lake tables, SELECT's operators); nothing was run"
+            )
+
+    def _check_relation(self, node: Any) -> None:
+        catalog = node.catalog()
+        name = catalog.get().name() if catalog.isDefined() else None
+        if name != self._catalog or node.table().getClass().getName() != ICEBERG_TABLE:
+            raise QueryRefused(
+                f"only the {self._catalog} catalog's Iceberg tables may be read here, not "
+                f"{node.table().name()} (catalog {name}, {node.table().getClass().getName()}); nothing was run"
+            )
+        identifier = node.identifier()
+        parts = [*identifier.get().namespace(), identifier.get().name()] if identifier.isDefined() else []
+        if not parts or not all(NAME_PART.fullmatch(part) for part in parts):
+            shown = ".".join(f"`{part}`" for part in parts) or node.table().name()
+            raise QueryRefused(
+                f"a table of the {self._catalog} catalog is named by plain identifiers "
+                f"([A-Za-z_][A-Za-z0-9_]*, dot-separated), not {shown}; nothing was run"
             )
 
     def _check_expressions(self, expressions: list[Any]) -> list[Any]:

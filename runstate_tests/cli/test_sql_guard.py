@@ -8,7 +8,8 @@ read. Each ordinary query must still be answered.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -149,18 +150,52 @@ def test_a_table_of_the_session_catalog_is_refused(spark):
         spark.sql("DROP TABLE IF EXISTS spark_catalog.default.guard_test")
 
 
-def test_an_iceberg_table_of_another_catalog_is_refused(spark, tmp_path):
-    prefix = "spark.sql.catalog.guard_other"
-    spark.conf.set(prefix, "org.apache.iceberg.spark.SparkCatalog")
-    spark.conf.set(f"{prefix}.type", "hadoop")
-    spark.conf.set(f"{prefix}.warehouse", tmp_path.as_uri())
-    try:
-        spark.sql("CREATE TABLE IF NOT EXISTS guard_other.ns.t (a INT) USING iceberg")
+@pytest.fixture
+def hadoop_catalogs(spark) -> Iterator[Callable[[str, Path], str]]:
+    """Adds an Iceberg Hadoop catalog over a warehouse to the session, named by a prefix and a suffix of its
+    own (the session keeps a catalog it made, by name, after its settings are unset)."""
+    keys = []
 
-        refused(spark, "SELECT * FROM guard_other.ns.t", "not guard_other.ns.t (catalog guard_other")
-    finally:
-        for key in (prefix, f"{prefix}.type", f"{prefix}.warehouse"):
-            spark.conf.unset(key)
+    def add(prefix_of_name: str, warehouse: Path) -> str:
+        name = f"{prefix_of_name}_{uuid.uuid4().hex[:8]}"
+        prefix = f"spark.sql.catalog.{name}"
+        conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.type": "hadoop"}
+        conf[f"{prefix}.warehouse"] = warehouse.as_uri()
+        for key, value in conf.items():
+            spark.conf.set(key, value)
+            keys.append(key)
+        return name
+
+    yield add
+    for key in keys:
+        spark.conf.unset(key)
+
+
+def test_an_iceberg_table_of_another_catalog_is_refused(spark, tmp_path, hadoop_catalogs):
+    other = hadoop_catalogs("guard_other", tmp_path)
+    spark.sql(f"CREATE TABLE {other}.ns.t (a INT) USING iceberg")
+
+    refused(spark, f"SELECT * FROM {other}.ns.t", f"not {other}.ns.t (catalog {other}")
+
+
+@pytest.mark.parametrize(
+    "name", ["`..`.outside.ns.t", "ns.`../../outside/ns/t`", "`..`.`outside`.ns.`t`.snapshots"]
+)
+def test_a_table_named_out_of_the_warehouse_is_refused(spark, tmp_path, hadoop_catalogs, name):
+    """A Hadoop catalog (RUNSTATE_ICEBERG_CATALOG=hadoop) makes a table's folder from its name: `..` in
+    a part climbs out of the warehouse to another Iceberg table on the host, which Spark then reads."""
+    lake = hadoop_catalogs("guard_lake", tmp_path / "warehouse")
+    outside = hadoop_catalogs("guard_outside", tmp_path / "outside")
+    spark.sql(f"CREATE TABLE {outside}.ns.t (a INT) USING iceberg")
+    spark.sql(f"INSERT INTO {outside}.ns.t VALUES (42)")
+    climbing = spark.sql(f"SELECT * FROM {lake}.{name}")
+    if not name.endswith("snapshots"):
+        assert climbing.collect()[0].a == 42  # what the guard must stop: the analyser resolved it
+
+    with pytest.raises(QueryRefused, match=re.escape("is named by plain identifiers")):
+        AllowList(spark, catalog=lake).check(climbing._jdf.queryExecution().analyzed())
+    plain = spark.sql(f"SELECT * FROM {outside}.ns.t.snapshots")._jdf.queryExecution().analyzed()
+    AllowList(spark, catalog=outside).check(plain)  # a metadata table named plainly passes
 
 
 def test_input_file_name_is_harmless_and_allowed(spark, lake_table):
@@ -213,3 +248,12 @@ def test_time_travel_reads_an_older_snapshot(spark, lake_table):
     rows = read_only_query(spark, f"SELECT count(*) AS n FROM {lake_table} VERSION AS OF {first}").collect()
 
     assert rows[0].n == 2
+
+
+def test_a_branch_whose_name_is_no_identifier_is_read_with_version_as_of(spark, lake_table):
+    spark.sql(f"ALTER TABLE {lake_table} CREATE BRANCH `audit-1`")
+    spark.sql(f"INSERT INTO {lake_table} VALUES (4, 'b')")
+
+    refused(spark, f"SELECT * FROM {lake_table}.`branch_audit-1`", "is named by plain identifiers")
+    rows = read_only_query(spark, f"SELECT count(*) AS n FROM {lake_table} VERSION AS OF 'audit-1'").collect()
+    assert rows[0].n == 3
