@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -31,6 +32,24 @@ def sql(dsn: str, query: str, *params: object, schema: str | None = None) -> lis
 def store_sql(store: MaintenanceStore, query: str, *params: object) -> list[tuple]:
     """`sql` in the store's own database and schema, past the store (to set up or inspect a state)."""
     return sql(store.dsn, query, *params, schema=store.schema)
+
+
+@contextmanager
+def queue_store(dsn: str, schema: str) -> Iterator[MaintenanceStore]:
+    """A migrated MaintenanceStore whose table cache holds db.t0 to db.t7: what the queue's tests submit."""
+    with MaintenanceStore(dsn, schema=schema) as store:
+        store.ensure_schema()
+        store.cache.replace_table_cache([CachedTable("db", f"t{i}") for i in range(8)])
+        yield store
+
+
+def job_rows(store: MaintenanceStore, job_id: str) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    """The job's rows in jobs, job_queue and job_actions: a fenced-out call must leave them as they were."""
+    return (
+        store_sql(store, "SELECT * FROM jobs WHERE job_id = %s", job_id),
+        store_sql(store, "SELECT * FROM job_queue WHERE job_id = %s", job_id),
+        store_sql(store, "SELECT * FROM job_actions WHERE job_id = %s ORDER BY id", job_id),
+    )
 
 
 def run_out_lease(store: MaintenanceStore, job_id: str) -> None:
