@@ -48,6 +48,8 @@ from typing import Any
 
 import click
 
+from runstate.maintenance.identifiers import IDENTIFIER_PATTERN
+
 LOGICAL = "org.apache.spark.sql.catalyst.plans.logical"
 EXPR = "org.apache.spark.sql.catalyst.expressions"
 AGG = f"{EXPR}.aggregate"
@@ -58,7 +60,7 @@ STATEMENT_CLASSES = (f"{LOGICAL}.Command", f"{LOGICAL}.ParsedStatement")
 RELATION = "org.apache.spark.sql.execution.datasources.v2.DataSourceV2Relation"
 ICEBERG_TABLE = "org.apache.iceberg.spark.source.SparkTable"
 # A part of a table's name (namespace levels and name): what runstate's own identifiers allow.
-NAME_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
+NAME_PART = re.compile(IDENTIFIER_PATTERN, re.ASCII)
 # The operators of a read-only query (module docstring): each computes from its children only.
 PLAN_NODES = frozenset(
     f"{LOGICAL}.{name}"
@@ -271,7 +273,7 @@ class AllowList:
             shown = ".".join(f"`{part}`" for part in parts) or node.table().name()
             raise QueryRefused(
                 f"a table of the {self._catalog} catalog is named by plain identifiers "
-                f"([A-Za-z_][A-Za-z0-9_]*, dot-separated), not {shown}; nothing was run"
+                f"({IDENTIFIER_PATTERN}, dot-separated), not {shown}; nothing was run"
             )
 
     def _check_expressions(self, expressions: list[Any]) -> list[Any]:
